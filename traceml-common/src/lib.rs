@@ -1,0 +1,255 @@
+//! Plain data shared by the eBPF programs and the daemon: the fixed-size event that crosses the
+//! ring buffer, its kinds, the probe identifiers and the loss counters.
+//!
+//! Layout rules (see `../shared/STYLE.md`): `#[repr(C)]`, only `u32`/`u64`, no `bool`, no implicit
+//! padding, a size assertion beside each struct, kinds with explicit values that are never reused.
+#![no_std]
+
+use core::mem::size_of;
+
+/// Number of name bytes a [`RawEvent`] can carry (record_function names, truncated).
+pub const NAME_BYTES: usize = 40;
+
+/// One event as written by the kernel side into the ring buffer. 80 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawEvent {
+    /// [`EventKind`] as `u32`.
+    pub kind: u32,
+    /// [`ProbeId`] as `u32`: which probed function produced the event.
+    pub probe: u32,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the probe hit.
+    pub ts_ns: u64,
+    /// Per-CPU sequence number; it also advances when the event could not be written, so a gap
+    /// between two events of one CPU is a loss the decoder can see.
+    pub seq: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    /// Kind-specific flags (e.g. [`FLAG_RAISED`]).
+    pub flags: u32,
+    /// Kind-specific payload; see [`EventKind`] for each kind's meaning.
+    pub args: [u64; 5],
+}
+const _: () = assert!(size_of::<RawEvent>() == 80);
+
+impl RawEvent {
+    pub const fn zeroed() -> Self {
+        RawEvent { kind: 0, probe: 0, ts_ns: 0, seq: 0, tgid: 0, tid: 0, cpu: 0, flags: 0, args: [0; 5] }
+    }
+}
+
+/// The exit of a Python frame returned NULL (an exception was raised, e.g. StopIteration).
+pub const FLAG_RAISED: u32 = 1;
+/// The event's name payload was cut at [`NAME_BYTES`].
+pub const FLAG_TRUNCATED: u32 = 2;
+
+/// What an event says. Values are explicit and never reused.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EventKind {
+    /// A frame of a tracked code object entered `_PyEval_EvalFrameDefault`.
+    /// args: [code object address, class (see [`CodeClass`]), C-entry depth, 0, 0].
+    PyEnter = 1,
+    /// That frame returned. args: [code object address, class, depth, 0, 0]; flags: [`FLAG_RAISED`].
+    PyExit = 2,
+    /// Entry of a native function with enter/exit semantics (CUDA copy, sync, torch backward).
+    /// args: see [`ProbeId`].
+    CallEnter = 3,
+    /// Return of the function of the matching [`EventKind::CallEnter`]. args: [return value, ...].
+    CallExit = 4,
+    /// A kernel launch (count-only semantics: no exit event). args: [function/graph pointer,
+    /// stream, 0, 0, 0].
+    Launch = 5,
+    /// `torch::autograd::profiler::record_function_enter_new(name, ...)`. args: the first
+    /// [`NAME_BYTES`] bytes of the name, NUL-padded.
+    RecordEnter = 6,
+    /// `record_function_exit` of the innermost open record on this thread.
+    RecordExit = 7,
+}
+
+impl TryFrom<u32> for EventKind {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        Ok(match v {
+            1 => EventKind::PyEnter,
+            2 => EventKind::PyExit,
+            3 => EventKind::CallEnter,
+            4 => EventKind::CallExit,
+            5 => EventKind::Launch,
+            6 => EventKind::RecordEnter,
+            7 => EventKind::RecordExit,
+            other => return Err(other),
+        })
+    }
+}
+
+/// The probed function an event comes from. Values are explicit and never reused.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProbeId {
+    PyEval = 1,
+    // CUDA runtime (libcudart)
+    CudaLaunchKernel = 10,
+    CudaLaunchKernelExC = 11,
+    CudaGraphLaunch = 12,
+    /// `cudaMemcpy(dst, src, count, kind)`: CallEnter args [bytes, kind, dst, src, 0].
+    CudaMemcpy = 13,
+    /// `cudaMemcpyAsync(dst, src, count, kind, stream)`: CallEnter args [bytes, kind, dst, src, stream].
+    CudaMemcpyAsync = 14,
+    /// CallEnter args [stream, ...].
+    CudaStreamSynchronize = 15,
+    CudaDeviceSynchronize = 16,
+    /// CallEnter args [event, ...].
+    CudaEventSynchronize = 17,
+    // CUDA driver (libcuda)
+    CuLaunchKernel = 30,
+    CuLaunchKernelEx = 31,
+    CuStreamSynchronize = 32,
+    CuCtxSynchronize = 33,
+    CuEventSynchronize = 34,
+    /// `cuMemcpyHtoD(dst, src, bytes)`: CallEnter args [bytes, 1 (H2D), ...].
+    CuMemcpyHtoD = 35,
+    CuMemcpyDtoH = 36,
+    CuMemcpyHtoDAsync = 37,
+    CuMemcpyDtoHAsync = 38,
+    // torch native
+    /// `record_function_enter_new(const std::string& name, ...)`.
+    TorchRecordEnter = 50,
+    /// `record_function_exit*`.
+    TorchRecordExit = 51,
+    /// `THPEngine_run_backward` (Python's `loss.backward()` enters the autograd engine here).
+    TorchBackward = 52,
+}
+
+impl TryFrom<u32> for ProbeId {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        use ProbeId::*;
+        Ok(match v {
+            1 => PyEval,
+            10 => CudaLaunchKernel,
+            11 => CudaLaunchKernelExC,
+            12 => CudaGraphLaunch,
+            13 => CudaMemcpy,
+            14 => CudaMemcpyAsync,
+            15 => CudaStreamSynchronize,
+            16 => CudaDeviceSynchronize,
+            17 => CudaEventSynchronize,
+            30 => CuLaunchKernel,
+            31 => CuLaunchKernelEx,
+            32 => CuStreamSynchronize,
+            33 => CuCtxSynchronize,
+            34 => CuEventSynchronize,
+            35 => CuMemcpyHtoD,
+            36 => CuMemcpyDtoH,
+            37 => CuMemcpyHtoDAsync,
+            38 => CuMemcpyDtoHAsync,
+            50 => TorchRecordEnter,
+            51 => TorchRecordExit,
+            52 => TorchBackward,
+            other => return Err(other),
+        })
+    }
+}
+
+/// Classification of a code object, written by userspace into the kernel's code map.
+/// [`CodeClass::Pending`] is what the kernel inserts for a code object it sees first; userspace
+/// then resolves the object and replaces it with a final class.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CodeClass {
+    /// Seen by the kernel, not yet classified by userspace: events are still emitted.
+    Pending = 0,
+    /// Not interesting: the kernel emits nothing for it.
+    Ignore = 1,
+    /// `DataLoader` iterator `__next__`.
+    DataLoaderNext = 2,
+    /// `nn.Module.__call__` (`_wrapped_call_impl` / `_call_impl`).
+    ModuleCall = 3,
+    /// `Optimizer.step` (Python side; the record_function hook is preferred).
+    OptimizerStep = 4,
+    /// `Tensor.backward` / `torch.autograd.backward` (Python side, 3.9/3.10 only see it).
+    Backward = 5,
+}
+
+impl TryFrom<u32> for CodeClass {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        Ok(match v {
+            0 => CodeClass::Pending,
+            1 => CodeClass::Ignore,
+            2 => CodeClass::DataLoaderNext,
+            3 => CodeClass::ModuleCall,
+            4 => CodeClass::OptimizerStep,
+            5 => CodeClass::Backward,
+            other => return Err(other),
+        })
+    }
+}
+
+/// Indexes of the per-CPU loss counters (`LOSS` map).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// `bpf_ringbuf_reserve` failed: the ring buffer was full.
+    RingFull = 0,
+    /// A `bpf_probe_read_user` of the target's memory failed.
+    ReadFailed = 1,
+    /// A per-thread state map was full.
+    StateFull = 2,
+    /// The C-entry depth passed the kernel's uretprobe nesting limit; that frame is not tracked.
+    DepthLimit = 3,
+}
+pub const LOSS_REASONS: u32 = 4;
+
+/// Per-thread state the eBPF side keeps: a small stack of the open calls it reported (tracked
+/// Python frames and native calls with an exit probe). Each entry holds the stack pointer at entry,
+/// so the return probe matches its frame exactly (after `ret`, `rsp` is the entry `rsp` + 8) and
+/// drops entries whose return was never seen (the kernel omits uretprobes past its nesting limit).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadState {
+    /// Number of valid entries.
+    pub len: u32,
+    /// Entries that did not fit, or whose return was never seen.
+    pub overflow: u32,
+    /// `rsp` at entry of each open call.
+    pub entry_sp: [u64; TRACK_STACK],
+    /// Code object address (Python frames) or first argument (native calls).
+    pub id: [u64; TRACK_STACK],
+    /// `probe << 16 | class` (see [`ProbeId`] and [`CodeClass`]).
+    pub tag: [u32; TRACK_STACK],
+}
+pub const TRACK_STACK: usize = 16;
+const _: () = assert!(size_of::<ThreadState>() == 8 + 8 * 16 + 8 * 16 + 4 * 16);
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `#[repr(C)]` data of integers only, no padding (size asserted above).
+    unsafe impl aya::Pod for super::RawEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ThreadState {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip() {
+        for k in 0..100u32 {
+            if let Ok(kind) = EventKind::try_from(k) {
+                assert_eq!(kind as u32, k);
+            }
+            if let Ok(p) = ProbeId::try_from(k) {
+                assert_eq!(p as u32, k);
+            }
+            if let Ok(c) = CodeClass::try_from(k) {
+                assert_eq!(c as u32, k);
+            }
+        }
+        assert_eq!(EventKind::try_from(0), Err(0));
+        assert_eq!(ProbeId::try_from(52), Ok(ProbeId::TorchBackward));
+    }
+}

@@ -1,0 +1,406 @@
+//! The decoded event stream: what the probes saw, as typed events, plus the userspace facts the
+//! analysis needs (code objects resolved, samples, losses, how the run ended). It is the boundary
+//! between the kernel-facing shell and the pure core: a live run and a replayed recording produce
+//! the same `StreamItem`s.
+use serde::{Deserialize, Serialize};
+use traceml_common::{CodeClass, EventKind, FLAG_RAISED, NAME_BYTES, ProbeId, RawEvent};
+
+/// One item of the event stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum StreamItem {
+    /// Facts about the target, written once at attach.
+    Target(TargetInfo),
+    /// A code object resolved in userspace (qualname, file, class).
+    Code(CodeInfo),
+    /// A probe event.
+    Event(Event),
+    /// A periodic /proc + NVML sample.
+    Sample(crate::sample::Sample),
+    /// Events known to be lost (kernel counters or sequence gaps), cumulative per reason.
+    Lost(Lost),
+    /// A probe that could not be attached, and why.
+    ProbeFailed(ProbeFailure),
+    /// A library found in the target (at attach or later), with the probes placed in it.
+    Library(LibraryInfo),
+    /// The end of the run.
+    End(End),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub pid: u32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    /// "3.11.7" when known.
+    pub python_version: Option<String>,
+    /// File holding `_PyEval_EvalFrameDefault`.
+    pub python_elf: Option<String>,
+    /// `CLOCK_MONOTONIC` ns when the daemon attached.
+    pub attach_ts_ns: u64,
+    /// Wall-clock seconds since the epoch when the daemon attached.
+    pub attach_unix_s: f64,
+    /// CPU cores of the machine (for "% of machine capacity").
+    pub num_cpus: u32,
+    /// Bytes of RAM of the machine.
+    pub mem_total_bytes: Option<u64>,
+    pub hostname: String,
+    pub daemon_version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CodeInfo {
+    pub ptr: u64,
+    pub qualname: String,
+    pub filename: String,
+    pub class: Class,
+}
+
+/// Userspace mirror of [`CodeClass`] with serde names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    Pending,
+    Ignore,
+    DataLoaderNext,
+    ModuleCall,
+    OptimizerStep,
+    Backward,
+}
+
+impl From<CodeClass> for Class {
+    fn from(c: CodeClass) -> Self {
+        match c {
+            CodeClass::Pending => Class::Pending,
+            CodeClass::Ignore => Class::Ignore,
+            CodeClass::DataLoaderNext => Class::DataLoaderNext,
+            CodeClass::ModuleCall => Class::ModuleCall,
+            CodeClass::OptimizerStep => Class::OptimizerStep,
+            CodeClass::Backward => Class::Backward,
+        }
+    }
+}
+
+impl From<Class> for CodeClass {
+    fn from(c: Class) -> Self {
+        match c {
+            Class::Pending => CodeClass::Pending,
+            Class::Ignore => CodeClass::Ignore,
+            Class::DataLoaderNext => CodeClass::DataLoaderNext,
+            Class::ModuleCall => CodeClass::ModuleCall,
+            Class::OptimizerStep => CodeClass::OptimizerStep,
+            Class::Backward => CodeClass::Backward,
+        }
+    }
+}
+
+/// One probe event, decoded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// `CLOCK_MONOTONIC` ns.
+    pub ts: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    #[serde(flatten)]
+    pub kind: Kind,
+}
+
+/// Which CUDA API an event came from (runtime or driver), for the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    CudaLaunchKernel,
+    CudaLaunchKernelExC,
+    CudaGraphLaunch,
+    CudaMemcpy,
+    CudaMemcpyAsync,
+    CudaStreamSynchronize,
+    CudaDeviceSynchronize,
+    CudaEventSynchronize,
+    CuLaunchKernel,
+    CuLaunchKernelEx,
+    CuStreamSynchronize,
+    CuCtxSynchronize,
+    CuEventSynchronize,
+    CuMemcpyHtoD,
+    CuMemcpyDtoH,
+    CuMemcpyHtoDAsync,
+    CuMemcpyDtoHAsync,
+    TorchBackward,
+}
+
+impl Api {
+    pub fn from_probe(p: ProbeId) -> Option<Api> {
+        use ProbeId as P;
+        Some(match p {
+            P::CudaLaunchKernel => Api::CudaLaunchKernel,
+            P::CudaLaunchKernelExC => Api::CudaLaunchKernelExC,
+            P::CudaGraphLaunch => Api::CudaGraphLaunch,
+            P::CudaMemcpy => Api::CudaMemcpy,
+            P::CudaMemcpyAsync => Api::CudaMemcpyAsync,
+            P::CudaStreamSynchronize => Api::CudaStreamSynchronize,
+            P::CudaDeviceSynchronize => Api::CudaDeviceSynchronize,
+            P::CudaEventSynchronize => Api::CudaEventSynchronize,
+            P::CuLaunchKernel => Api::CuLaunchKernel,
+            P::CuLaunchKernelEx => Api::CuLaunchKernelEx,
+            P::CuStreamSynchronize => Api::CuStreamSynchronize,
+            P::CuCtxSynchronize => Api::CuCtxSynchronize,
+            P::CuEventSynchronize => Api::CuEventSynchronize,
+            P::CuMemcpyHtoD => Api::CuMemcpyHtoD,
+            P::CuMemcpyDtoH => Api::CuMemcpyDtoH,
+            P::CuMemcpyHtoDAsync => Api::CuMemcpyHtoDAsync,
+            P::CuMemcpyDtoHAsync => Api::CuMemcpyDtoHAsync,
+            P::TorchBackward => Api::TorchBackward,
+            P::PyEval | P::TorchRecordEnter | P::TorchRecordExit => return None,
+        })
+    }
+
+    /// True for the driver-level (`libcuda`) entry points.
+    pub fn is_driver(self) -> bool {
+        matches!(
+            self,
+            Api::CuLaunchKernel
+                | Api::CuLaunchKernelEx
+                | Api::CuStreamSynchronize
+                | Api::CuCtxSynchronize
+                | Api::CuEventSynchronize
+                | Api::CuMemcpyHtoD
+                | Api::CuMemcpyDtoH
+                | Api::CuMemcpyHtoDAsync
+                | Api::CuMemcpyDtoHAsync
+        )
+    }
+
+    /// Blocking waits for the device (the host thread sleeps until the GPU catches up).
+    pub fn is_sync(self) -> bool {
+        matches!(
+            self,
+            Api::CudaStreamSynchronize
+                | Api::CudaDeviceSynchronize
+                | Api::CudaEventSynchronize
+                | Api::CuStreamSynchronize
+                | Api::CuCtxSynchronize
+                | Api::CuEventSynchronize
+        )
+    }
+
+    pub fn is_copy(self) -> bool {
+        matches!(
+            self,
+            Api::CudaMemcpy
+                | Api::CudaMemcpyAsync
+                | Api::CuMemcpyHtoD
+                | Api::CuMemcpyDtoH
+                | Api::CuMemcpyHtoDAsync
+                | Api::CuMemcpyDtoHAsync
+        )
+    }
+}
+
+/// `cudaMemcpyKind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyKind {
+    HostToHost,
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+    /// `cudaMemcpyDefault`: direction inferred by the driver from the pointers (unified addressing).
+    Default,
+    Unknown,
+}
+
+impl CopyKind {
+    pub fn from_raw(k: u64) -> CopyKind {
+        match k {
+            0 => CopyKind::HostToHost,
+            1 => CopyKind::HostToDevice,
+            2 => CopyKind::DeviceToHost,
+            3 => CopyKind::DeviceToDevice,
+            4 => CopyKind::Default,
+            _ => CopyKind::Unknown,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "k", rename_all = "snake_case")]
+pub enum Kind {
+    /// A frame of a tracked code object started (entered from C).
+    PyEnter { code: u64, depth: u32 },
+    /// That frame ended; `raised` when it returned NULL (exception, e.g. StopIteration).
+    PyExit { code: u64, raised: bool },
+    /// A blocking/enter-exit native call started: copies carry kind and bytes.
+    CallEnter { api: Api, bytes: Option<u64>, copy: Option<CopyKind> },
+    /// The innermost open native call of this thread with this api returned.
+    CallExit { api: Api, ret: u64 },
+    /// A kernel (or graph) launch.
+    Launch { api: Api },
+    /// `record_function` opened with this name (possibly truncated).
+    RecordEnter { name: String },
+    /// The innermost open `record_function` of this thread closed.
+    RecordExit,
+}
+
+/// Why a raw event could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("unknown event kind {0}")]
+    Kind(u32),
+    #[error("unknown probe id {0}")]
+    Probe(u32),
+    #[error("probe {probe:?} cannot produce a {kind:?} event")]
+    Mismatch { kind: EventKind, probe: ProbeId },
+}
+
+/// Decodes one raw kernel event.
+pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
+    let kind = EventKind::try_from(raw.kind).map_err(DecodeError::Kind)?;
+    let probe = ProbeId::try_from(raw.probe).map_err(DecodeError::Probe)?;
+    let mismatch = || DecodeError::Mismatch { kind, probe };
+    let k = match kind {
+        EventKind::PyEnter => Kind::PyEnter { code: raw.args[0], depth: raw.args[2] as u32 },
+        EventKind::PyExit => Kind::PyExit { code: raw.args[0], raised: raw.flags & FLAG_RAISED != 0 },
+        EventKind::CallEnter => {
+            let api = Api::from_probe(probe).ok_or_else(mismatch)?;
+            if api.is_copy() {
+                Kind::CallEnter { api, bytes: Some(raw.args[0]), copy: Some(CopyKind::from_raw(raw.args[1])) }
+            } else {
+                Kind::CallEnter { api, bytes: None, copy: None }
+            }
+        }
+        EventKind::CallExit => Kind::CallExit { api: Api::from_probe(probe).ok_or_else(mismatch)?, ret: raw.args[0] },
+        EventKind::Launch => Kind::Launch { api: Api::from_probe(probe).ok_or_else(mismatch)? },
+        EventKind::RecordEnter => {
+            let mut bytes = [0u8; NAME_BYTES];
+            for (i, w) in raw.args.iter().enumerate() {
+                bytes[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+            }
+            let end = bytes.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
+            Kind::RecordEnter { name: String::from_utf8_lossy(&bytes[..end]).into_owned() }
+        }
+        EventKind::RecordExit => Kind::RecordExit,
+    };
+    Ok(Event { ts: raw.ts_ns, tgid: raw.tgid, tid: raw.tid, kind: k })
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lost {
+    /// Ring buffer full when the kernel tried to write.
+    pub ring_full: u64,
+    /// Reads of the target's memory that failed in the kernel.
+    pub read_failed: u64,
+    /// Per-thread state full (too deep, or too many threads).
+    pub state_full: u64,
+    /// Raw events that did not decode.
+    pub undecodable: u64,
+    /// Sequence gaps seen by userspace that the kernel counters do not explain.
+    pub seq_gaps: u64,
+}
+
+impl Lost {
+    pub fn total(&self) -> u64 {
+        self.ring_full + self.read_failed + self.state_full + self.undecodable
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeFailure {
+    pub probe: String,
+    pub file: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LibraryInfo {
+    pub path: String,
+    /// "python", "cudart", "cuda_driver", "torch".
+    pub role: String,
+    /// Probes attached in it.
+    pub probes: Vec<String>,
+    /// `CLOCK_MONOTONIC` ns when it was attached.
+    pub ts: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct End {
+    pub ts: u64,
+    pub reason: EndReason,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The target process exited.
+    TargetExited,
+    /// The target called exec: its memory (and our probes) are gone.
+    TargetExeced,
+    /// SIGINT / Ctrl-C.
+    Interrupted,
+    /// SIGTERM.
+    Terminated,
+    /// `--duration` elapsed.
+    DurationElapsed,
+    /// The recording ended without an `End` item (the daemon was killed).
+    Truncated,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(kind: EventKind, probe: ProbeId, args: [u64; 5]) -> RawEvent {
+        let mut r = RawEvent::zeroed();
+        r.kind = kind as u32;
+        r.probe = probe as u32;
+        r.ts_ns = 42;
+        r.tid = 7;
+        r.tgid = 7;
+        r.args = args;
+        r
+    }
+
+    #[test]
+    fn decodes_copy_with_kind_and_bytes() {
+        let e = decode(&raw(EventKind::CallEnter, ProbeId::CudaMemcpyAsync, [4096, 1, 0, 0, 0])).unwrap();
+        assert_eq!(
+            e.kind,
+            Kind::CallEnter { api: Api::CudaMemcpyAsync, bytes: Some(4096), copy: Some(CopyKind::HostToDevice) }
+        );
+    }
+
+    #[test]
+    fn decodes_record_name() {
+        let mut args = [0u64; 5];
+        let name = b"Optimizer.step#SGD.step";
+        let mut bytes = [0u8; 40];
+        bytes[..name.len()].copy_from_slice(name);
+        for (i, w) in args.iter_mut().enumerate() {
+            *w = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+        }
+        let e = decode(&raw(EventKind::RecordEnter, ProbeId::TorchRecordEnter, args)).unwrap();
+        assert_eq!(e.kind, Kind::RecordEnter { name: "Optimizer.step#SGD.step".into() });
+    }
+
+    #[test]
+    fn rejects_unknown_and_mismatched() {
+        let mut r = raw(EventKind::PyEnter, ProbeId::PyEval, [0; 5]);
+        r.kind = 99;
+        assert_eq!(decode(&r), Err(DecodeError::Kind(99)));
+        let r = raw(EventKind::Launch, ProbeId::PyEval, [0; 5]);
+        assert!(matches!(decode(&r), Err(DecodeError::Mismatch { .. })));
+    }
+
+    #[test]
+    fn stream_item_json_round_trip() {
+        let item = StreamItem::Event(Event {
+            ts: 1,
+            tgid: 2,
+            tid: 3,
+            kind: Kind::CallEnter { api: Api::CudaMemcpy, bytes: Some(8), copy: Some(CopyKind::DeviceToHost) },
+        });
+        let s = serde_json::to_string(&item).unwrap();
+        let back: StreamItem = serde_json::from_str(&s).unwrap();
+        assert_eq!(item, back);
+    }
+}

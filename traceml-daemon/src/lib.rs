@@ -1,0 +1,27 @@
+//! traceml-daemon: attach to a running training process with eBPF, infer its steps and phases,
+//! and say why its GPU waits.
+//!
+//! Pipeline: probes (`traceml-ebpf`) → ring buffer of [`traceml_common::RawEvent`] → [`event`]
+//! decoder → event stream ([`record`] can write and replay it) → [`engine`] (events → steps) →
+//! [`analysis`] (steps + [`sample`]s → aggregates) → [`diagnosis`] rules → [`summary`] model →
+//! [`render`] (card, JSON) and [`compare`].
+//!
+//! Everything from the event stream on is pure and tested from recorded traces without root;
+//! only `attach`, `live` and `sampler` touch the kernel or the target.
+
+pub mod analysis;
+pub mod attach;
+pub mod classify;
+pub mod compare;
+pub mod diagnosis;
+pub mod engine;
+pub mod event;
+pub mod live;
+pub mod record;
+pub mod render;
+pub mod sample;
+pub mod sampler;
+pub mod summary;
+
+/// The compiled eBPF object, built by `build.rs`.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/traceml"));

@@ -1,0 +1,3 @@
+fn main() {
+    println!("{}", traceml_daemon::EBPF_OBJECT.len());
+}

@@ -1,0 +1,50 @@
+//! Periodic samples of the machine, the target, its DataLoader workers and its GPUs, as they
+//! travel in the event stream. Every metric is an `Option`: never measured is `None`, never 0.
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// `CLOCK_MONOTONIC` ns.
+    pub ts: u64,
+    pub system: SystemSample,
+    pub process: Option<ProcessSample>,
+    /// Child processes of the target (DataLoader workers).
+    pub workers: Vec<ProcessSample>,
+    /// `None` when GPU metrics are unavailable (no NVML / no driver / no GPU).
+    pub gpus: Option<Vec<GpuSample>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SystemSample {
+    /// Busy share of all CPUs since the previous sample, 0–100.
+    pub cpu_pct: Option<f64>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// CPU time since the previous sample as % of one core (can exceed 100).
+    pub cpu_pct_one_core: Option<f64>,
+    pub rss_bytes: Option<u64>,
+    pub threads: Option<u32>,
+    /// Cumulative user+system CPU seconds.
+    pub cpu_seconds: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub index: u32,
+    pub name: Option<String>,
+    pub util_pct: Option<f64>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub temp_c: Option<f64>,
+    pub power_w: Option<f64>,
+    pub power_limit_w: Option<f64>,
+    /// GPU memory used by the target process on this GPU.
+    pub process_mem_bytes: Option<u64>,
+    /// Per-process SM utilization samples, where the driver supports it.
+    pub process_util_pct: Option<f64>,
+}

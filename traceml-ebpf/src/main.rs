@@ -1,0 +1,343 @@
+//! The kernel side of traceml-daemon: uprobes on CPython's frame evaluator, torch's native entry
+//! points and the CUDA runtime/driver, writing fixed-size [`RawEvent`]s into one ring buffer.
+//!
+//! Per-hit work is kept tiny (see `../shared/TOOLCHAIN.md` for the measured costs): one map lookup,
+//! at most one user-memory read, one ring-buffer reservation submitted without wakeup (userspace
+//! polls). Every failure is counted in `LOSS` so the summary can say what was lost.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RetProbeContext},
+};
+use traceml_common::{
+    CodeClass, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS, LossReason, NAME_BYTES, ProbeId,
+    RawEvent, TRACK_STACK, ThreadState,
+};
+
+const BPF_RB_NO_WAKEUP: u64 = 1;
+
+// Globals set by the loader (`EbpfLoader::override_global`) for the target's CPython version.
+/// Offset of the code object pointer in the frame passed to `_PyEval_EvalFrameDefault`.
+#[unsafe(no_mangle)]
+static FRAME_CODE_OFFSET: u64 = 0;
+/// Mask applied to that pointer (3.14 tags `_PyStackRef`s in the low bits).
+#[unsafe(no_mangle)]
+static CODE_PTR_MASK: u64 = u64::MAX;
+/// 1: every kernel launch is an event; 0: launches are only counted (`LAUNCHES`).
+#[unsafe(no_mangle)]
+static LAUNCH_EVENTS: u32 = 1;
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+/// Code object address -> [`CodeClass`]; the kernel inserts `Pending`, userspace classifies.
+#[map]
+static CODE_CLASS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1 << 16, 0);
+/// Thread id -> open tracked calls.
+#[map]
+static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(1 << 14, 0);
+/// Per-CPU event sequence number.
+#[map]
+static SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Per-CPU loss counters, indexed by [`LossReason`].
+#[map]
+static LOSS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_REASONS, 0);
+/// Per-CPU launch counters (both modes), indexed by probe id.
+#[map]
+static LAUNCHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(64, 0);
+
+#[inline(always)]
+fn global<T: Copy>(g: &T) -> T {
+    // SAFETY: the loader may rewrite the global before load; a volatile read keeps the compiler
+    // from folding the compile-time value.
+    unsafe { core::ptr::read_volatile(g) }
+}
+
+#[inline(always)]
+fn bump(map: &PerCpuArray<u64>, index: u32) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, and a CPU runs one BPF program at a time in this context.
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn lose(reason: LossReason) {
+    bump(&LOSS, reason as u32);
+}
+
+/// Reserves and fills one event; the caller may set `args`/`flags` through `fill`.
+#[inline(always)]
+fn emit(kind: EventKind, probe: u32, fill: impl FnOnce(&mut RawEvent)) {
+    let seq = match SEQ.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        Some(p) => unsafe {
+            *p += 1;
+            *p
+        },
+        None => 0,
+    };
+    let Some(mut entry) = EVENTS.reserve::<RawEvent>(0) else {
+        lose(LossReason::RingFull);
+        return;
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let mut ev = RawEvent::zeroed();
+    ev.kind = kind as u32;
+    ev.probe = probe;
+    // SAFETY: helper without preconditions.
+    ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+    ev.seq = seq;
+    ev.tgid = (pid_tgid >> 32) as u32;
+    ev.tid = pid_tgid as u32;
+    // SAFETY: helper without preconditions.
+    ev.cpu = unsafe { bpf_get_smp_processor_id() };
+    fill(&mut ev);
+    entry.write(ev);
+    entry.submit(BPF_RB_NO_WAKEUP);
+}
+
+#[inline(always)]
+fn thread_state(tid: u32) -> Option<*mut ThreadState> {
+    if let Some(p) = THREADS.get_ptr_mut(tid) {
+        return Some(p);
+    }
+    let fresh = ThreadState { len: 0, overflow: 0, entry_sp: [0; TRACK_STACK], id: [0; TRACK_STACK], tag: [0; TRACK_STACK] };
+    if THREADS.insert(tid, fresh, 0).is_err() {
+        lose(LossReason::StateFull);
+        return None;
+    }
+    THREADS.get_ptr_mut(tid)
+}
+
+/// Pushes an open call; false when the stack is full (the call is then not reported).
+#[inline(always)]
+fn push(st: &mut ThreadState, sp: u64, id: u64, tag: u32) -> bool {
+    let i = st.len as usize;
+    if i >= TRACK_STACK {
+        st.overflow += 1;
+        lose(LossReason::StateFull);
+        return false;
+    }
+    st.entry_sp[i] = sp;
+    st.id[i] = id;
+    st.tag[i] = tag;
+    st.len += 1;
+    true
+}
+
+/// Pops every open call deeper than the returning frame; returns the returning frame's entry
+/// when it was tracked (its entry `rsp` is the return `rsp` - 8).
+#[inline(always)]
+fn pop_matching(st: &mut ThreadState, ret_sp: u64) -> Option<(u64, u32)> {
+    for _ in 0..TRACK_STACK {
+        let len = st.len as usize;
+        if len == 0 || len > TRACK_STACK {
+            return None;
+        }
+        let top = len - 1;
+        let sp = st.entry_sp[top];
+        if sp >= ret_sp {
+            // The top entry belongs to an outer frame still running.
+            return None;
+        }
+        st.len -= 1;
+        if sp + 8 == ret_sp {
+            return Some((st.id[top], st.tag[top]));
+        }
+        // Deeper entry whose return was never seen.
+        st.overflow += 1;
+    }
+    None
+}
+
+#[inline(always)]
+fn cookie<C: EbpfContext>(ctx: &C) -> u32 {
+    // SAFETY: the context pointer is the program's own context.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
+}
+
+#[inline(always)]
+fn regs_sp(ctx: &ProbeContext) -> u64 {
+    // SAFETY: `regs` points at the probed thread's saved registers for the life of the program.
+    unsafe { (*ctx.regs).rsp }
+}
+
+/// Entry of `_PyEval_EvalFrameDefault(tstate, frame, throwflag)` (3.9+).
+#[uprobe]
+pub fn py_enter(ctx: ProbeContext) -> u32 {
+    let _ = try_py_enter(&ctx);
+    0
+}
+
+fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
+    let frame: u64 = ctx.arg(1)?;
+    let at = frame.wrapping_add(global(&FRAME_CODE_OFFSET));
+    // SAFETY: reading the target's memory through the checked helper.
+    let code = match unsafe { bpf_probe_read_user(at as *const u64) } {
+        Ok(c) => c & global(&CODE_PTR_MASK),
+        Err(_) => {
+            lose(LossReason::ReadFailed);
+            return None;
+        }
+    };
+    // SAFETY: value read by copy from the map.
+    let class = match unsafe { CODE_CLASS.get(code) } {
+        Some(c) => *c,
+        None => {
+            let _ = CODE_CLASS.insert(code, CodeClass::Pending as u32, 0);
+            CodeClass::Pending as u32
+        }
+    };
+    if class == CodeClass::Ignore as u32 {
+        return Some(());
+    }
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: pointer into the map value of this thread; only this thread touches it.
+    let st = unsafe { &mut *thread_state(tid)? };
+    let sp = regs_sp(ctx);
+    let tag = ((ProbeId::PyEval as u32) << 16) | class;
+    if !push(st, sp, code, tag) {
+        return None;
+    }
+    let depth = st.len as u64;
+    emit(EventKind::PyEnter, ProbeId::PyEval as u32, |e| {
+        e.args = [code, class as u64, depth, frame, 0];
+    });
+    Some(())
+}
+
+/// Entry of a native call with an exit probe (copies, syncs, backward). The cookie is the
+/// [`ProbeId`]; arguments are decoded here because they are gone at return.
+#[uprobe]
+pub fn call_enter(ctx: ProbeContext) -> u32 {
+    let _ = try_call_enter(&ctx);
+    0
+}
+
+fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
+    let probe = cookie(ctx);
+    let a0: u64 = ctx.arg(0).unwrap_or(0);
+    let a1: u64 = ctx.arg(1).unwrap_or(0);
+    let a2: u64 = ctx.arg(2).unwrap_or(0);
+    let a3: u64 = ctx.arg(3).unwrap_or(0);
+    let a4: u64 = ctx.arg(4).unwrap_or(0);
+    // args: [bytes, memcpy kind, dst, src, stream] for copies, [handle, ...] otherwise.
+    let args = if probe == ProbeId::CudaMemcpy as u32 || probe == ProbeId::CudaMemcpyAsync as u32 {
+        [a2, a3, a0, a1, a4]
+    } else if probe == ProbeId::CuMemcpyHtoD as u32 || probe == ProbeId::CuMemcpyHtoDAsync as u32 {
+        [a2, 1, a0, a1, a3]
+    } else if probe == ProbeId::CuMemcpyDtoH as u32 || probe == ProbeId::CuMemcpyDtoHAsync as u32 {
+        [a2, 2, a0, a1, a3]
+    } else {
+        [a0, a1, a2, a3, a4]
+    };
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: this thread's map value.
+    let st = unsafe { &mut *thread_state(tid)? };
+    if !push(st, regs_sp(ctx), a0, probe << 16) {
+        return None;
+    }
+    emit(EventKind::CallEnter, probe, |e| e.args = args);
+    Some(())
+}
+
+/// Return of `_PyEval_EvalFrameDefault` and of every `call_enter` function.
+#[uretprobe]
+pub fn any_exit(ctx: RetProbeContext) -> u32 {
+    let _ = try_any_exit(&ctx);
+    0
+}
+
+fn try_any_exit(ctx: &RetProbeContext) -> Option<()> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: this thread's map value; absent means nothing of this thread is open.
+    let st = unsafe { &mut *THREADS.get_ptr_mut(tid)? };
+    // SAFETY: saved registers of the returning thread.
+    let (sp, ret) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rax) };
+    let (id, tag) = pop_matching(st, sp)?;
+    let probe = tag >> 16;
+    let depth = st.len as u64 + 1;
+    if probe == ProbeId::PyEval as u32 {
+        let class = (tag & 0xffff) as u64;
+        emit(EventKind::PyExit, probe, |e| {
+            e.args = [id, class, depth, ret, 0];
+            if ret == 0 {
+                e.flags = FLAG_RAISED;
+            }
+        });
+    } else {
+        emit(EventKind::CallExit, probe, |e| e.args = [ret, id, depth, 0, 0]);
+    }
+    Some(())
+}
+
+/// Kernel launches: counted per probe, and an event each unless `LAUNCH_EVENTS` is 0.
+#[uprobe]
+pub fn launch(ctx: ProbeContext) -> u32 {
+    let probe = cookie(&ctx);
+    bump(&LAUNCHES, probe);
+    if global(&LAUNCH_EVENTS) != 0 {
+        let f: u64 = ctx.arg(0).unwrap_or(0);
+        let stream: u64 = ctx.arg(5).unwrap_or(0);
+        emit(EventKind::Launch, probe, |e| e.args = [f, stream, 0, 0, 0]);
+    }
+    0
+}
+
+/// `record_function_enter_new(const std::string& name, ...)`: both libstdc++ string ABIs start
+/// with the pointer to the NUL-terminated characters.
+#[uprobe]
+pub fn record_enter(ctx: ProbeContext) -> u32 {
+    let probe = cookie(&ctx);
+    let s: u64 = ctx.arg(0).unwrap_or(0);
+    // SAFETY: checked read of the target's memory.
+    let data = match unsafe { bpf_probe_read_user(s as *const u64) } {
+        Ok(d) => d,
+        Err(_) => {
+            lose(LossReason::ReadFailed);
+            0
+        }
+    };
+    emit(EventKind::RecordEnter, probe, |e| {
+        let mut buf = [0u8; NAME_BYTES + 1];
+        // SAFETY: checked read of the target's memory into a local buffer.
+        if let Ok(bytes) = unsafe { bpf_probe_read_user_str_bytes(data as *const u8, &mut buf) } {
+            if bytes.len() >= NAME_BYTES {
+                e.flags = FLAG_TRUNCATED;
+            }
+        }
+        let mut words = [0u64; 5];
+        for (i, w) in words.iter_mut().enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&buf[i * 8..i * 8 + 8]);
+            *w = u64::from_le_bytes(b);
+        }
+        e.args = words;
+    });
+    0
+}
+
+/// `record_function_exit*`: closes the innermost open record of the thread.
+#[uprobe]
+pub fn record_exit(ctx: ProbeContext) -> u32 {
+    emit(EventKind::RecordExit, cookie(&ctx), |_| {});
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
