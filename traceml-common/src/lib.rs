@@ -221,7 +221,9 @@ pub struct ThreadState {
     /// `probe << 16 | class` (see [`ProbeId`] and [`CodeClass`]).
     pub tag: [u32; TRACK_STACK],
 }
+/// Depth of that stack; a power of two (the eBPF side masks indexes with it).
 pub const TRACK_STACK: usize = 16;
+const _: () = assert!(TRACK_STACK.is_power_of_two());
 const _: () = assert!(size_of::<ThreadState>() == 8 + 8 * 16 + 8 * 16 + 4 * 16);
 
 #[cfg(feature = "user")]

@@ -1,1 +1,418 @@
-//! (in progress)
+//! The live run: check the target and our privileges, attach, then stream events until the
+//! target exits or we are told to stop. Each poll drains the ring buffer, resolves new code
+//! objects, notices libraries mapped since the last look (torch loads libcudart lazily) and
+//! samples /proc and NVML. Everything it learns leaves as [`StreamItem`]s through one sink, so a
+//! recording replays to the same summary.
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use traceml_common::{CodeClass, LossReason, RawEvent};
+
+use crate::attach::memory::TargetMemory;
+use crate::attach::python::{self, CodeReader};
+use crate::attach::{self, AttachError, Attacher, LoadConfig, maps};
+use crate::classify;
+use crate::event::{
+    self, Class, CodeInfo, End, EndReason, Kind, LibraryInfo, Lost, StreamItem, TargetInfo,
+};
+use crate::sampler::Sampler;
+
+/// Options of a live run (validated CLI).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub pid: u32,
+    /// Written once every initial probe is attached (for scripts and tests).
+    pub ready_file: Option<PathBuf>,
+    pub duration: Option<Duration>,
+    /// Per-launch events (default) or launch counting only.
+    pub launch_events: bool,
+    pub ring_bytes: u32,
+    pub sample_interval: Duration,
+    /// How often `/proc/<pid>/maps` is re-read for new libraries (must stay under 1 s).
+    pub rescan_interval: Duration,
+}
+
+impl Options {
+    pub fn new(pid: u32) -> Self {
+        Options {
+            pid,
+            ready_file: None,
+            duration: None,
+            launch_events: true,
+            ring_bytes: 8 << 20,
+            sample_interval: Duration::from_millis(500),
+            rescan_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Why a live run could not start. Each message is one sentence for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error("no process with pid {0} (is it still running?)")]
+    NoSuchProcess(u32),
+    #[error(transparent)]
+    NotPython(#[from] python::PythonError),
+    #[error(
+        "traceml-daemon needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE; \
+         this process lacks {0}"
+    )]
+    Privileges(String),
+    #[error("this kernel cannot run traceml-daemon: {0}")]
+    Kernel(String),
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    #[error("cannot read the target's code objects: {0}")]
+    Memory(String),
+    #[error("cannot write: {0}")]
+    Sink(String),
+}
+
+impl LiveError {
+    /// Distinct exit codes: 3 for target problems, 4 for privileges/kernel, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LiveError::NoSuchProcess(_) | LiveError::NotPython(_) | LiveError::Memory(_) => 3,
+            LiveError::Privileges(_) | LiveError::Kernel(_) => 4,
+            _ => 1,
+        }
+    }
+}
+
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Checks everything that can be checked before touching the kernel.
+pub fn preflight(pid: u32) -> Result<(), LiveError> {
+    if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() || process_gone(pid, None) {
+        return Err(LiveError::NoSuchProcess(pid));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0);
+        let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON"), (CAP_SYS_PTRACE, "CAP_SYS_PTRACE")]
+            .into_iter()
+            .filter(|(bit, _)| eff & (1 << bit) == 0)
+            .map(|(_, name)| name)
+            .collect();
+        if !missing.is_empty() {
+            return Err(LiveError::Privileges(missing.join(", ")));
+        }
+    }
+    if !Path::new("/sys/bus/event_source/devices/uprobe/type").exists() {
+        return Err(LiveError::Kernel("it has no uprobe support (CONFIG_UPROBE_EVENTS is off)".into()));
+    }
+    Ok(())
+}
+
+/// `CLOCK_MONOTONIC` now, in ns: the clock `bpf_ktime_get_ns` uses.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The process's start time (field 22 of stat) and state, to tell exit and pid reuse apart.
+fn stat_start_state(pid: u32) -> Option<(u64, char)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((start, state))
+}
+
+/// True when the process is gone, a zombie, or another process now holds the pid.
+fn process_gone(pid: u32, start: Option<u64>) -> bool {
+    match stat_start_state(pid) {
+        None => true,
+        Some((_, 'Z' | 'X' | 'x')) => true,
+        Some((s, _)) => start.is_some_and(|st| st != s),
+    }
+}
+
+/// What the live loop needs from the kernel side.
+struct Kernel {
+    attacher: Attacher,
+    ring: RingBuf<MapData>,
+    classes: BpfHashMap<MapData, u64, u32>,
+    loss: PerCpuArray<MapData, u64>,
+}
+
+/// The state of a live run.
+struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
+    opts: &'a Options,
+    sink: F,
+    mem: TargetMemory,
+    reader: CodeReader,
+    known: HashMap<u64, Class>,
+    last_seq: HashMap<u32, u64>,
+    seq_gaps: u64,
+    undecodable: u64,
+    python_path: PathBuf,
+    python_base: Option<u64>,
+}
+
+impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
+    fn emit(&mut self, item: StreamItem) -> Result<(), LiveError> {
+        (self.sink)(&item).map_err(LiveError::Sink)
+    }
+
+    /// Drains the ring buffer: decodes, tracks per-CPU sequence gaps, resolves new code objects.
+    fn drain(&mut self, k: &mut Kernel) -> Result<(), LiveError> {
+        let mut batch = Vec::new();
+        while let Some(item) = k.ring.next() {
+            if item.len() < size_of::<RawEvent>() {
+                self.undecodable += 1;
+                continue;
+            }
+            // SAFETY: the kernel wrote a `RawEvent` (size checked); read unaligned by copy.
+            let raw: RawEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            batch.push(raw);
+        }
+        for raw in batch {
+            if let Some(last) = self.last_seq.insert(raw.cpu, raw.seq) {
+                if raw.seq > last + 1 {
+                    self.seq_gaps += raw.seq - last - 1;
+                }
+            }
+            let ev = match event::decode(&raw) {
+                Ok(e) => e,
+                Err(_) => {
+                    self.undecodable += 1;
+                    continue;
+                }
+            };
+            if let Kind::PyEnter { code, .. } = ev.kind {
+                if !self.known.contains_key(&code) {
+                    let info = self.resolve(code);
+                    let class = info.class;
+                    self.known.insert(code, class);
+                    // Tell the kernel; an LRU map may refuse nothing, but never fail the run.
+                    let _ = k.classes.insert(code, CodeClass::from(class) as u32, 0);
+                    self.emit(StreamItem::Code(info))?;
+                }
+            }
+            self.emit(StreamItem::Event(ev))?;
+        }
+        Ok(())
+    }
+
+    fn resolve(&self, code: u64) -> CodeInfo {
+        match self.reader.read(&self.mem, code) {
+            Ok(Some(names)) => {
+                let class = classify::classify(&names.qualname, &names.filename);
+                CodeInfo { ptr: code, qualname: names.qualname, filename: names.filename, class }
+            }
+            Ok(None) => CodeInfo { ptr: code, qualname: "<not a code object>".into(), filename: String::new(), class: Class::Ignore },
+            Err(e) => {
+                tracing::debug!("code object {code:#x}: {e}");
+                CodeInfo { ptr: code, qualname: "<unreadable>".into(), filename: String::new(), class: Class::Ignore }
+            }
+        }
+    }
+
+    /// Attaches to every interesting file mapped since the last scan.
+    fn rescan(&mut self, k: &mut Kernel, mappings: &[maps::Mapping]) -> Result<(), LiveError> {
+        for path in maps::files(mappings) {
+            let Some(role) = maps::role_of(&path) else { continue };
+            if role == maps::Role::Python || k.attacher.has_file(&path) {
+                continue;
+            }
+            let report = k.attacher.attach_file(&path, role)?;
+            for f in report.failures {
+                tracing::warn!("probe {} in {} not attached: {}", f.probe, f.file, f.reason);
+                self.emit(StreamItem::ProbeFailed(f))?;
+            }
+            if !report.attached.is_empty() || role != maps::Role::Torch {
+                tracing::info!("probing {} ({}): {} probes", path.display(), role.name(), report.attached.len());
+                self.emit(StreamItem::Library(LibraryInfo {
+                    path: path.display().to_string(),
+                    role: role.name().into(),
+                    probes: report.attached,
+                    ts: monotonic_ns(),
+                }))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn lost(&self, k: &Kernel) -> Lost {
+        let count = |r: LossReason| -> u64 {
+            k.loss.get(&(r as u32), 0).map(|v| v.iter().sum()).unwrap_or(0)
+        };
+        let ring_full = count(LossReason::RingFull);
+        Lost {
+            ring_full,
+            read_failed: count(LossReason::ReadFailed),
+            state_full: count(LossReason::StateFull) + count(LossReason::DepthLimit),
+            undecodable: self.undecodable,
+            seq_gaps: self.seq_gaps.saturating_sub(ring_full),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_default()
+}
+
+/// Attaches to `opts.pid` and streams until the run ends; every item goes to `sink`.
+pub async fn run(opts: &Options, sink: impl FnMut(&StreamItem) -> Result<(), String>) -> Result<EndReason, LiveError> {
+    preflight(opts.pid)?;
+    let pid = opts.pid;
+    let start = stat_start_state(pid).map(|(s, _)| s);
+    let mappings = maps::read(pid).map_err(|_| LiveError::NoSuchProcess(pid))?;
+    let py = python::find(pid, &mappings)?;
+    tracing::info!("target {pid}: Python {} in {}", py.version, py.path.display());
+
+    let cfg = LoadConfig {
+        frame_code_offset: py.layout.code_offset,
+        code_ptr_mask: py.layout.code_mask,
+        launch_events: opts.launch_events,
+        ring_bytes: opts.ring_bytes,
+    };
+    let pid_nz = NonZeroU32::new(pid).ok_or(LiveError::NoSuchProcess(pid))?;
+    let mut attacher = match Attacher::load(pid_nz, cfg) {
+        Ok(a) => a,
+        Err(e) => {
+            let msg = attach::error_chain(&e);
+            if msg.contains("Operation not permitted") {
+                return Err(LiveError::Privileges(format!("the permission to load eBPF programs ({msg})")));
+            }
+            return Err(e.into());
+        }
+    };
+    let mem = TargetMemory::new(pid);
+    let offsets = python::code_offsets(&mem, py.code_type_addr).map_err(|e| LiveError::Memory(e.to_string()))?;
+    let reader = CodeReader { layout: py.layout, offsets, code_type_addr: py.code_type_addr };
+
+    let take = |a: &mut Attacher, name: &str| {
+        a.ebpf.take_map(name).ok_or_else(|| LiveError::Kernel(format!("map {name} missing from the eBPF object")))
+    };
+    let ring = RingBuf::try_from(take(&mut attacher, "EVENTS")?).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let classes = BpfHashMap::try_from(take(&mut attacher, "CODE_CLASS")?).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let loss = PerCpuArray::try_from(take(&mut attacher, "LOSS")?).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let mut k = Kernel { attacher, ring, classes, loss };
+
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_owned()).unwrap_or_default();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        .unwrap_or_default();
+    let mut run = Run {
+        opts,
+        sink,
+        mem,
+        reader,
+        known: HashMap::new(),
+        last_seq: HashMap::new(),
+        seq_gaps: 0,
+        undecodable: 0,
+        python_path: py.path.clone(),
+        python_base: maps::base_of(&mappings, &py.path),
+    };
+    let attach_ts = monotonic_ns();
+    run.emit(StreamItem::Target(TargetInfo {
+        pid,
+        comm,
+        cmdline,
+        python_version: Some(py.version.to_string()),
+        python_elf: Some(py.path.display().to_string()),
+        attach_ts_ns: attach_ts,
+        attach_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        num_cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        mem_total_bytes: None,
+        hostname: hostname(),
+        daemon_version: env!("CARGO_PKG_VERSION").into(),
+    }))?;
+
+    let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
+    if report.attached.is_empty() {
+        let reason = report.failures.first().map(|f| f.reason.clone()).unwrap_or_default();
+        return Err(LiveError::Kernel(format!("cannot probe {} in {}: {reason}", python::EVAL_SYMBOL, py.path.display())));
+    }
+    run.emit(StreamItem::Library(LibraryInfo {
+        path: py.path.display().to_string(),
+        role: "python".into(),
+        probes: report.attached,
+        ts: monotonic_ns(),
+    }))?;
+    run.rescan(&mut k, &mappings)?;
+    if let Some(f) = &opts.ready_file {
+        std::fs::write(f, "attached\n").map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
+    }
+    tracing::info!("attached to {pid} in {:.0} ms", (monotonic_ns() - attach_ts) as f64 / 1e6);
+
+    let mut sampler = Sampler::new(pid);
+    if let Some(why) = sampler.gpu_unavailable() {
+        tracing::info!("GPU metrics unavailable: {why}");
+    }
+    let _ = sampler.tick(monotonic_ns());
+    let reason = event_loop(&mut run, &mut k, &mut sampler, start).await?;
+    // Final drain: what the kernel wrote before we stopped.
+    run.drain(&mut k)?;
+    let lost = run.lost(&k);
+    run.emit(StreamItem::Lost(lost))?;
+    run.emit(StreamItem::End(End { ts: monotonic_ns(), reason }))?;
+    Ok(reason)
+}
+
+async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
+    run: &mut Run<'_, F>,
+    k: &mut Kernel,
+    sampler: &mut Sampler,
+    start: Option<u64>,
+) -> Result<EndReason, LiveError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    use tokio::time::{MissedTickBehavior, interval};
+    let pid = run.opts.pid;
+    let mut poll = interval(Duration::from_millis(10));
+    let mut rescan = interval(run.opts.rescan_interval);
+    let mut sample = interval(run.opts.sample_interval);
+    for i in [&mut poll, &mut rescan, &mut sample] {
+        i.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    }
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let deadline = run.opts.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut last_lost = Lost::default();
+    loop {
+        tokio::select! {
+            _ = poll.tick() => run.drain(k)?,
+            _ = rescan.tick() => {
+                if process_gone(pid, start) {
+                    return Ok(EndReason::TargetExited);
+                }
+                let Ok(mappings) = maps::read(pid) else { return Ok(EndReason::TargetExited) };
+                if maps::base_of(&mappings, &run.python_path) != run.python_base {
+                    return Ok(EndReason::TargetExeced);
+                }
+                run.rescan(k, &mappings)?;
+                let lost = run.lost(k);
+                if lost != last_lost {
+                    run.emit(StreamItem::Lost(lost.clone()))?;
+                    last_lost = lost;
+                }
+            }
+            _ = sample.tick() => {
+                if let Some(s) = sampler.tick(monotonic_ns()) {
+                    run.emit(StreamItem::Sample(s))?;
+                }
+            }
+            _ = sigint.recv() => return Ok(EndReason::Interrupted),
+            _ = sigterm.recv() => return Ok(EndReason::Terminated),
+            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                return Ok(EndReason::DurationElapsed);
+            }
+        }
+    }
+}

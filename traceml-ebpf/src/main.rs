@@ -120,15 +120,20 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
 /// Pushes an open call; false when the stack is full (the call is then not reported).
 #[inline(always)]
 fn push(st: &mut ThreadState, sp: u64, id: u64, tag: u32) -> bool {
-    let i = st.len as usize;
-    if i >= TRACK_STACK {
+    if st.len as usize >= TRACK_STACK {
         st.overflow += 1;
         lose(LossReason::StateFull);
         return false;
     }
-    st.entry_sp[i] = sp;
-    st.id[i] = id;
-    st.tag[i] = tag;
+    // The mask (TRACK_STACK is a power of two) bounds the index in the very register used for
+    // the access, which is what the verifier tracks; the compiler may check a copy instead.
+    let i = st.len as usize & (TRACK_STACK - 1);
+    // SAFETY: `i < TRACK_STACK` by the mask.
+    unsafe {
+        *st.entry_sp.get_unchecked_mut(i) = sp;
+        *st.id.get_unchecked_mut(i) = id;
+        *st.tag.get_unchecked_mut(i) = tag;
+    }
     st.len += 1;
     true
 }
@@ -142,15 +147,17 @@ fn pop_matching(st: &mut ThreadState, ret_sp: u64) -> Option<(u64, u32)> {
         if len == 0 || len > TRACK_STACK {
             return None;
         }
-        let top = len - 1;
-        let sp = st.entry_sp[top];
+        let top = (len - 1) & (TRACK_STACK - 1);
+        // SAFETY: `top < TRACK_STACK` by the mask (see `push`).
+        let sp = unsafe { *st.entry_sp.get_unchecked(top) };
         if sp >= ret_sp {
             // The top entry belongs to an outer frame still running.
             return None;
         }
         st.len -= 1;
         if sp + 8 == ret_sp {
-            return Some((st.id[top], st.tag[top]));
+            // SAFETY: as above.
+            return Some(unsafe { (*st.id.get_unchecked(top), *st.tag.get_unchecked(top)) });
         }
         // Deeper entry whose return was never seen.
         st.overflow += 1;
@@ -307,20 +314,18 @@ pub fn record_enter(ctx: ProbeContext) -> u32 {
         }
     };
     emit(EventKind::RecordEnter, probe, |e| {
-        let mut buf = [0u8; NAME_BYTES + 1];
+        // Read the name straight into the payload words (plus one spare word for the NUL), so no
+        // byte shuffling (and no bounds checks) is needed.
+        let mut words = [0u64; 6];
+        // SAFETY: a byte view of `words` (48 bytes, u8 has no alignment needs).
+        let buf = unsafe { core::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), NAME_BYTES + 1) };
         // SAFETY: checked read of the target's memory into a local buffer.
-        if let Ok(bytes) = unsafe { bpf_probe_read_user_str_bytes(data as *const u8, &mut buf) } {
+        if let Ok(bytes) = unsafe { bpf_probe_read_user_str_bytes(data as *const u8, buf) } {
             if bytes.len() >= NAME_BYTES {
                 e.flags = FLAG_TRUNCATED;
             }
         }
-        let mut words = [0u64; 5];
-        for (i, w) in words.iter_mut().enumerate() {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&buf[i * 8..i * 8 + 8]);
-            *w = u64::from_le_bytes(b);
-        }
-        e.args = words;
+        e.args = [words[0], words[1], words[2], words[3], words[4]];
     });
     0
 }

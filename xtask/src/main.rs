@@ -1,1 +1,134 @@
-fn main() {}
+//! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and test
+//! environments (idempotent, each step says what failed), `demo` shows the daemon diagnosing the
+//! bundled demo workload, `test` runs every check CI runs (fmt, clippy, unit and root tests with
+//! real eBPF), `bench` measures overhead and accuracy into BENCHMARKS.md.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+mod setup;
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing: llvm-22-dev, bpf-linker, nightly rust-src, test libraries and
+    /// the Python environments the tests use (real PyTorch on CPU with --torch or for `test`).
+    Setup {
+        /// Also build the cached virtualenv with real PyTorch (about 3 GB download once).
+        #[arg(long)]
+        torch: bool,
+    },
+    /// Set up, build, and run the daemon against the bundled input-bound demo training run.
+    Demo,
+    /// Set up and run every test: fmt, clippy (warnings denied), unit tests, root eBPF tests.
+    Test {
+        /// Skip the tests that need real PyTorch (no large download).
+        #[arg(long)]
+        no_torch: bool,
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Runs a command, echoing it; fails with the command line when it fails.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("xtask: $ {}", show(cmd));
+    let status = cmd.status().with_context(|| format!("cannot start {}", show(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", show(cmd));
+    }
+    Ok(())
+}
+
+pub fn show(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Setup { torch } => setup::all(torch),
+        Cmd::Demo => demo(),
+        Cmd::Test { no_torch, rest } => test(!no_torch, &rest),
+    }
+}
+
+/// Kills the spawned workload if the demo fails half-way.
+struct Workload(Child);
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn demo() -> anyhow::Result<()> {
+    let env = setup::all(false).and_then(|_| setup::test_env())?;
+    let root = root();
+    run(Command::new("cargo").args(["build", "--release", "-p", "traceml-daemon"]).current_dir(&root))?;
+    let daemon = root.join("target/release/traceml-daemon");
+    let ready = std::env::temp_dir().join(format!("traceml-demo-ready-{}", std::process::id()));
+    let _ = std::fs::remove_file(&ready);
+    let python = setup::pyenv_python("3.11").context("the demo runs on pyenv's CPython 3.11")?;
+    eprintln!("xtask: starting the demo training run (input-bound by construction)");
+    let mut cmd = Command::new(&python);
+    cmd.arg(root.join("tests/workloads/demo_train.py")).arg("--ready").arg(&ready).current_dir(&root);
+    env.apply(&mut cmd);
+    let child = Workload(cmd.stdout(Stdio::inherit()).spawn().context("starting the demo workload")?);
+    let pid = child.0.id();
+    // Attach after the workload has started, as a user would.
+    std::thread::sleep(Duration::from_millis(500));
+    let out = root.join("traceml-logs/demo");
+    eprintln!("xtask: $ sudo traceml-daemon --pid {pid} --output {}", out.display());
+    let t = Instant::now();
+    let status = Command::new(&daemon)
+        .args(["--pid", &pid.to_string(), "--output"])
+        .arg(&out)
+        .arg("--ready-file")
+        .arg(&ready)
+        .status()
+        .context("starting traceml-daemon")?;
+    let _ = std::fs::remove_file(&ready);
+    if !status.success() {
+        bail!("traceml-daemon failed ({status})");
+    }
+    eprintln!("xtask: demo done in {:.1} s; summary in {}", t.elapsed().as_secs_f64(), out.display());
+    Ok(())
+}
+
+fn test(torch: bool, rest: &[String]) -> anyhow::Result<()> {
+    setup::all(torch)?;
+    let env = setup::test_env()?;
+    let root = root();
+    run(Command::new("cargo").args(["fmt", "--all", "--check"]).current_dir(&root))?;
+    run(Command::new("cargo").args(["clippy", "--all-targets", "--", "-D", "warnings"]).current_dir(&root))?;
+    // Unit tests (no root) in parallel, then the root tests that attach real probes one at a
+    // time: they measure time, and two cores are easily oversubscribed.
+    run(Command::new("cargo").args(["test", "--lib", "--bins"]).args(rest).current_dir(&root))?;
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "-p", "traceml-daemon", "--tests"]).args(rest).args(["--", "--test-threads=1"]).current_dir(&root);
+    env.apply(&mut cmd);
+    if !torch {
+        cmd.env("TRACEML_SKIP_TORCH", "1");
+    }
+    run(&mut cmd)
+}

@@ -1,0 +1,146 @@
+//! Parsing `/proc/<pid>/maps`: which files the target maps, where, and which of them matter to us
+//! (the Python evaluator, CUDA runtime and driver, torch).
+use std::path::{Path, PathBuf};
+
+/// One line of `/proc/<pid>/maps` that maps a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// The permission field, e.g. `r-xp`.
+    pub perms: String,
+    /// Offset in the file of `start`.
+    pub offset: u64,
+    pub path: PathBuf,
+}
+
+/// Parses the text of a maps file; lines without a file path (anonymous, `[heap]`, ...) and
+/// deleted files are skipped.
+pub fn parse(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Mapping> {
+    let mut it = line.split_ascii_whitespace();
+    let range = it.next()?;
+    let perms = it.next()?;
+    let offset = it.next()?;
+    let _dev = it.next()?;
+    let _inode = it.next()?;
+    let path: Vec<&str> = it.collect();
+    let path = path.join(" ");
+    if !path.starts_with('/') || path.ends_with(" (deleted)") {
+        return None;
+    }
+    let (s, e) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        perms: perms.to_owned(),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        path: PathBuf::from(path),
+    })
+}
+
+/// Reads and parses `/proc/<pid>/maps`.
+pub fn read(pid: u32) -> std::io::Result<Vec<Mapping>> {
+    Ok(parse(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+}
+
+/// The distinct file paths, in first-mapped order.
+pub fn files(maps: &[Mapping]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for m in maps {
+        if !out.contains(&m.path) {
+            out.push(m.path.clone());
+        }
+    }
+    out
+}
+
+/// The lowest address at which `path` is mapped with file offset 0 (the ELF load base before
+/// the first segment's virtual address is subtracted).
+pub fn base_of(maps: &[Mapping], path: &Path) -> Option<u64> {
+    maps.iter().filter(|m| m.path == path && m.offset == 0).map(|m| m.start).min()
+}
+
+/// What role a mapped file plays for us, by its file name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// `libpython3.X.so*` or a `python3.X` executable: may hold the frame evaluator.
+    Python,
+    /// `libcudart.so*`: the CUDA runtime.
+    CudaRuntime,
+    /// `libcuda.so*`: the CUDA driver.
+    CudaDriver,
+    /// `libtorch*.so*`: torch's native libraries.
+    Torch,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Python => "python",
+            Role::CudaRuntime => "cudart",
+            Role::CudaDriver => "cuda_driver",
+            Role::Torch => "torch",
+        }
+    }
+}
+
+/// Classifies a mapped file by its name.
+pub fn role_of(path: &Path) -> Option<Role> {
+    let name = path.file_name()?.to_str()?;
+    if name.starts_with("libcudart.so") {
+        Some(Role::CudaRuntime)
+    } else if name.starts_with("libcuda.so") {
+        Some(Role::CudaDriver)
+    } else if name.starts_with("libtorch") && name.contains(".so") {
+        Some(Role::Torch)
+    } else if name.starts_with("libpython3") && name.contains(".so") {
+        Some(Role::Python)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d4c8a00000-55d4c8a01000 r--p 00000000 fe:01 123 /usr/bin/python3.11
+55d4c8a01000-55d4c8a02000 r-xp 00001000 fe:01 123 /usr/bin/python3.11
+7f00aa000000-7f00aa100000 r--p 00000000 fe:01 456 /root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0
+7f00aa100000-7f00aa300000 r-xp 00100000 fe:01 456 /root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0
+7f00bb000000-7f00bb010000 r-xp 00000000 fe:01 789 /opt/my libs/libcudart.so.12
+7f00cc000000-7f00cc001000 rw-p 00000000 00:00 0
+7f00dd000000-7f00dd001000 r-xp 00000000 fe:01 790 /tmp/gone.so (deleted)
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+";
+
+    #[test]
+    fn parses_file_mappings_only() {
+        let maps = parse(MAPS);
+        assert_eq!(maps.len(), 5);
+        assert_eq!(maps[4].path, PathBuf::from("/opt/my libs/libcudart.so.12"));
+        assert_eq!(maps[3].offset, 0x100000);
+        assert_eq!(files(&maps).len(), 3);
+    }
+
+    #[test]
+    fn base_is_offset_zero_mapping() {
+        let maps = parse(MAPS);
+        let lib = PathBuf::from("/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0");
+        assert_eq!(base_of(&maps, &lib), Some(0x7f00aa000000));
+    }
+
+    #[test]
+    fn roles_by_name() {
+        assert_eq!(role_of(Path::new("/x/libcudart.so.13")), Some(Role::CudaRuntime));
+        assert_eq!(role_of(Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1")), Some(Role::CudaDriver));
+        assert_eq!(role_of(Path::new("/site/torch/lib/libtorch_python.so")), Some(Role::Torch));
+        assert_eq!(role_of(Path::new("/lib/libpython3.9.so.1.0")), Some(Role::Python));
+        assert_eq!(role_of(Path::new("/lib/libc.so.6")), None);
+    }
+}

@@ -1,0 +1,268 @@
+//! Attaching to a live process: find what it maps ([`maps`]), resolve symbols and probe sites in
+//! those files ([`elf`]), learn its CPython ([`python`]), load the eBPF programs and place uprobes
+//! scoped to its pid ([`Attacher`]). The only module besides `live` and `sampler` that touches
+//! the kernel.
+pub mod elf;
+pub mod maps;
+pub mod memory;
+pub mod python;
+
+use std::collections::BTreeSet;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{ProgramError, UProbe};
+use aya::{Ebpf, EbpfLoader};
+use traceml_common::ProbeId;
+
+use crate::event::ProbeFailure;
+use elf::ElfFile;
+use maps::Role;
+
+/// How a probe finds its function in a file.
+#[derive(Clone, Copy, Debug)]
+pub enum Matcher {
+    Exact(&'static str),
+    /// A (mangled C++) name containing this text; the first match in the symbol tables.
+    Contains(&'static str),
+}
+
+/// One probe to place in files of one role.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeSpec {
+    pub probe: ProbeId,
+    /// eBPF program for the entry.
+    pub entry: &'static str,
+    /// Also attach `any_exit` as a uretprobe. Never for C++ functions that can throw: unwinding
+    /// cannot cross the uretprobe trampoline.
+    pub exit: bool,
+    pub matcher: Matcher,
+    /// A missing symbol is a failure to report (otherwise the variant is just absent).
+    pub required: bool,
+}
+
+const fn spec(probe: ProbeId, entry: &'static str, exit: bool, matcher: Matcher) -> ProbeSpec {
+    ProbeSpec { probe, entry, exit, matcher, required: false }
+}
+
+use Matcher::{Contains, Exact};
+use ProbeId as P;
+
+/// CPython's frame evaluator: entry and return.
+pub const PYTHON: &[ProbeSpec] = &[ProbeSpec {
+    probe: P::PyEval,
+    entry: "py_enter",
+    exit: true,
+    matcher: Exact(python::EVAL_SYMBOL),
+    required: true,
+}];
+
+/// libcudart: launches (entry only), copies and syncs (entry + return; C API, never throws).
+/// `_ptsz`/`_ptds` are the per-thread-default-stream variants.
+pub const CUDA_RUNTIME: &[ProbeSpec] = &[
+    spec(P::CudaLaunchKernel, "launch", false, Exact("cudaLaunchKernel")),
+    spec(P::CudaLaunchKernel, "launch", false, Exact("cudaLaunchKernel_ptsz")),
+    spec(P::CudaLaunchKernelExC, "launch", false, Exact("cudaLaunchKernelExC")),
+    spec(P::CudaLaunchKernelExC, "launch", false, Exact("cudaLaunchKernelExC_ptsz")),
+    spec(P::CudaGraphLaunch, "launch", false, Exact("cudaGraphLaunch")),
+    spec(P::CudaGraphLaunch, "launch", false, Exact("cudaGraphLaunch_ptsz")),
+    spec(P::CudaMemcpy, "call_enter", true, Exact("cudaMemcpy")),
+    spec(P::CudaMemcpy, "call_enter", true, Exact("cudaMemcpy_ptds")),
+    spec(P::CudaMemcpyAsync, "call_enter", true, Exact("cudaMemcpyAsync")),
+    spec(P::CudaMemcpyAsync, "call_enter", true, Exact("cudaMemcpyAsync_ptsz")),
+    spec(P::CudaStreamSynchronize, "call_enter", true, Exact("cudaStreamSynchronize")),
+    spec(P::CudaStreamSynchronize, "call_enter", true, Exact("cudaStreamSynchronize_ptsz")),
+    spec(P::CudaDeviceSynchronize, "call_enter", true, Exact("cudaDeviceSynchronize")),
+    spec(P::CudaEventSynchronize, "call_enter", true, Exact("cudaEventSynchronize")),
+];
+
+/// libcuda (driver): what cuBLAS, cuDNN, NCCL and Triton use.
+pub const CUDA_DRIVER: &[ProbeSpec] = &[
+    spec(P::CuLaunchKernel, "launch", false, Exact("cuLaunchKernel")),
+    spec(P::CuLaunchKernel, "launch", false, Exact("cuLaunchKernel_ptsz")),
+    spec(P::CuLaunchKernelEx, "launch", false, Exact("cuLaunchKernelEx")),
+    spec(P::CuLaunchKernelEx, "launch", false, Exact("cuLaunchKernelEx_ptsz")),
+    spec(P::CuStreamSynchronize, "call_enter", true, Exact("cuStreamSynchronize")),
+    spec(P::CuStreamSynchronize, "call_enter", true, Exact("cuStreamSynchronize_ptsz")),
+    spec(P::CuCtxSynchronize, "call_enter", true, Exact("cuCtxSynchronize")),
+    spec(P::CuEventSynchronize, "call_enter", true, Exact("cuEventSynchronize")),
+    spec(P::CuMemcpyHtoD, "call_enter", true, Exact("cuMemcpyHtoD_v2")),
+    spec(P::CuMemcpyDtoH, "call_enter", true, Exact("cuMemcpyDtoH_v2")),
+    spec(P::CuMemcpyHtoDAsync, "call_enter", true, Exact("cuMemcpyHtoDAsync_v2")),
+    spec(P::CuMemcpyDtoHAsync, "call_enter", true, Exact("cuMemcpyDtoHAsync_v2")),
+];
+
+/// torch's native entry points (checked in torch 2.15: `docs/torch-hooks.md`).
+/// `record_function_enter_new` (libtorch_cpu, exported) and `record_function_exit_new` (static,
+/// found in the full symbol table the wheels keep) get entry probes only: C++ that can throw.
+/// `THPEngine_run_backward` (libtorch_python, static) is the CPython method behind
+/// `loss.backward()`; its body is wrapped in `HANDLE_TH_ERRORS`, which catches every C++
+/// exception (verified by forcing `Engine::execute` to throw), so a uretprobe on it is safe.
+pub const TORCH: &[ProbeSpec] = &[
+    spec(P::TorchRecordEnter, "record_enter", false, Contains("record_function_enter_new")),
+    spec(P::TorchRecordExit, "record_exit", false, Contains("record_function_exit_new")),
+    spec(P::TorchBackward, "call_enter", true, Contains("THPEngine_run_backward")),
+];
+
+pub fn specs(role: Role) -> &'static [ProbeSpec] {
+    match role {
+        Role::Python => PYTHON,
+        Role::CudaRuntime => CUDA_RUNTIME,
+        Role::CudaDriver => CUDA_DRIVER,
+        Role::Torch => TORCH,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("cannot load the eBPF programs: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("eBPF program {0} is missing from the object")]
+    NoProgram(&'static str),
+    #[error("cannot load eBPF program {name}: {source}")]
+    Program { name: &'static str, source: ProgramError },
+}
+
+/// Probe settings fixed at load time.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadConfig {
+    pub frame_code_offset: u64,
+    pub code_ptr_mask: u64,
+    /// Per-launch events (true) or launch counting only.
+    pub launch_events: bool,
+    /// Ring buffer size in bytes (power of two, multiple of the page size).
+    pub ring_bytes: u32,
+}
+
+/// Owns the loaded eBPF object and every attached probe (dropping it detaches them all).
+pub struct Attacher {
+    pub ebpf: Ebpf,
+    pid: NonZeroU32,
+    loaded: BTreeSet<&'static str>,
+    files: BTreeSet<PathBuf>,
+}
+
+/// What happened when probing one file.
+#[derive(Debug, Default)]
+pub struct FileReport {
+    /// `symbol -> program` of each placed probe.
+    pub attached: Vec<String>,
+    pub failures: Vec<ProbeFailure>,
+}
+
+impl Attacher {
+    pub fn load(pid: NonZeroU32, cfg: LoadConfig) -> Result<Self, AttachError> {
+        let ebpf = EbpfLoader::new()
+            .override_global("FRAME_CODE_OFFSET", &cfg.frame_code_offset, true)
+            .override_global("CODE_PTR_MASK", &cfg.code_ptr_mask, true)
+            .override_global("LAUNCH_EVENTS", &u32::from(cfg.launch_events), true)
+            .map_max_entries("EVENTS", cfg.ring_bytes)
+            .load(crate::EBPF_OBJECT)
+            .map_err(AttachError::Load)?;
+        Ok(Attacher { ebpf, pid, loaded: BTreeSet::new(), files: BTreeSet::new() })
+    }
+
+    /// Whether probes were already placed in this file.
+    pub fn has_file(&self, path: &Path) -> bool {
+        self.files.contains(path)
+    }
+
+    fn program(&mut self, name: &'static str) -> Result<&mut UProbe, AttachError> {
+        let prog: &mut UProbe = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(AttachError::NoProgram(name))?
+            .try_into()
+            .map_err(|source| AttachError::Program { name, source })?;
+        if !self.loaded.contains(name) {
+            prog.load().map_err(|source| AttachError::Program { name, source })?;
+            self.loaded.insert(name);
+        }
+        Ok(prog)
+    }
+
+    /// Places every probe of `role` found in the file (`path` as the target sees it).
+    pub fn attach_file(&mut self, path: &Path, role: Role) -> Result<FileReport, AttachError> {
+        self.files.insert(path.to_path_buf());
+        let mut report = FileReport::default();
+        let host = python::host_path(self.pid.get(), path);
+        let file = match ElfFile::open(&host) {
+            Ok(f) => f,
+            Err(e) => {
+                report.failures.push(ProbeFailure {
+                    probe: role.name().into(),
+                    file: path.display().to_string(),
+                    reason: e.to_string(),
+                });
+                return Ok(report);
+            }
+        };
+        for spec in specs(role) {
+            let found = match spec.matcher {
+                Matcher::Exact(n) => file.find(|s| s == n),
+                Matcher::Contains(n) => file.find(|s| s.contains(n)),
+            };
+            let sym = match found {
+                Ok(Some(s)) => s,
+                Ok(None) if !spec.required => continue,
+                Ok(None) => {
+                    report.failures.push(failure(spec, path, "symbol not found"));
+                    continue;
+                }
+                Err(e) => {
+                    report.failures.push(failure(spec, path, &e.to_string()));
+                    continue;
+                }
+            };
+            let site = match file.probe_site(&sym) {
+                Ok(s) => s,
+                Err(e) => {
+                    report.failures.push(failure(spec, path, &e.to_string()));
+                    continue;
+                }
+            };
+            match self.place(spec, &host, site.file_offset) {
+                Ok(()) => report.attached.push(format!("{}+{}", sym.name, site.skipped)),
+                Err(e) => report.failures.push(failure(spec, path, &format!("{}: {e}", sym.name))),
+            }
+        }
+        Ok(report)
+    }
+
+    fn place(&mut self, spec: &ProbeSpec, host: &Path, file_offset: u64) -> Result<(), String> {
+        let pid = self.pid;
+        let point = || UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+            cookie: Some(spec.probe as u64),
+        };
+        let entry = self.program(spec.entry).map_err(|e| e.to_string())?;
+        entry.attach(point(), host, UProbeScope::OneProcess(pid)).map_err(|e| error_chain(&e))?;
+        if spec.exit {
+            let exit = self.program("any_exit").map_err(|e| e.to_string())?;
+            exit.attach(point(), host, UProbeScope::OneProcess(pid)).map_err(|e| error_chain(&e))?;
+        }
+        Ok(())
+    }
+}
+
+fn failure(spec: &ProbeSpec, path: &Path, reason: &str) -> ProbeFailure {
+    ProbeFailure { probe: format!("{:?}", spec.probe), file: path.display().to_string(), reason: reason.into() }
+}
+
+/// An error with its sources, on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// Opens an ELF file of the target (re-exported for the live loop).
+pub fn open_elf(pid: u32, path: &Path) -> Result<ElfFile, elf::ElfError> {
+    ElfFile::open(&python::host_path(pid, path))
+}

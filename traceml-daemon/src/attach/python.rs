@@ -1,0 +1,312 @@
+//! The target's CPython: which mapped file holds the frame evaluator, which version it is, the
+//! layout facts the probes need (where the code object sits in the evaluator's frame argument),
+//! and reading code objects (qualname, filename) out of the target's memory.
+//!
+//! Layout facts are discovered at run time where CPython offers them: the code object's field
+//! offsets come from `PyCode_Type.tp_members`. The rest is a small per-version table
+//! ([`frame_layout`]), checked by the root tests against every pyenv interpreter (3.9–3.13).
+//! 3.14 is supported from its published layout and is untested here.
+use std::path::{Path, PathBuf};
+
+use super::elf::{ElfError, ElfFile};
+use super::maps::{self, Mapping};
+use super::memory::{MemError, TargetMemory};
+
+pub const EVAL_SYMBOL: &str = "_PyEval_EvalFrameDefault";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    #[error(
+        "process {pid} does not look like Python: no mapped file holds {EVAL_SYMBOL} (looked in {looked})"
+    )]
+    NotPython { pid: u32, looked: String },
+    #[error("cannot tell the Python version of {path}")]
+    UnknownVersion { path: PathBuf },
+    #[error("Python {major}.{minor} is not supported (3.9 to 3.14 are)")]
+    Unsupported { major: u32, minor: u32 },
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+    #[error(transparent)]
+    Mem(#[from] MemError),
+    #[error("{what} not found in {path}")]
+    Missing { what: String, path: PathBuf },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+    /// Micro version when the file says it (`Py_Version`, 3.11+).
+    pub micro: Option<u32>,
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.micro {
+            Some(m) => write!(f, "{}.{}.{}", self.major, self.minor, m),
+            None => write!(f, "{}.{}", self.major, self.minor),
+        }
+    }
+}
+
+/// Where the code object is found from the `frame` argument of `_PyEval_EvalFrameDefault`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameLayout {
+    /// Offset of the code object pointer in the frame.
+    pub code_offset: u64,
+    /// Mask for tagged pointers (`_PyStackRef` in 3.14).
+    pub code_mask: u64,
+    /// `sizeof(PyASCIIObject)`: where compact ASCII string data starts.
+    pub ascii_header: u64,
+    /// `sizeof(PyCompactUnicodeObject)`: where other compact string data starts.
+    pub compact_header: u64,
+    /// Whether code objects have `co_qualname`.
+    pub has_qualname: bool,
+}
+
+/// The per-version layout table.
+///
+/// - 3.9/3.10: the argument is a `PyFrameObject*`; `f_code` follows `PyObject_VAR_HEAD` and
+///   `f_back` (offset 32).
+/// - 3.11: `_PyInterpreterFrame*`; `f_code` after `f_func, f_globals, f_builtins, f_locals` (32).
+/// - 3.12: `_PyInterpreterFrame*` starts with `f_code` (0).
+/// - 3.13: starts with `f_executable` (0; `_Py_DebugOffsets.interpreter_frame.executable`).
+/// - 3.14: `f_executable` is a `_PyStackRef` whose low bits are tags (0, masked). Untested here.
+///
+/// String headers: `PyASCIIObject` lost its `wstr` pointer in 3.12 (48 → 40 bytes) and
+/// `PyCompactUnicodeObject` its `wstr_length` (72 → 56).
+pub fn frame_layout(v: Version) -> Result<FrameLayout, PythonError> {
+    let (code_offset, code_mask) = match (v.major, v.minor) {
+        (3, 9) | (3, 10) | (3, 11) => (32, u64::MAX),
+        (3, 12) | (3, 13) => (0, u64::MAX),
+        (3, 14) => (0, !3u64),
+        (major, minor) => return Err(PythonError::Unsupported { major, minor }),
+    };
+    let old_strings = v.minor <= 11;
+    Ok(FrameLayout {
+        code_offset,
+        code_mask,
+        ascii_header: if old_strings { 48 } else { 40 },
+        compact_header: if old_strings { 72 } else { 56 },
+        has_qualname: v.minor >= 11,
+    })
+}
+
+/// The Python runtime found in a target.
+#[derive(Debug)]
+pub struct PythonTarget {
+    /// The file holding the evaluator (as seen from inside the target: use `host_path` to open).
+    pub path: PathBuf,
+    pub version: Version,
+    pub layout: FrameLayout,
+    pub elf: ElfFile,
+    /// Runtime address of `PyCode_Type`.
+    pub code_type_addr: u64,
+}
+
+/// The path through which the daemon opens a file the target maps (works across mount
+/// namespaces, e.g. a target in a container).
+pub fn host_path(pid: u32, path: &Path) -> PathBuf {
+    let inside = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
+    if inside.exists() { inside } else { path.to_path_buf() }
+}
+
+impl std::fmt::Debug for ElfFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ElfFile({})", self.path.display())
+    }
+}
+
+/// Finds the file holding the evaluator among the target's executable and `libpython*`.
+pub fn find(pid: u32, mappings: &[Mapping]) -> Result<PythonTarget, PythonError> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let mut candidates: Vec<PathBuf> = maps::files(mappings)
+        .into_iter()
+        .filter(|p| maps::role_of(p) == Some(maps::Role::Python) || Some(p) == exe.as_ref())
+        .collect();
+    // libpython first: with --enable-shared the executable is a thin launcher.
+    candidates.sort_by_key(|p| maps::role_of(p) != Some(maps::Role::Python));
+    let mut looked = Vec::new();
+    for path in candidates {
+        looked.push(path.display().to_string());
+        let Ok(elf) = ElfFile::open(&host_path(pid, &path)) else { continue };
+        if elf.find(|n| n == EVAL_SYMBOL)?.is_none() {
+            continue;
+        }
+        let version = version_of(&elf, &path)?;
+        let layout = frame_layout(version)?;
+        let base = maps::base_of(mappings, &path)
+            .ok_or_else(|| PythonError::Missing { what: "load address".into(), path: path.clone() })?;
+        let code_type = elf.symbol("PyCode_Type")?;
+        let code_type_addr = base + code_type.addr - elf.first_segment_vaddr();
+        return Ok(PythonTarget { path, version, layout, elf, code_type_addr });
+    }
+    Err(PythonError::NotPython {
+        pid,
+        looked: if looked.is_empty() { "no python executable or libpython mapped".into() } else { looked.join(", ") },
+    })
+}
+
+/// The version: `Py_Version` (3.11+) from the file, else the `python3.X`/`libpython3.X` name.
+pub fn version_of(elf: &ElfFile, path: &Path) -> Result<Version, PythonError> {
+    if let Some(sym) = elf.find(|n| n == "Py_Version")? {
+        if let Some(b) = elf.read_at_vaddr(sym.addr, 4) {
+            let hex = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            return Ok(Version { major: hex >> 24, minor: (hex >> 16) & 0xff, micro: Some((hex >> 8) & 0xff) });
+        }
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let rest = name.strip_prefix("libpython").or_else(|| name.strip_prefix("python")).unwrap_or("");
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let mut it = digits.split('.').filter(|s| !s.is_empty()).map(|s| s.parse::<u32>());
+    match (it.next(), it.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => Ok(Version { major, minor, micro: None }),
+        _ => Err(PythonError::UnknownVersion { path: path.into() }),
+    }
+}
+
+/// Offsets of the code object fields we read, from `PyCode_Type.tp_members`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodeOffsets {
+    pub filename: u64,
+    pub name: u64,
+    pub qualname: Option<u64>,
+}
+
+/// `offsetof(PyTypeObject, tp_members)`: part of the stable type-object layout since 3.0.
+const TP_MEMBERS: u64 = 240;
+/// `sizeof(PyMemberDef)`: name, type (+pad), offset, flags (+pad), doc.
+const MEMBER_DEF: u64 = 40;
+
+/// Reads `PyCode_Type.tp_members` in the target to learn the code object's field offsets.
+pub fn code_offsets(mem: &TargetMemory, code_type_addr: u64) -> Result<CodeOffsets, PythonError> {
+    let members = mem.read_u64(code_type_addr + TP_MEMBERS)?;
+    let mut out = CodeOffsets::default();
+    let (mut got_file, mut got_name) = (false, false);
+    for i in 0..128 {
+        let def = members + i * MEMBER_DEF;
+        let name_ptr = mem.read_u64(def)?;
+        if name_ptr == 0 {
+            break;
+        }
+        let name = mem.read_cstr(name_ptr, 64)?;
+        let offset = mem.read_u64(def + 16)?;
+        match name.as_str() {
+            "co_filename" => {
+                out.filename = offset;
+                got_file = true;
+            }
+            "co_name" => {
+                out.name = offset;
+                got_name = true;
+            }
+            "co_qualname" => out.qualname = Some(offset),
+            _ => {}
+        }
+    }
+    if !(got_file && got_name) {
+        return Err(PythonError::Missing {
+            what: "co_filename/co_name in PyCode_Type.tp_members".into(),
+            path: PathBuf::from(format!("pid {}", mem.pid())),
+        });
+    }
+    Ok(out)
+}
+
+/// Reads code objects out of the target.
+pub struct CodeReader {
+    pub layout: FrameLayout,
+    pub offsets: CodeOffsets,
+    pub code_type_addr: u64,
+}
+
+/// A code object's names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeNames {
+    pub qualname: String,
+    pub filename: String,
+}
+
+impl CodeReader {
+    /// Reads one code object; `None` when the pointer is not a live code object (freed, or a
+    /// non-code executable in 3.13+ shim frames).
+    pub fn read(&self, mem: &TargetMemory, code: u64) -> Result<Option<CodeNames>, MemError> {
+        let ob_type = mem.read_u64(code + 8)?;
+        if ob_type != self.code_type_addr {
+            return Ok(None);
+        }
+        let name_off = self.offsets.qualname.unwrap_or(self.offsets.name);
+        let qualname = self.read_str(mem, mem.read_u64(code + name_off)?)?;
+        let filename = self.read_str(mem, mem.read_u64(code + self.offsets.filename)?)?;
+        Ok(Some(CodeNames { qualname, filename }))
+    }
+
+    /// Reads a compact `str` object (the only kind code objects hold).
+    fn read_str(&self, mem: &TargetMemory, obj: u64) -> Result<String, MemError> {
+        let len = mem.read_u64(obj + 16)?.min(4096) as usize;
+        let state = mem.read_u32(obj + 32)?;
+        let kind = (state >> 2) & 7;
+        let compact = (state >> 5) & 1 == 1;
+        let ascii = (state >> 6) & 1 == 1;
+        if !compact {
+            return Ok(String::from("<non-compact str>"));
+        }
+        let data = obj + if ascii { self.layout.ascii_header } else { self.layout.compact_header };
+        let width = match kind {
+            1 => 1,
+            2 => 2,
+            4 => 4,
+            _ => return Ok(String::from("<bad str>")),
+        };
+        let mut buf = vec![0u8; len * width];
+        mem.read(data, &mut buf)?;
+        Ok(match width {
+            1 => buf.iter().map(|&b| b as char).collect(),
+            2 => buf.chunks_exact(2).filter_map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32)).collect(),
+            _ => buf
+                .chunks_exact(4)
+                .filter_map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_table() {
+        let v = |minor| Version { major: 3, minor, micro: None };
+        assert_eq!(frame_layout(v(9)).unwrap().code_offset, 32);
+        assert_eq!(frame_layout(v(11)).unwrap().code_offset, 32);
+        assert_eq!(frame_layout(v(12)).unwrap().code_offset, 0);
+        assert_eq!(frame_layout(v(14)).unwrap().code_mask, !3);
+        assert!(!frame_layout(v(10)).unwrap().has_qualname);
+        assert!(matches!(frame_layout(v(8)), Err(PythonError::Unsupported { .. })));
+        assert!(matches!(frame_layout(v(15)), Err(PythonError::Unsupported { .. })));
+    }
+
+    /// Every pyenv interpreter on the machine: the evaluator symbol is found and the version read
+    /// from the file matches the interpreter's own idea of it.
+    #[test]
+    fn versions_of_installed_interpreters() {
+        let Ok(dir) = std::fs::read_dir("/root/.pyenv/versions") else { return };
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let mut parts = name.split('.').map(|p| p.parse::<u32>().ok());
+            let (Some(Some(3)), Some(Some(minor))) = (parts.next(), parts.next()) else { continue };
+            if !(9..=14).contains(&minor) {
+                continue;
+            }
+            let lib = entry.path().join(format!("lib/libpython3.{minor}.so.1.0"));
+            let Ok(elf) = ElfFile::open(&lib) else { continue };
+            assert!(elf.find(|n| n == EVAL_SYMBOL).unwrap().is_some(), "{}", lib.display());
+            let v = version_of(&elf, &lib).unwrap();
+            assert_eq!((v.major, v.minor), (3, minor), "{}", lib.display());
+            if minor >= 11 {
+                assert_eq!(v.to_string(), name, "Py_Version of {}", lib.display());
+            }
+        }
+    }
+}

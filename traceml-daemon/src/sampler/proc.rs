@@ -1,0 +1,170 @@
+//! /proc sampling: system CPU and RAM, the target's CPU, RSS and threads, and the same for its
+//! child processes (DataLoader workers).
+use procfs::process::Stat;
+use procfs::{FromRead, Meminfo};
+
+use crate::sample::{ProcessSample, Sample, SystemSample};
+
+/// Raw /proc readings at one instant.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub ts: u64,
+    /// Busy and total ticks of all CPUs (`/proc/stat` first line).
+    pub cpu_busy_total: Option<(u64, u64)>,
+    pub meminfo: Option<Meminfo>,
+    pub target: Option<Stat>,
+    pub children: Vec<Stat>,
+}
+
+pub fn ticks_per_second() -> u64 {
+    procfs::ticks_per_second()
+}
+
+pub fn page_size() -> u64 {
+    procfs::page_size()
+}
+
+/// Parses the first line of `/proc/stat` into (busy, total) ticks.
+pub fn parse_cpu_line(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().next()?;
+    let mut it = line.split_ascii_whitespace();
+    if it.next()? != "cpu" {
+        return None;
+    }
+    let v: Vec<u64> = it.filter_map(|x| x.parse().ok()).collect();
+    if v.len() < 4 {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest is included in user)
+    let idle = v[3] + v.get(4).copied().unwrap_or(0);
+    let total: u64 = v.iter().take(8).sum();
+    Some((total - idle, total))
+}
+
+/// Children of `pid` (DataLoader workers are forked from the training process).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_ascii_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+fn read_stat(pid: u32) -> Option<Stat> {
+    Stat::from_read(std::fs::File::open(format!("/proc/{pid}/stat")).ok()?).ok()
+}
+
+/// Reads everything one sample needs. Missing pieces (a worker that just exited) are skipped.
+pub fn read_snapshot(pid: u32, ts: u64) -> Snapshot {
+    Snapshot {
+        ts,
+        cpu_busy_total: std::fs::read_to_string("/proc/stat").ok().and_then(|s| parse_cpu_line(&s)),
+        meminfo: std::fs::File::open("/proc/meminfo").ok().and_then(|f| Meminfo::from_read(f).ok()),
+        target: read_stat(pid),
+        children: children(pid).into_iter().filter_map(read_stat).collect(),
+    }
+}
+
+fn process_sample(prev: Option<&Stat>, cur: &Stat, dt_s: f64, tps: u64, page: u64) -> ProcessSample {
+    let secs = |s: &Stat| (s.utime + s.stime) as f64 / tps as f64;
+    ProcessSample {
+        pid: cur.pid as u32,
+        cpu_pct_one_core: prev
+            .filter(|_| dt_s > 0.0)
+            .map(|p| (secs(cur) - secs(p)).max(0.0) / dt_s * 100.0),
+        rss_bytes: Some(cur.rss * page),
+        threads: u32::try_from(cur.num_threads).ok(),
+        cpu_seconds: Some(secs(cur)),
+    }
+}
+
+/// Turns two snapshots into a sample (pure).
+pub fn to_sample(prev: &Snapshot, cur: &Snapshot, tps: u64, page: u64) -> Sample {
+    let dt_s = cur.ts.saturating_sub(prev.ts) as f64 / 1e9;
+    let cpu_pct = match (prev.cpu_busy_total, cur.cpu_busy_total) {
+        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some((b1.saturating_sub(b0)) as f64 / (t1 - t0) as f64 * 100.0),
+        _ => None,
+    };
+    let system = SystemSample {
+        cpu_pct,
+        mem_used_bytes: cur.meminfo.as_ref().and_then(|m| m.mem_available.map(|a| m.mem_total.saturating_sub(a))),
+        mem_total_bytes: cur.meminfo.as_ref().map(|m| m.mem_total),
+    };
+    let process = cur.target.as_ref().map(|t| {
+        let p = prev.target.as_ref().filter(|p| p.pid == t.pid && p.starttime == t.starttime);
+        process_sample(p, t, dt_s, tps, page)
+    });
+    let workers = cur
+        .children
+        .iter()
+        .map(|c| {
+            let p = prev.children.iter().find(|p| p.pid == c.pid && p.starttime == c.starttime);
+            process_sample(p, c, dt_s, tps, page)
+        })
+        .collect();
+    Sample { ts: cur.ts, system, process, workers, gpus: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(pid: i32, utime: u64, stime: u64, threads: i64, rss: u64) -> Stat {
+        // A real /proc/<pid>/stat line with the fields we use substituted.
+        let line = format!(
+            "{pid} (python3.11) S 1 {pid} {pid} 0 -1 4194304 1000 0 0 0 {utime} {stime} 0 0 20 0 {threads} 0 \
+             12345 100000000 {rss} 18446744073709551615 1 1 0 0 0 0 0 16781312 134234626 0 0 0 17 1 0 0 0 0 0 \
+             0 0 0 0 0 0 0 0"
+        );
+        Stat::from_read(line.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn cpu_line() {
+        let text = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n";
+        assert_eq!(parse_cpu_line(text), Some((150, 1000)));
+        assert_eq!(parse_cpu_line("intr 1 2"), None);
+    }
+
+    #[test]
+    fn sample_from_fixtures() {
+        let meminfo = Meminfo::from_read(
+            "MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:   20000000 kB\n".as_bytes(),
+        )
+        .unwrap();
+        let prev = Snapshot {
+            ts: 0,
+            cpu_busy_total: Some((100, 1000)),
+            meminfo: Some(meminfo.clone()),
+            target: Some(stat(42, 100, 0, 5, 1000)),
+            children: vec![stat(43, 0, 0, 1, 10)],
+        };
+        let cur = Snapshot {
+            ts: 500_000_000,
+            cpu_busy_total: Some((200, 1200)),
+            meminfo: Some(meminfo),
+            target: Some(stat(42, 140, 10, 6, 2000)),
+            children: vec![stat(43, 25, 0, 1, 10), stat(44, 5, 0, 1, 10)],
+        };
+        let s = to_sample(&prev, &cur, 100, 4096);
+        assert_eq!(s.system.cpu_pct, Some(50.0));
+        assert_eq!(s.system.mem_total_bytes, Some(24_000_000 * 1024));
+        assert_eq!(s.system.mem_used_bytes, Some(4_000_000 * 1024));
+        let p = s.process.unwrap();
+        // 50 ticks at 100/s over 0.5 s = one full core
+        assert_eq!(p.cpu_pct_one_core, Some(100.0));
+        assert_eq!(p.rss_bytes, Some(2000 * 4096));
+        assert_eq!(p.threads, Some(6));
+        assert_eq!(s.workers.len(), 2);
+        assert_eq!(s.workers[0].cpu_pct_one_core, Some(50.0));
+        // a worker born between samples has no rate yet: null, not 0
+        assert_eq!(s.workers[1].cpu_pct_one_core, None);
+        assert_eq!(s.gpus, None);
+    }
+}
