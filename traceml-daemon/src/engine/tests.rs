@@ -1,0 +1,691 @@
+//! Engine tests on synthetic traces built with [`Trace`].
+use super::*;
+use crate::event::{CodeInfo, CopyKind, Event, Kind};
+
+const PID: u32 = 100;
+const WORKER: u32 = 101;
+
+const DL: u64 = 0xd1;
+const MODULE: u64 = 0x30d;
+const OPT: u64 = 0x0b7;
+const BWD: u64 = 0xb3d;
+const OTHER: u64 = 0x07e;
+
+/// A synthetic event stream for process [`PID`].
+#[derive(Default)]
+struct Trace {
+    items: Vec<StreamItem>,
+}
+
+impl Trace {
+    fn new() -> Trace {
+        Trace::default()
+    }
+
+    /// Appends the `Code` items of the test code objects (after the events: lazy classification).
+    fn codes(mut self) -> Trace {
+        for (ptr, class) in [
+            (DL, Class::DataLoaderNext),
+            (MODULE, Class::ModuleCall),
+            (OPT, Class::OptimizerStep),
+            (BWD, Class::Backward),
+            (OTHER, Class::Ignore),
+        ] {
+            self.items.push(StreamItem::Code(CodeInfo {
+                ptr,
+                qualname: format!("q{ptr:x}"),
+                filename: "f.py".into(),
+                class,
+            }));
+        }
+        self
+    }
+
+    fn ev(&mut self, ts: u64, tid: u32, kind: Kind) -> &mut Trace {
+        self.items.push(StreamItem::Event(Event {
+            ts,
+            tgid: PID,
+            tid,
+            kind,
+        }));
+        self
+    }
+    fn enter(&mut self, ts: u64, tid: u32, code: u64) -> &mut Trace {
+        self.ev(ts, tid, Kind::PyEnter { code, depth: 1 })
+    }
+    fn exit(&mut self, ts: u64, tid: u32, code: u64) -> &mut Trace {
+        self.ev(
+            ts,
+            tid,
+            Kind::PyExit {
+                code,
+                raised: false,
+            },
+        )
+    }
+    fn raise(&mut self, ts: u64, tid: u32, code: u64) -> &mut Trace {
+        self.ev(ts, tid, Kind::PyExit { code, raised: true })
+    }
+    fn call(&mut self, ts: u64, tid: u32, api: Api) -> &mut Trace {
+        self.ev(
+            ts,
+            tid,
+            Kind::CallEnter {
+                api,
+                bytes: None,
+                copy: None,
+            },
+        )
+    }
+    fn copy(&mut self, ts: u64, tid: u32, api: Api, kind: CopyKind, bytes: u64) -> &mut Trace {
+        self.ev(
+            ts,
+            tid,
+            Kind::CallEnter {
+                api,
+                bytes: Some(bytes),
+                copy: Some(kind),
+            },
+        )
+    }
+    fn ret(&mut self, ts: u64, tid: u32, api: Api) -> &mut Trace {
+        self.ev(ts, tid, Kind::CallExit { api, ret: 0 })
+    }
+    fn launch(&mut self, ts: u64, tid: u32, api: Api) -> &mut Trace {
+        self.ev(ts, tid, Kind::Launch { api })
+    }
+    fn rec(&mut self, ts: u64, tid: u32, name: &str) -> &mut Trace {
+        self.ev(ts, tid, Kind::RecordEnter { name: name.into() })
+    }
+    fn rec_end(&mut self, ts: u64, tid: u32) -> &mut Trace {
+        self.ev(ts, tid, Kind::RecordExit)
+    }
+
+    /// One 1000 ns step of the main thread starting at `b`, no two events at the same instant:
+    /// input 200, h2d 50 (4096 B), forward 200 (nested modules, 1 launch), backward 200 (1 launch
+    /// from another thread), optimizer 130 (1 launch), gpu_wait 50 (1 sync), residual 170.
+    fn step(&mut self, b: u64) -> &mut Trace {
+        let t = PID;
+        self.enter(b, t, DL)
+            .exit(b + 200, t, DL)
+            .copy(
+                b + 210,
+                t,
+                Api::CudaMemcpyAsync,
+                CopyKind::HostToDevice,
+                4096,
+            )
+            .ret(b + 260, t, Api::CudaMemcpyAsync)
+            .enter(b + 300, t, MODULE)
+            .enter(b + 350, t, MODULE)
+            .launch(b + 360, t, Api::CudaLaunchKernel)
+            .exit(b + 400, t, MODULE)
+            .exit(b + 500, t, MODULE)
+            .call(b + 510, t, Api::TorchBackward)
+            .launch(b + 520, WORKER, Api::CudaLaunchKernel)
+            .ret(b + 710, t, Api::TorchBackward)
+            .rec(b + 720, t, "Optimizer.step#SGD.step")
+            .launch(b + 730, t, Api::CudaLaunchKernel)
+            .rec_end(b + 850, t)
+            .call(b + 900, t, Api::CudaStreamSynchronize)
+            .ret(b + 950, t, Api::CudaStreamSynchronize)
+    }
+
+    fn run(&self) -> EngineOutput {
+        let out = run(&self.items);
+        for s in &out.steps {
+            assert_eq!(
+                s.phase_ns.iter().sum::<u64>(),
+                s.duration_ns(),
+                "phases must sum to the step: {s:?}"
+            );
+        }
+        out
+    }
+}
+
+/// Phase ns in [`Phase::ALL`] order from (phase, ns) pairs; the rest 0.
+fn phases(pairs: &[(Phase, u64)]) -> [u64; 7] {
+    let mut a = [0; 7];
+    for &(p, ns) in pairs {
+        a[p.index()] = ns;
+    }
+    a
+}
+
+fn standard_step_phases() -> [u64; 7] {
+    phases(&[
+        (Phase::InputWait, 200),
+        (Phase::H2d, 50),
+        (Phase::Forward, 200),
+        (Phase::Backward, 200),
+        (Phase::Optimizer, 130),
+        (Phase::GpuWait, 50),
+        (Phase::Residual, 170),
+    ])
+}
+
+#[test]
+fn empty_stream() {
+    let out = run(&[]);
+    assert_eq!(out.boundary, Some(Boundary::None));
+    assert!(out.steps.is_empty());
+    assert_eq!(out.training_tid, None);
+}
+
+#[test]
+fn dataloader_steps_with_exact_phases_and_counts() {
+    let mut t = Trace::new();
+    for k in 0..3 {
+        t.step(k * 1000);
+    }
+    t.enter(3000, PID, DL);
+    let out = t.codes().run();
+    assert_eq!(out.boundary, Some(Boundary::DataloaderNext));
+    assert_eq!(out.training_tid, Some(PID));
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(
+        out.partial_steps_dropped, 1,
+        "the step opened at 3000 never ends"
+    );
+    assert_eq!(out.unmatched_events, 0);
+    assert_eq!(out.reordered_events, 0);
+    for (k, s) in out.steps.iter().enumerate() {
+        assert_eq!(s.index, k as u32);
+        assert_eq!(
+            (s.start_ns, s.end_ns),
+            (k as u64 * 1000, k as u64 * 1000 + 1000)
+        );
+        assert_eq!(s.phase_ns, standard_step_phases());
+        assert_eq!(
+            s.launches,
+            phases(&[
+                (Phase::Forward, 1),
+                (Phase::Backward, 1),
+                (Phase::Optimizer, 1)
+            ])
+            .map(|n| n as u32)
+        );
+        assert_eq!((s.h2d_bytes, s.h2d_copies, s.h2d_ns), (4096, 1, 50));
+        assert_eq!((s.d2h_bytes, s.d2h_copies, s.d2h_ns), (0, 0, 0));
+        assert_eq!(s.syncs, 1);
+    }
+}
+
+#[test]
+fn epoch_end_stops_and_restarts_steps() {
+    let mut t = Trace::new();
+    t.step(0).step(1000);
+    // StopIteration: ends step 1 at 2000, starts none.
+    t.enter(2000, PID, DL).raise(2010, PID, DL);
+    // Evaluation between epochs: not a step.
+    t.enter(2500, PID, MODULE).exit(4000, PID, MODULE);
+    t.step(5000).step(6000);
+    t.enter(7000, PID, DL).exit(7100, PID, DL);
+    let out = t.codes().run();
+    let spans: Vec<_> = out.steps.iter().map(|s| (s.start_ns, s.end_ns)).collect();
+    assert_eq!(spans, [(0, 1000), (1000, 2000), (5000, 6000), (6000, 7000)]);
+    assert_eq!(out.partial_steps_dropped, 1);
+    // Step 1 runs to the raising entry: its residual includes 1950..2000.
+    assert_eq!(out.steps[1].phase_ns, standard_step_phases());
+    assert_eq!(
+        out.steps.iter().map(|s| s.index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+}
+
+#[test]
+fn events_before_first_next_are_dropped() {
+    let mut t = Trace::new();
+    // Attached mid-step: the end of a forward, a backward.
+    t.exit(10, PID, MODULE)
+        .call(20, PID, Api::TorchBackward)
+        .ret(300, PID, Api::TorchBackward);
+    t.step(500).step(1500);
+    t.enter(2500, PID, DL);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 2);
+    assert_eq!(out.steps[0].start_ns, 500);
+    assert_eq!(
+        out.partial_steps_dropped, 2,
+        "the attach fragment and the unterminated last step"
+    );
+    assert_eq!(out.unmatched_events, 1, "the module exit without entry");
+    assert_eq!(out.steps[0].phase_ns, standard_step_phases());
+}
+
+#[test]
+fn lost_exits_and_entries_are_survived() {
+    let mut t = Trace::new();
+    let p = PID;
+    // Step 0: __next__ exit lost; the sync's exit lost (closed by the next event, at 400);
+    // an exit without entry.
+    t.enter(0, p, DL);
+    t.enter(300, p, MODULE)
+        .call(350, p, Api::CudaStreamSynchronize);
+    t.launch(400, p, Api::CudaLaunchKernel).exit(500, p, MODULE);
+    t.exit(600, p, BWD);
+    t.rec_end(650, p);
+    // Step 1: the next __next__ entry closes the stale one.
+    t.enter(1000, p, DL).exit(1100, p, DL);
+    // Module exit lost; the backward frame nested in it exits; then the outer OTHER frame exits
+    // and closes the module.
+    t.enter(1150, p, OTHER)
+        .enter(1200, p, MODULE)
+        .enter(1300, p, BWD)
+        .exit(1400, p, BWD)
+        .exit(1600, p, OTHER);
+    t.ret(1700, p, Api::CudaDeviceSynchronize);
+    t.enter(2000, p, DL);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 2);
+    // Step 0: the stale __next__ holds input_wait until the next entry, except where the sync
+    // (350..400) outranks it.
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[(Phase::InputWait, 950), (Phase::GpuWait, 50)])
+    );
+    assert_eq!(out.steps[0].launches[Phase::InputWait.index()], 1);
+    assert_eq!(out.steps[0].syncs, 1);
+    assert_eq!(
+        out.steps[1].phase_ns,
+        phases(&[
+            (Phase::InputWait, 100),
+            (Phase::Forward, 300),
+            (Phase::Backward, 100),
+            (Phase::Residual, 500)
+        ])
+    );
+    // Lost: the sync (closed by the launch), bwd exit without entry, record exit without entry,
+    // the stale __next__, the module closed by OTHER's exit, the sync exit without entry.
+    assert_eq!(out.unmatched_events, 6);
+}
+
+#[test]
+fn reordered_events_give_the_same_steps() {
+    let mut t = Trace::new();
+    for k in 0..4 {
+        t.step(k * 1000);
+    }
+    t.enter(4000, PID, DL);
+    let t = t.codes();
+    let ordered = t.run();
+    // Two per-CPU buffers drained one after the other: even events, then odd events.
+    let (events, codes): (Vec<_>, Vec<_>) = t
+        .items
+        .iter()
+        .cloned()
+        .partition(|i| matches!(i, StreamItem::Event(_)));
+    let mut shuffled = Trace::new();
+    shuffled.items.extend(events.iter().step_by(2).cloned());
+    shuffled
+        .items
+        .extend(events.iter().skip(1).step_by(2).cloned());
+    shuffled.items.extend(codes);
+    let out = shuffled.run();
+    assert!(out.reordered_events > 0);
+    assert_eq!(out.steps, ordered.steps);
+    assert_eq!(out.unmatched_events, 0);
+}
+
+#[test]
+fn nested_record_in_next_is_one_call() {
+    let mut t = Trace::new();
+    for k in 0..3u64 {
+        let b = k * 1000;
+        t.enter(b, PID, DL)
+            .rec(
+                b + 10,
+                PID,
+                "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            )
+            .rec_end(b + 190, PID)
+            .exit(b + 200, PID, DL);
+    }
+    t.enter(3000, PID, DL);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[(Phase::InputWait, 200), (Phase::Residual, 800)])
+    );
+}
+
+#[test]
+fn record_only_dataloader_and_optimizer() {
+    // No Python probe: torch's record_function names alone.
+    let mut t = Trace::new();
+    for k in 0..3u64 {
+        let b = k * 1000;
+        t.rec(
+            b,
+            PID,
+            &"enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"[..40],
+        )
+        .rec_end(b + 100, PID)
+        .rec(b + 600, PID, "Optimizer.step#AdamW.step")
+        .rec_end(b + 700, PID)
+        .rec(b + 800, PID, "Optimizer.zero_grad#AdamW.zero_grad")
+        .rec_end(b + 850, PID);
+    }
+    let out = t.run();
+    assert_eq!(out.boundary, Some(Boundary::DataloaderNext));
+    assert_eq!(out.steps.len(), 2);
+    assert_eq!(out.partial_steps_dropped, 1);
+    assert_eq!(
+        out.steps[1].phase_ns,
+        phases(&[
+            (Phase::InputWait, 100),
+            (Phase::Optimizer, 100),
+            (Phase::Residual, 800)
+        ])
+    );
+}
+
+#[test]
+fn optimizer_boundary_without_dataloader() {
+    let mut t = Trace::new();
+    let p = PID;
+    // Attached mid-step: a forward, then the first optimizer step.
+    t.enter(0, p, MODULE).exit(100, p, MODULE);
+    for k in 0..3u64 {
+        let b = 200 + k * 1000;
+        // The Python wrapper frame (3.11+) with torch's record inside: one optimizer step.
+        t.enter(b, p, OPT)
+            .rec(b + 10, p, "Optimizer.step#SGD.step")
+            .rec_end(b + 290, p)
+            .exit(b + 300, p, OPT);
+        t.enter(b + 400, p, MODULE).exit(b + 700, p, MODULE);
+    }
+    let out = t.codes().run();
+    assert_eq!(out.boundary, Some(Boundary::OptimizerStep));
+    let spans: Vec<_> = out.steps.iter().map(|s| (s.start_ns, s.end_ns)).collect();
+    assert_eq!(spans, [(500, 1500), (1500, 2500)]);
+    assert_eq!(
+        out.partial_steps_dropped, 2,
+        "before the first exit, after the last"
+    );
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[
+            (Phase::Forward, 300),
+            (Phase::Optimizer, 300),
+            (Phase::Residual, 400)
+        ])
+    );
+}
+
+#[test]
+fn sync_pattern_boundary_without_dataloader_or_optimizer() {
+    let mut t = Trace::new();
+    let p = PID;
+    for k in 0..4u64 {
+        let b = k * 1000;
+        t.enter(b, p, MODULE).exit(b + 500, p, MODULE);
+        t.call(b + 800, p, Api::CudaStreamSynchronize)
+            .ret(b + 900, p, Api::CudaStreamSynchronize);
+    }
+    // A one-off device sync is not the pattern.
+    t.call(3950, p, Api::CudaDeviceSynchronize)
+        .ret(3960, p, Api::CudaDeviceSynchronize);
+    let out = t.codes().run();
+    assert_eq!(out.boundary, Some(Boundary::SyncPattern));
+    let spans: Vec<_> = out.steps.iter().map(|s| (s.start_ns, s.end_ns)).collect();
+    assert_eq!(spans, [(900, 1900), (1900, 2900), (2900, 3900)]);
+    assert_eq!(out.partial_steps_dropped, 2);
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[
+            (Phase::Forward, 500),
+            (Phase::GpuWait, 100),
+            (Phase::Residual, 400)
+        ])
+    );
+    assert_eq!(out.steps[0].syncs, 1);
+}
+
+#[test]
+fn no_boundary_no_steps() {
+    let mut t = Trace::new();
+    t.launch(0, PID, Api::CudaLaunchKernel)
+        .enter(10, PID, MODULE)
+        .exit(20, PID, MODULE);
+    let out = t.codes().run();
+    assert_eq!(out.boundary, Some(Boundary::None));
+    assert_eq!(out.training_tid, None);
+    assert!(out.steps.is_empty());
+}
+
+#[test]
+fn training_thread_is_the_one_with_most_dataloader_calls() {
+    let mut t = Trace::new();
+    let train = 107;
+    // The main thread iterates a small loader twice (e.g. a probe at startup) and keeps running
+    // modules that must not count.
+    t.enter(0, PID, DL)
+        .exit(10, PID, DL)
+        .enter(20, PID, DL)
+        .exit(30, PID, DL);
+    t.enter(100, PID, MODULE).exit(5000, PID, MODULE);
+    for k in 0..4u64 {
+        let b = 1000 + k * 1000;
+        t.enter(b, train, DL).exit(b + 100, train, DL);
+        t.launch(b + 500, PID, Api::CudaLaunchKernel);
+    }
+    let out = t.codes().run();
+    assert_eq!(out.training_tid, Some(train));
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[(Phase::InputWait, 100), (Phase::Residual, 900)])
+    );
+    // The other thread's launches count, in the training thread's phase at that instant.
+    assert_eq!(out.steps[0].launches[Phase::Residual.index()], 1);
+}
+
+#[test]
+fn precedence_inside_nesting() {
+    let mut t = Trace::new();
+    let p = PID;
+    // h2d inside __next__ (collate moves to the device): h2d wins.
+    t.enter(0, p, DL)
+        .copy(50, p, Api::CudaMemcpyAsync, CopyKind::HostToDevice, 100)
+        .ret(150, p, Api::CudaMemcpyAsync);
+    t.exit(200, p, DL);
+    // Inside forward: a .item() (D2H copy + sync) and a blocking cudaMemcpy D2H: gpu_wait.
+    t.enter(300, p, MODULE).enter(310, p, MODULE);
+    t.copy(400, p, Api::CudaMemcpyAsync, CopyKind::DeviceToHost, 4)
+        .ret(410, p, Api::CudaMemcpyAsync);
+    t.call(420, p, Api::CudaStreamSynchronize)
+        .ret(480, p, Api::CudaStreamSynchronize);
+    t.copy(500, p, Api::CudaMemcpy, CopyKind::DeviceToHost, 8)
+        .ret(550, p, Api::CudaMemcpy);
+    // A device-to-device copy has no phase of its own.
+    t.copy(560, p, Api::CudaMemcpyAsync, CopyKind::DeviceToDevice, 64)
+        .ret(570, p, Api::CudaMemcpyAsync);
+    t.exit(590, p, MODULE).exit(600, p, MODULE);
+    // A backward frame (3.9/3.10) running module calls (checkpoint recompute): backward.
+    t.enter(700, p, BWD)
+        .enter(710, p, MODULE)
+        .exit(790, p, MODULE)
+        .exit(800, p, BWD);
+    t.enter(1000, p, DL);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 1);
+    let s = &out.steps[0];
+    assert_eq!(
+        s.phase_ns,
+        phases(&[
+            (Phase::InputWait, 100),
+            (Phase::H2d, 100),
+            (Phase::Forward, 300 - 120),
+            (Phase::GpuWait, 120),
+            (Phase::Backward, 100),
+            (Phase::Residual, 100 + 100 + 200),
+        ])
+    );
+    assert_eq!((s.h2d_bytes, s.h2d_copies, s.h2d_ns), (100, 1, 100));
+    assert_eq!((s.d2h_bytes, s.d2h_copies, s.d2h_ns), (12, 2, 60));
+    assert_eq!(s.syncs, 1);
+}
+
+#[test]
+fn driver_call_nested_in_runtime_call_is_one_copy_and_one_sync() {
+    let mut t = Trace::new();
+    let p = PID;
+    t.enter(0, p, DL).exit(10, p, DL);
+    t.copy(100, p, Api::CudaMemcpy, CopyKind::HostToDevice, 1000);
+    t.copy(110, p, Api::CuMemcpyHtoD, CopyKind::HostToDevice, 1000)
+        .ret(190, p, Api::CuMemcpyHtoD);
+    t.ret(200, p, Api::CudaMemcpy);
+    t.call(300, p, Api::CudaDeviceSynchronize)
+        .call(305, p, Api::CuCtxSynchronize);
+    t.ret(390, p, Api::CuCtxSynchronize)
+        .ret(400, p, Api::CudaDeviceSynchronize);
+    t.enter(1000, p, DL);
+    let out = t.codes().run();
+    let s = &out.steps[0];
+    assert_eq!((s.h2d_bytes, s.h2d_copies, s.h2d_ns), (1000, 1, 100));
+    assert_eq!(s.syncs, 1);
+    assert_eq!(s.phase(Phase::H2d), 100);
+    assert_eq!(s.phase(Phase::GpuWait), 100);
+    assert_eq!(out.unmatched_events, 0);
+}
+
+#[test]
+fn runtime_and_driver_launches_are_deduplicated() {
+    let mut t = Trace::new();
+    let p = PID;
+    t.enter(0, p, DL).exit(10, p, DL);
+    // cudaLaunchKernel + its cuLaunchKernel 5 µs later: one launch.
+    t.launch(100_000, p, Api::CudaLaunchKernel)
+        .launch(105_000, p, Api::CuLaunchKernel);
+    // cuBLAS launching through the driver 50 µs later: its own launch.
+    t.launch(155_000, p, Api::CuLaunchKernelEx);
+    // A driver launch on another thread right after: not the same launch.
+    t.launch(200_000, p, Api::CudaLaunchKernel)
+        .launch(201_000, WORKER, Api::CuLaunchKernel);
+    // One runtime launch pairs with at most one driver launch.
+    t.launch(300_000, p, Api::CudaLaunchKernel)
+        .launch(301_000, p, Api::CuLaunchKernel);
+    t.launch(302_000, p, Api::CuLaunchKernel);
+    t.enter(1_000_000, p, DL);
+    let out = t.codes().run();
+    assert_eq!(out.steps[0].launches.iter().sum::<u32>(), 1 + 1 + 2 + 2);
+}
+
+#[test]
+fn pending_and_ignored_frames_carry_no_phase() {
+    let mut t = Trace::new();
+    let p = PID;
+    t.enter(0, p, DL).exit(100, p, DL);
+    // 0x999 has no Code item at all (still pending when the trace ended).
+    t.enter(200, p, 0x999)
+        .enter(300, p, OTHER)
+        .exit(400, p, OTHER)
+        .exit(500, p, 0x999);
+    t.enter(1000, p, DL);
+    let out = t.codes().run();
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[(Phase::InputWait, 100), (Phase::Residual, 900)])
+    );
+    assert_eq!(out.unmatched_events, 0);
+}
+
+#[test]
+fn timeline_split_and_phase_at() {
+    let tl = timeline::Timeline::build(&[
+        (0, 100, Phase::Forward),
+        (50, 60, Phase::GpuWait),
+        (80, 200, Phase::Backward),
+        (300, 300, Phase::H2d),
+    ]);
+    assert_eq!(tl.phase_at(0), Phase::Forward);
+    assert_eq!(tl.phase_at(55), Phase::GpuWait);
+    assert_eq!(tl.phase_at(60), Phase::Forward);
+    assert_eq!(tl.phase_at(80), Phase::Backward);
+    assert_eq!(tl.phase_at(200), Phase::Residual);
+    assert_eq!(tl.phase_at(300), Phase::Residual);
+    assert_eq!(
+        tl.split(40, 250),
+        phases(&[
+            (Phase::Forward, 30),
+            (Phase::GpuWait, 10),
+            (Phase::Backward, 120),
+            (Phase::Residual, 50)
+        ])
+    );
+}
+
+#[test]
+fn random_lossy_streams_never_panic_and_phases_always_sum() {
+    // A small LCG: deterministic, no dependency.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let apis = [
+        Api::CudaStreamSynchronize,
+        Api::CuStreamSynchronize,
+        Api::CudaMemcpyAsync,
+        Api::CuMemcpyDtoH,
+        Api::TorchBackward,
+        Api::CudaLaunchKernel,
+        Api::CuLaunchKernel,
+    ];
+    let kinds = [
+        CopyKind::HostToDevice,
+        CopyKind::DeviceToHost,
+        CopyKind::Default,
+        CopyKind::Unknown,
+    ];
+    let names = [
+        "enumerate(DataLoader)#X.__next__",
+        "Optimizer.step#SGD.step",
+        "Optimizer.zero_grad#SGD.zero_grad",
+        "x",
+    ];
+    let mut total_steps = 0;
+    for round in 0..20 {
+        let mut t = Trace::new();
+        let mut ts = 0u64;
+        for _ in 0..5_000 {
+            ts += next(300);
+            // Some events out of order, some at the same instant.
+            let at = if next(10) == 0 {
+                ts.saturating_sub(next(1000))
+            } else {
+                ts
+            };
+            let tid = [PID, PID, PID, WORKER][next(4) as usize];
+            let code = [DL, MODULE, OPT, BWD, OTHER, 0x999][next(6) as usize];
+            let api = apis[next(apis.len() as u64) as usize];
+            match next(9) {
+                0 => t.enter(at, tid, code),
+                1 => t.exit(at, tid, code),
+                2 => t.raise(at, tid, code),
+                3 => t.copy(at, tid, api, kinds[next(4) as usize], next(1 << 20)),
+                4 => t.call(at, tid, api),
+                5 => t.ret(at, tid, api),
+                6 => t.launch(at, tid, api),
+                7 => t.rec(at, tid, names[next(4) as usize]),
+                _ => t.rec_end(at, tid),
+            };
+        }
+        let t = if round % 2 == 0 { t.codes() } else { t };
+        let out = t.run();
+        for w in out.steps.windows(2) {
+            assert!(w[0].end_ns <= w[1].start_ns);
+        }
+        assert!(out.unmatched_events > 0 && out.reordered_events > 0);
+        total_steps += out.steps.len();
+    }
+    assert!(
+        total_steps > 100,
+        "the random streams must exercise steps: {total_steps}"
+    );
+}

@@ -1,0 +1,382 @@
+//! The per-thread stack machine: matches entries with exits on one thread, survives lost events,
+//! and reduces the thread's events to what the engine needs (phase intervals, DataLoader calls,
+//! optimizer and sync exits, copies, syncs, deduplicated launches).
+//!
+//! All open things of a thread (tracked Python frames, native calls with an exit probe,
+//! `record_function`s) live on ONE stack in entry order. An exit pops its entry and everything
+//! still open above it: whatever was entered after a frame and is still open when that frame
+//! returns must have ended unseen (lost exit). Rules that bound the damage of a lost exit:
+//! - `PyExit` matches the innermost open frame with the same code object; `CallExit` the innermost
+//!   open call with the same api; `RecordExit` the innermost open record. Entries above the match
+//!   are closed at the exit's timestamp and counted as unmatched; an exit with no match is counted
+//!   and ignored.
+//! - Blocking syncs and copies are leaves: nothing else happens on their thread until they return,
+//!   except a driver call nested in a runtime call. Any other event of the thread closes an open
+//!   leaf at its own timestamp (counted as unmatched).
+//! - The DataLoader's `__next__` never recurses: entering it (frame or `enumerate(DataLoader)#`
+//!   record) while the same kind is open closes the stale one (counted).
+//!
+//! Entries still open when the trace ends are closed at the trace end and not counted: the trace
+//! cut them, no event was lost.
+use std::collections::HashMap;
+
+use super::Phase;
+use crate::classify::{RecordClass, classify_record};
+use crate::event::{Api, Class, CopyKind, Kind};
+
+/// A driver launch this soon after a runtime launch on the same thread is the same launch.
+pub(crate) const LAUNCH_DEDUP_NS: u64 = 20_000;
+
+/// Direction of a copy call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    H2d,
+    D2h,
+    /// Host-to-host, device-to-device, `cudaMemcpyDefault` or unknown: no direction we account.
+    Other,
+}
+
+impl Dir {
+    fn of(api: Api, copy: Option<CopyKind>) -> Dir {
+        match copy {
+            Some(CopyKind::HostToDevice) => Dir::H2d,
+            Some(CopyKind::DeviceToHost) => Dir::D2h,
+            Some(_) => Dir::Other,
+            None => match api {
+                Api::CuMemcpyHtoD | Api::CuMemcpyHtoDAsync => Dir::H2d,
+                Api::CuMemcpyDtoH | Api::CuMemcpyDtoHAsync => Dir::D2h,
+                _ => Dir::Other,
+            },
+        }
+    }
+}
+
+/// One call of the DataLoader iterator (outermost `__next__` frame or `enumerate(DataLoader)#`
+/// record of a thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InputCall {
+    pub ts: u64,
+    /// Its frame returned NULL (StopIteration at the end of an epoch).
+    pub raised: bool,
+}
+
+/// One outermost copy call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Copy {
+    pub start: u64,
+    /// `None` while open (closed at the trace end by [`ThreadFold::finish`]).
+    pub end: Option<u64>,
+    pub dir: Dir,
+    pub bytes: u64,
+}
+
+/// What one thread's events reduce to.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ThreadTrace {
+    pub tgid: u32,
+    pub first_ts: u64,
+    pub last_ts: u64,
+    /// Closed intervals `[start, end)` during which the phase's cause was open on this thread.
+    pub intervals: Vec<(u64, u64, Phase)>,
+    pub input_calls: Vec<InputCall>,
+    /// Matched exits of outermost optimizer steps.
+    pub optimizer_exits: Vec<u64>,
+    /// Matched exits of outermost blocking syncs.
+    pub sync_exits: Vec<(Api, u64)>,
+    /// Entries of outermost blocking syncs.
+    pub syncs: Vec<u64>,
+    pub copies: Vec<Copy>,
+    /// Launches, a driver launch right after a runtime launch counted once.
+    pub launches: Vec<u64>,
+    /// Lost-event evidence: exits without entries, entries closed by the rules above.
+    pub unmatched: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Code(u64),
+    Api(Api),
+    Record,
+    DlFrame,
+    DlRecord,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum What {
+    Py,
+    Call { api: Api },
+    Record,
+}
+
+#[derive(Clone, Debug)]
+struct Open {
+    what: What,
+    keys: [Option<Key>; 2],
+    start: u64,
+    phase: Option<Phase>,
+    /// Index in `input_calls` when this entry started a DataLoader call.
+    input_call: Option<usize>,
+    /// Index in `copies` when this is an outermost copy.
+    copy: Option<usize>,
+    outer_optimizer: bool,
+    outer_sync: bool,
+}
+
+impl Open {
+    fn is_leaf(&self) -> bool {
+        matches!(self.what, What::Call { api } if api.is_sync() || api.is_copy())
+    }
+}
+
+/// The fold over one thread's events, in timestamp order.
+#[derive(Debug, Default)]
+pub(crate) struct ThreadFold {
+    out: ThreadTrace,
+    stack: Vec<Open>,
+    /// Stack positions of the open entries with each key, innermost last.
+    index: HashMap<Key, Vec<usize>>,
+    input_depth: u32,
+    optimizer_depth: u32,
+    sync_depth: u32,
+    copy_depth: u32,
+    /// Last runtime launch not yet paired with a driver launch.
+    runtime_launch: Option<u64>,
+    seen: bool,
+}
+
+impl ThreadFold {
+    /// Folds one event; `class` resolves a code object address to its class.
+    pub fn push(&mut self, ts: u64, tgid: u32, kind: &Kind, class: impl Fn(u64) -> Class) {
+        if !self.seen {
+            self.seen = true;
+            self.out.tgid = tgid;
+            self.out.first_ts = ts;
+        }
+        self.out.last_ts = ts;
+        self.close_stale_leaves(ts, kind);
+        match *kind {
+            Kind::PyEnter { code, .. } => {
+                let class = class(code);
+                let dl = class == Class::DataLoaderNext;
+                if dl {
+                    self.close_innermost(Key::DlFrame, ts);
+                }
+                let phase = match class {
+                    Class::DataLoaderNext => Some(Phase::InputWait),
+                    Class::ModuleCall => Some(Phase::Forward),
+                    Class::OptimizerStep => Some(Phase::Optimizer),
+                    Class::Backward => Some(Phase::Backward),
+                    Class::Pending | Class::Ignore => None,
+                };
+                self.open(
+                    What::Py,
+                    [Some(Key::Code(code)), dl.then_some(Key::DlFrame)],
+                    ts,
+                    phase,
+                );
+            }
+            Kind::PyExit { code, raised } => self.close_matching(Key::Code(code), ts, raised),
+            Kind::CallEnter { api, bytes, copy } => {
+                let phase = if api.is_sync() {
+                    Some(Phase::GpuWait)
+                } else if api.is_copy() {
+                    match Dir::of(api, copy) {
+                        Dir::D2h => Some(Phase::GpuWait),
+                        Dir::H2d => Some(Phase::H2d),
+                        Dir::Other => None,
+                    }
+                } else if api == Api::TorchBackward {
+                    Some(Phase::Backward)
+                } else {
+                    None
+                };
+                let idx = self.open(What::Call { api }, [Some(Key::Api(api)), None], ts, phase);
+                if api.is_copy() && self.copy_depth == 1 {
+                    self.out.copies.push(Copy {
+                        start: ts,
+                        end: None,
+                        dir: Dir::of(api, copy),
+                        bytes: bytes.unwrap_or(0),
+                    });
+                    self.stack[idx].copy = Some(self.out.copies.len() - 1);
+                }
+            }
+            Kind::CallExit { api, .. } => self.close_matching(Key::Api(api), ts, false),
+            Kind::Launch { api } => {
+                if api.is_driver() {
+                    match self.runtime_launch.take() {
+                        Some(rt) if ts.saturating_sub(rt) <= LAUNCH_DEDUP_NS => {}
+                        _ => self.out.launches.push(ts),
+                    }
+                } else {
+                    self.runtime_launch = Some(ts);
+                    self.out.launches.push(ts);
+                }
+            }
+            Kind::RecordEnter { ref name } => {
+                let class = classify_record(name);
+                let dl = class == Some(RecordClass::DataLoaderNext);
+                if dl {
+                    self.close_innermost(Key::DlRecord, ts);
+                }
+                let phase = match class {
+                    Some(RecordClass::DataLoaderNext) => Some(Phase::InputWait),
+                    Some(RecordClass::OptimizerStep) => Some(Phase::Optimizer),
+                    None => None,
+                };
+                self.open(
+                    What::Record,
+                    [Some(Key::Record), dl.then_some(Key::DlRecord)],
+                    ts,
+                    phase,
+                );
+            }
+            Kind::RecordExit => self.close_matching(Key::Record, ts, false),
+        }
+    }
+
+    /// Closes what is still open at `end` (not counted as lost) and returns the reduction.
+    pub fn finish(mut self, end: u64) -> ThreadTrace {
+        while let Some(top) = self.stack.pop() {
+            self.close(top, end, false, false);
+        }
+        self.out
+    }
+
+    fn open(&mut self, what: What, keys: [Option<Key>; 2], ts: u64, phase: Option<Phase>) -> usize {
+        let pos = self.stack.len();
+        for k in keys.into_iter().flatten() {
+            self.index.entry(k).or_default().push(pos);
+        }
+        let mut open = Open {
+            what,
+            keys,
+            start: ts,
+            phase,
+            input_call: None,
+            copy: None,
+            outer_optimizer: false,
+            outer_sync: false,
+        };
+        if phase == Some(Phase::InputWait) {
+            if self.input_depth == 0 {
+                self.out.input_calls.push(InputCall { ts, raised: false });
+                open.input_call = Some(self.out.input_calls.len() - 1);
+            }
+            self.input_depth += 1;
+        }
+        if phase == Some(Phase::Optimizer) {
+            open.outer_optimizer = self.optimizer_depth == 0;
+            self.optimizer_depth += 1;
+        }
+        if let What::Call { api } = what {
+            if api.is_sync() {
+                open.outer_sync = self.sync_depth == 0;
+                if open.outer_sync {
+                    self.out.syncs.push(ts);
+                }
+                self.sync_depth += 1;
+            }
+            if api.is_copy() {
+                self.copy_depth += 1;
+            }
+        }
+        self.stack.push(open);
+        pos
+    }
+
+    /// Pops the top entry: `matched` when its own exit closed it.
+    fn pop(&mut self, end: u64, matched: bool, raised: bool) {
+        let Some(top) = self.stack.pop() else { return };
+        let pos = self.stack.len();
+        for k in top.keys.into_iter().flatten() {
+            if let Some(v) = self.index.get_mut(&k) {
+                debug_assert_eq!(v.last(), Some(&pos));
+                v.pop();
+            }
+        }
+        if !matched {
+            self.out.unmatched += 1;
+        }
+        self.close(top, end, matched, raised);
+    }
+
+    fn close(&mut self, top: Open, end: u64, matched: bool, raised: bool) {
+        if let Some(p) = top.phase {
+            self.out.intervals.push((top.start, end.max(top.start), p));
+        }
+        if p_is(top.phase, Phase::InputWait) {
+            self.input_depth -= 1;
+        }
+        if let Some(i) = top.input_call {
+            self.out.input_calls[i].raised = matched && raised;
+        }
+        if p_is(top.phase, Phase::Optimizer) {
+            self.optimizer_depth -= 1;
+            if top.outer_optimizer && matched {
+                self.out.optimizer_exits.push(end);
+            }
+        }
+        if let What::Call { api } = top.what {
+            if api.is_sync() {
+                self.sync_depth -= 1;
+                if top.outer_sync && matched {
+                    self.out.sync_exits.push((api, end));
+                }
+            }
+            if api.is_copy() {
+                self.copy_depth -= 1;
+            }
+        }
+        if let Some(i) = top.copy {
+            self.out.copies[i].end = Some(end.max(top.start));
+        }
+    }
+
+    /// Exit of the innermost entry with `key`: pops everything above it as lost, then it.
+    fn close_matching(&mut self, key: Key, ts: u64, raised: bool) {
+        match self.index.get(&key).and_then(|v| v.last().copied()) {
+            Some(pos) => {
+                while self.stack.len() > pos + 1 {
+                    self.pop(ts, false, false);
+                }
+                self.pop(ts, true, raised);
+            }
+            None => self.out.unmatched += 1,
+        }
+    }
+
+    /// Closes the innermost entry with `key` and everything above it as lost (stale re-entry).
+    fn close_innermost(&mut self, key: Key, ts: u64) {
+        if let Some(pos) = self.index.get(&key).and_then(|v| v.last().copied()) {
+            while self.stack.len() > pos {
+                self.pop(ts, false, false);
+            }
+        }
+    }
+
+    /// Closes open leaf calls (syncs, copies) that `kind` proves have returned unseen.
+    fn close_stale_leaves(&mut self, ts: u64, kind: &Kind) {
+        while let Some(top) = self.stack.last() {
+            if !top.is_leaf() {
+                return;
+            }
+            let What::Call { api: top_api } = top.what else {
+                return;
+            };
+            let allowed = match kind {
+                Kind::CallExit { .. } => true,
+                Kind::CallEnter { api, .. } => api.is_driver() && !top_api.is_driver(),
+                _ => false,
+            };
+            if allowed {
+                return;
+            }
+            self.pop(ts, false, false);
+        }
+    }
+}
+
+fn p_is(p: Option<Phase>, want: Phase) -> bool {
+    p == Some(want)
+}
