@@ -1,3 +1,310 @@
-fn main() {
-    println!("{}", traceml_daemon::EBPF_OBJECT.len());
+//! `traceml-daemon`: the command line. Parses and validates arguments into options before any
+//! kernel work, runs the live attach, `replay` or `compare`, and maps failures to one sentence and
+//! a distinct exit status (see `--help`).
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use traceml_daemon::event::{End, EndReason, StreamItem};
+use traceml_daemon::{analysis, compare, live, record, render, summary::Summary};
+
+const AFTER_HELP: &str = "\
+Exit status: 0 success; 1 unexpected failure, or compare found a REGRESSION; 2 bad arguments or \
+input files; 3 the target cannot be profiled (no such pid, not Python); 4 missing privileges or \
+kernel support.
+
+Proven on real GPUs: not yet. The CUDA probes are exercised against a stand-in CUDA runtime and \
+attached to the real libcudart from PyPI; see docs/gpu-validation.md.";
+
+#[derive(Debug, Parser)]
+#[command(name = "traceml-daemon", version, about, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    attach: AttachArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct AttachArgs {
+    /// Pid of the running training process to attach to.
+    #[arg(long, short)]
+    pid: Option<u32>,
+    /// Directory for final_summary.json/.txt [default: traceml-logs/<name>-<pid>-<time>/].
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Also write the decoded event stream to this file (replay it with `replay`).
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Stop after this many seconds (default: when the target exits, or on SIGINT/SIGTERM).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Write this file once the probes are attached.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+    /// Kernel launches: one event each (per-phase launch counts), or counted in the kernel only
+    /// (lower overhead for launch-heavy jobs).
+    #[arg(long, value_enum, default_value_t = LaunchMode::Events)]
+    launch_mode: LaunchMode,
+    /// Ring buffer size in MiB (power of two).
+    #[arg(long, default_value_t = 8)]
+    ring_mib: u32,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct Common {
+    /// Do not print the verdict card to stdout.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    /// Color: auto (when stdout is a terminal), always, never.
+    #[arg(long, value_enum, default_value_t = Color::Auto, global = true)]
+    color: Color,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LaunchMode {
+    Events,
+    Count,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
+enum Color {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Rebuild the summary of a recorded run offline (no root needed).
+    Replay {
+        file: PathBuf,
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Compare two final_summary.json files (A = before, B = after).
+    Compare {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+/// A failure with its exit status and the sentence for the user.
+struct Failure {
+    code: u8,
+    msg: String,
+}
+
+impl Failure {
+    fn new(code: u8, msg: impl std::fmt::Display) -> Self {
+        Failure { code, msg: msg.to_string() }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure::new(1, format!("{e:#}"))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TRACEML_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.cmd {
+        Some(Cmd::Replay { file, output }) => replay(&file, output, &cli.attach.common),
+        Some(Cmd::Compare { a, b, format }) => run_compare(&a, &b, format),
+        None => attach(cli.attach),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("traceml-daemon: {}", f.msg);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn use_color(c: Color) -> bool {
+    match c {
+        Color::Always => true,
+        Color::Never => false,
+        Color::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    }
+}
+
+/// UTC `YYYYmmdd-HHMMSS` for directory names.
+fn timestamp(unix_s: u64) -> String {
+    let (days, secs) = (unix_s / 86_400, unix_s % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// Creates the output directory now, so an unwritable one is refused before attaching.
+fn prepare_output(dir: &Path) -> Result<(), Failure> {
+    std::fs::create_dir_all(dir)
+        .and_then(|_| {
+            let probe = dir.join(".traceml-write-test");
+            std::fs::write(&probe, b"").and_then(|_| std::fs::remove_file(&probe))
+        })
+        .map_err(|e| Failure::new(2, format!("cannot write to output directory {}: {e}", dir.display())))
+}
+
+fn write_outputs(summary: &Summary, dir: &Path, common: &Common) -> Result<(), Failure> {
+    let mut json = Vec::new();
+    render::render_json(summary, &mut json).context("rendering the summary")?;
+    std::fs::write(dir.join("final_summary.json"), &json)
+        .with_context(|| format!("writing {}", dir.join("final_summary.json").display()))?;
+    let mut txt = Vec::new();
+    render::render_card(summary, &mut txt, false).context("rendering the card")?;
+    std::fs::write(dir.join("final_summary.txt"), &txt)
+        .with_context(|| format!("writing {}", dir.join("final_summary.txt").display()))?;
+    if !common.quiet {
+        let mut out = std::io::stdout().lock();
+        if use_color(common.color) {
+            render::render_card(summary, &mut out, true).context("printing the card")?;
+        } else {
+            use std::io::Write;
+            out.write_all(&txt).context("printing the card")?;
+        }
+    }
+    eprintln!("traceml-daemon: summary written to {}", dir.join("final_summary.json").display());
+    Ok(())
+}
+
+fn attach(args: AttachArgs) -> Result<u8, Failure> {
+    let Some(pid) = args.pid else {
+        return Err(Failure::new(2, "give --pid PID of the training process (or a subcommand: replay, compare; see --help)"));
+    };
+    if !args.ring_mib.is_power_of_two() || args.ring_mib > 1024 {
+        return Err(Failure::new(2, "--ring-mib must be a power of two up to 1024"));
+    }
+    if let Some(d) = args.duration {
+        if !(d.is_finite() && d > 0.0) {
+            return Err(Failure::new(2, "--duration must be a positive number of seconds"));
+        }
+    }
+    let mut opts = live::Options::new(pid);
+    opts.ready_file = args.ready_file.clone();
+    opts.duration = args.duration.map(Duration::from_secs_f64);
+    opts.launch_events = matches!(args.launch_mode, LaunchMode::Events);
+    opts.ring_bytes = args.ring_mib << 20;
+
+    live::preflight(pid).map_err(|e| Failure::new(e.exit_code() as u8, &e))?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_owned()).unwrap_or_default();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let dir = args.output.clone().unwrap_or_else(|| {
+        PathBuf::from("traceml-logs").join(format!("{}-{pid}-{}", sanitize(&comm), timestamp(now)))
+    });
+    prepare_output(&dir)?;
+    let mut writer = match &args.record {
+        Some(p) => Some(record::Writer::create(p).map_err(|e| Failure::new(2, e))?),
+        None => None,
+    };
+
+    let mut items: Vec<StreamItem> = Vec::new();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let result = rt.block_on(live::run(&opts, |item| {
+        if let Some(w) = writer.as_mut() {
+            w.write(item).map_err(|e| e.to_string())?;
+            if matches!(item, StreamItem::End(_) | StreamItem::Lost(_)) {
+                w.flush().map_err(|e| e.to_string())?;
+            }
+        }
+        items.push(item.clone());
+        Ok(())
+    }));
+    if let Some(w) = writer.as_mut() {
+        w.flush().map_err(|e| Failure::new(1, e))?;
+    }
+    match result {
+        Ok(reason) => tracing::info!("run ended: {reason:?}"),
+        // Attached and then failed: keep what was gathered, say why, and still write the summary.
+        Err(e) if items.iter().any(|i| matches!(i, StreamItem::Event(_))) => {
+            eprintln!("traceml-daemon: {e}; writing the summary of what was gathered");
+            items.push(StreamItem::End(End { ts: live::monotonic_ns(), reason: EndReason::Truncated }));
+        }
+        Err(e) => return Err(Failure::new(e.exit_code() as u8, &e)),
+    }
+    let summary = analysis::analyze(&items);
+    write_outputs(&summary, &dir, &args.common)?;
+    Ok(0)
+}
+
+fn sanitize(s: &str) -> String {
+    let s: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    if s.is_empty() { "target".into() } else { s }
+}
+
+fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, Failure> {
+    let rec = record::read(file).map_err(|e| Failure::new(2, e))?;
+    let mut items = rec.items;
+    if !items.iter().any(|i| matches!(i, StreamItem::End(_))) {
+        let ts = items.iter().rev().find_map(|i| match i { StreamItem::Event(e) => Some(e.ts), _ => None }).unwrap_or(0);
+        eprintln!("traceml-daemon: {} has no end record (the daemon was stopped abruptly); summarising what it holds", file.display());
+        items.push(StreamItem::End(End { ts, reason: EndReason::Truncated }));
+    }
+    let dir = output.unwrap_or_else(|| {
+        let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "replay".into());
+        PathBuf::from("traceml-logs").join(format!("replay-{}", sanitize(&stem)))
+    });
+    prepare_output(&dir)?;
+    let summary = analysis::analyze(&items);
+    write_outputs(&summary, &dir, common)?;
+    Ok(0)
+}
+
+fn read_summary(p: &Path) -> Result<Summary, Failure> {
+    let text = std::fs::read_to_string(p).map_err(|e| Failure::new(2, format!("cannot read {}: {e}", p.display())))?;
+    Summary::from_json(&text).map_err(|e| Failure::new(2, format!("{}: {e}", p.display())))
+}
+
+fn run_compare(a: &Path, b: &Path, format: Format) -> Result<u8, Failure> {
+    let (sa, sb) = (read_summary(a)?, read_summary(b)?);
+    let cmp = compare::compare(&sa, &sb);
+    let mut out = std::io::stdout().lock();
+    match format {
+        Format::Text => compare::render_compare_text(&cmp, &mut out).context("printing the comparison")?,
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut out, &cmp).context("printing the comparison")?;
+            use std::io::Write;
+            writeln!(out).context("printing the comparison")?;
+        }
+    }
+    Ok(compare::exit_code(&cmp))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps() {
+        assert_eq!(super::timestamp(0), "19700101-000000");
+        assert_eq!(super::timestamp(1_798_675_200 + 3_661), "20261231-010101");
+    }
 }

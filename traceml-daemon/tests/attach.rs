@@ -1,0 +1,206 @@
+//! Root tests of the foundation: real probes attached by pid to real CPython 3.9–3.13, the
+//! stand-in CUDA runtime and the real libcudart from PyPI (loaded after attach), with exact
+//! counts checked against what the workload says it did; replay equals live; bad targets get one
+//! clear sentence and a non-zero exit.
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+use traceml_daemon::event::{Api, CopyKind, Kind, StreamItem};
+
+/// What the workload says it did (its last stdout line).
+fn truth(lines: &[String]) -> serde_json::Value {
+    let last = lines.iter().rev().find(|l| l.contains("\"truth\"")).unwrap_or_else(|| panic!("no truth line in {lines:?}"));
+    serde_json::from_str::<serde_json::Value>(last).unwrap()["truth"].clone()
+}
+
+#[derive(Debug, Default, PartialEq)]
+struct Counts {
+    next_enter: u64,
+    next_raised: u64,
+    enters: BTreeMap<String, u64>,
+    exits: BTreeMap<String, u64>,
+    launches: u64,
+    h2d_bytes: Vec<u64>,
+    d2h_bytes: Vec<u64>,
+}
+
+fn count(items: &[StreamItem], pid: u32) -> Counts {
+    let next = code_ptrs(items, "__next__", "torch/utils/data/dataloader.py");
+    assert_eq!(next.len(), 1, "one __next__ code object expected, got {next:?}");
+    let mut c = Counts::default();
+    for e in events(items).filter(|e| e.tgid == pid) {
+        match &e.kind {
+            Kind::PyEnter { code, .. } if *code == next[0] => c.next_enter += 1,
+            Kind::PyExit { code, raised: true } if *code == next[0] => c.next_raised += 1,
+            Kind::CallEnter { api, bytes, copy } => {
+                *c.enters.entry(format!("{api:?}")).or_default() += 1;
+                match (copy, bytes) {
+                    (Some(CopyKind::HostToDevice), Some(b)) => c.h2d_bytes.push(*b),
+                    (Some(CopyKind::DeviceToHost), Some(b)) => c.d2h_bytes.push(*b),
+                    _ => {}
+                }
+            }
+            Kind::CallExit { api, .. } => *c.exits.entry(format!("{api:?}")).or_default() += 1,
+            Kind::Launch { api: Api::CudaLaunchKernel } => c.launches += 1,
+            _ => {}
+        }
+    }
+    c
+}
+
+fn check_counts(items: &[StreamItem], pid: u32, t: &serde_json::Value, ctx: &str) {
+    let c = count(items, pid);
+    let n = |k: &str| t[k].as_u64().unwrap();
+    let bytes = n("bytes");
+    assert_eq!(c.next_enter, n("next_calls"), "{ctx}: __next__ entries");
+    assert_eq!(c.next_raised, 1, "{ctx}: exactly the last __next__ raised StopIteration");
+    assert_eq!(c.launches, n("launch"), "{ctx}: cudaLaunchKernel");
+    let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    assert_eq!(get(&c.enters, "CudaMemcpy"), n("h2d"), "{ctx}: cudaMemcpy entries");
+    assert_eq!(get(&c.enters, "CudaMemcpyAsync"), n("d2h"), "{ctx}: cudaMemcpyAsync entries");
+    assert_eq!(get(&c.enters, "CudaStreamSynchronize"), n("stream_sync"), "{ctx}: stream syncs");
+    assert_eq!(get(&c.enters, "CudaDeviceSynchronize"), n("device_sync"), "{ctx}: device syncs");
+    assert_eq!(c.enters, c.exits, "{ctx}: every native call returned");
+    assert_eq!(c.h2d_bytes, vec![bytes; n("h2d") as usize], "{ctx}: H2D kind and bytes from the arguments");
+    assert_eq!(c.d2h_bytes, vec![bytes; n("d2h") as usize], "{ctx}: D2H kind and bytes from the arguments");
+}
+
+fn workload(py: &std::path::Path, lib: &std::path::Path) -> Command {
+    let mut cmd = Command::new(py);
+    cmd.arg(workspace().join("tests/workloads/probe_counts.py")).arg("--lib").arg(lib);
+    cmd
+}
+
+#[test]
+fn exact_counts_on_every_cpython_with_the_stand_in_runtime() {
+    require_root();
+    let lib = fake_cudart();
+    for minor in PYTHONS {
+        let dir = scratch(&format!("counts-3{minor}"));
+        let mut cmd = workload(&python(minor), &lib);
+        cmd.args(["--iters", "25", "--launches", "4", "--bytes", "65536"]);
+        let mut target = spawn(cmd, &dir);
+        let pid = target.child.id();
+        let out = run_daemon(&mut target, &dir, &["--quiet"], Duration::from_secs(60));
+        assert!(out.status.success(), "3.{minor}: daemon failed: {}", out.stderr);
+        let t = truth(&out.target_stdout);
+        check_counts(&out.items, pid, &t, &format!("CPython 3.{minor}"));
+        let version = out.items.iter().find_map(|i| match i {
+            StreamItem::Target(t) => t.python_version.clone(),
+            _ => None,
+        });
+        assert!(version.unwrap().starts_with(&format!("3.{minor}")), "3.{minor}: version");
+    }
+}
+
+/// The real libcudart from PyPI, loaded by the target only after the daemon attached: the daemon
+/// must notice it (within 1 s: the workload waits 1 s before its first call) and count every
+/// call with kind and bytes read from the arguments. Without a GPU the calls fail (error 35).
+#[test]
+fn real_libcudart_loaded_after_attach() {
+    require_root();
+    let Some(lib) = std::env::var_os("TRACEML_REAL_CUDART") else {
+        panic!("TRACEML_REAL_CUDART is not set: run through `cargo xtask test` (setup installs nvidia-cuda-runtime)");
+    };
+    let dir = scratch("real-cudart");
+    let mut cmd = workload(&python(11), std::path::Path::new(&lib));
+    cmd.args(["--late-load", "--settle", "1.0", "--iters", "12", "--launches", "3", "--bytes", "1048576"]);
+    let mut target = spawn(cmd, &dir);
+    let pid = target.child.id();
+    let out = run_daemon(&mut target, &dir, &["--quiet"], Duration::from_secs(60));
+    assert!(out.status.success(), "daemon failed: {}", out.stderr);
+    let libs: Vec<_> = out
+        .items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Library(l) if l.role == "cudart" => Some(l.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(libs.len(), 1, "libcudart noticed once: {libs:?}");
+    assert!(libs[0].path.ends_with("libcudart.so.13"), "{}", libs[0].path);
+    // libcudart functions start with `push %rbp`: probes sit on the symbol itself.
+    assert!(libs[0].probes.iter().any(|p| p == "cudaLaunchKernel+0"), "{:?}", libs[0].probes);
+    check_counts(&out.items, pid, &truth(&out.target_stdout), "real libcudart");
+}
+
+/// `replay` of the recording rebuilds exactly the live summary.
+#[test]
+fn replay_prints_the_live_summary() {
+    require_root();
+    let dir = scratch("replay");
+    let mut cmd = workload(&python(12), &fake_cudart());
+    cmd.args(["--iters", "30"]);
+    let mut target = spawn(cmd, &dir);
+    let out = run_daemon(&mut target, &dir, &[], Duration::from_secs(60));
+    assert!(out.status.success(), "daemon failed: {}", out.stderr);
+    let replay_dir = dir.join("replayed");
+    let r = Command::new(daemon())
+        .arg("replay")
+        .arg(&out.recording)
+        .arg("--output")
+        .arg(&replay_dir)
+        .args(["--color", "never"])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "replay failed: {}", String::from_utf8_lossy(&r.stderr));
+    let live = std::fs::read_to_string(out.out_dir.join("final_summary.json")).unwrap();
+    let replayed = std::fs::read_to_string(replay_dir.join("final_summary.json")).unwrap();
+    assert_eq!(live, replayed, "replay must rebuild the same summary");
+    assert_eq!(String::from_utf8_lossy(&r.stdout), out.stdout, "same card on stdout");
+    assert!(out.stdout.contains("traceml"), "the live run printed the card: {}", out.stdout);
+}
+
+fn daemon_fails(args: &[&str]) -> (i32, String) {
+    let out = Command::new(daemon()).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "no panics: {stderr}");
+    (out.status.code().unwrap_or(-1), stderr)
+}
+
+#[test]
+fn bad_targets_get_one_clear_sentence() {
+    require_root();
+    // No such pid.
+    let (code, err) = daemon_fails(&["--pid", "999999999"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no process with pid 999999999"), "{err}");
+    // A process that is not Python.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let (code, err) = daemon_fails(&["--pid", &pid, "--output", &scratch("notpy").display().to_string()]);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("does not look like Python"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
+    // No pid at all.
+    let (code, err) = daemon_fails(&[]);
+    assert_eq!(code, 2, "{err}");
+}
+
+/// Without root (and without CAP_BPF/CAP_PERFMON/CAP_SYS_PTRACE) the daemon says which
+/// capabilities it lacks.
+#[test]
+fn without_privileges_it_names_the_missing_capabilities() {
+    require_root();
+    let dir = scratch("noroot");
+    let mut sleeper = Command::new(python(11)).args(["-c", "import time; time.sleep(30)"]).spawn().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(daemon())
+        .args(["--pid", &sleeper.id().to_string(), "--output"])
+        .arg(dir.join("out"))
+        .output()
+        .expect("setpriv (util-linux)");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("needs root") && err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

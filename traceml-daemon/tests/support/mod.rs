@@ -1,0 +1,192 @@
+//! Shared pieces of the root integration tests: where the interpreters and test libraries are,
+//! starting a workload that waits for the daemon, running the daemon on it, reading back the
+//! recording and the summary. Targets are killed on drop.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use traceml_daemon::event::StreamItem;
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+pub fn daemon() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_traceml-daemon"))
+}
+
+/// Root tests need root; running them without it is a setup error, not a pass.
+pub fn require_root() {
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "the root tests load eBPF programs: run them as root (cargo xtask test)");
+}
+
+pub fn tests_build() -> PathBuf {
+    std::env::var_os("TRACEML_TESTS_BUILD").map(PathBuf::from).unwrap_or_else(|| workspace().join("tests/build"))
+}
+
+/// The stand-in CUDA runtime built by tests/build.sh.
+pub fn fake_cudart() -> PathBuf {
+    let p = tests_build().join("fakecuda/libcudart.so.12");
+    assert!(p.exists(), "{} is missing: run tests/build.sh (cargo xtask setup does)", p.display());
+    p
+}
+
+/// pyenv's CPython `3.<minor>` (or `TRACEML_PYTHON_3<minor>` from xtask).
+pub fn python(minor: u32) -> PathBuf {
+    if let Some(p) = std::env::var_os(format!("TRACEML_PYTHON_3{minor}")) {
+        return PathBuf::from(p);
+    }
+    let root = std::env::var_os("PYENV_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+        .expect("pyenv versions")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix(&format!("3.{minor}.")).is_some_and(|r| r.chars().all(|c| c.is_ascii_digit()))
+            })
+        })
+        .collect();
+    dirs.sort();
+    let dir = dirs.pop().unwrap_or_else(|| panic!("pyenv has no CPython 3.{minor}"));
+    dir.join(format!("bin/python3.{minor}"))
+}
+
+pub const PYTHONS: [u32; 5] = [9, 10, 11, 12, 13];
+
+/// A spawned workload, killed on drop.
+pub struct Target {
+    pub child: Child,
+    pub ready: PathBuf,
+    pub stdout: Option<BufReader<std::process::ChildStdout>>,
+    pub first_line: String,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A scratch directory per test.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("traceml-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Starts `cmd` (which must wait for `--ready FILE` before its measured work) with stdout piped,
+/// and waits for its first stdout line: the workloads print it once their imports and libraries
+/// are loaded, so the daemon attaches to a process that has started, as a user's would.
+pub fn spawn(mut cmd: Command, dir: &Path) -> Target {
+    let ready = dir.join("ready");
+    let _ = std::fs::remove_file(&ready);
+    cmd.arg("--ready").arg(&ready).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("workload stdout");
+    assert!(!first.is_empty(), "workload {cmd:?} exited before printing its start line");
+    Target { child, ready, stdout: Some(stdout), first_line: first }
+}
+
+/// What one daemon run produced.
+pub struct Outcome {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub items: Vec<StreamItem>,
+    pub summary: serde_json::Value,
+    pub out_dir: PathBuf,
+    pub recording: PathBuf,
+    pub target_stdout: Vec<String>,
+}
+
+/// Runs the daemon on the target until the target exits (or `timeout`), recording the stream.
+pub fn run_daemon(target: &mut Target, dir: &Path, extra: &[&str], timeout: Duration) -> Outcome {
+    let out_dir = dir.join("out");
+    let recording = dir.join("rec.jsonl");
+    let child = Command::new(daemon())
+        .arg("--pid")
+        .arg(target.child.id().to_string())
+        .arg("--ready-file")
+        .arg(&target.ready)
+        .arg("--record")
+        .arg(&recording)
+        .arg("--output")
+        .arg(&out_dir)
+        .args(["--color", "never"])
+        .args(extra)
+        .env("TRACEML_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start traceml-daemon");
+    let out = wait_with_timeout(child, timeout);
+    let stdout = target.stdout.take().map(|s| s.lines().map_while(Result::ok).collect()).unwrap_or_default();
+    let _ = target.child.wait();
+    let items = if recording.exists() {
+        traceml_daemon::record::read(&recording).map(|r| r.items).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let summary = std::fs::read_to_string(out_dir.join("final_summary.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(serde_json::Value::Null);
+    Outcome {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        items,
+        summary,
+        out_dir,
+        recording,
+        target_stdout: stdout,
+    }
+}
+
+/// Waits for a child; kills it (and fails the test) past the timeout.
+pub fn wait_with_timeout(mut child: Child, timeout: Duration) -> std::process::Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "traceml-daemon did not finish within {timeout:?}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Decoded events of the recording.
+pub fn events(items: &[StreamItem]) -> impl Iterator<Item = &traceml_daemon::event::Event> {
+    items.iter().filter_map(|i| match i {
+        StreamItem::Event(e) => Some(e),
+        _ => None,
+    })
+}
+
+/// Code pointers the daemon resolved to `qualname_suffix` in a file ending with `file_suffix`.
+pub fn code_ptrs(items: &[StreamItem], qualname_suffix: &str, file_suffix: &str) -> Vec<u64> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Code(c) if c.qualname.ends_with(qualname_suffix) && c.filename.ends_with(file_suffix) => Some(c.ptr),
+            _ => None,
+        })
+        .collect()
+}
