@@ -1,1 +1,971 @@
-//! (in progress)
+//! Aggregation: the phase engine's steps and the stream's samples and bookkeeping items turned
+//! into one [`Summary`] (statistics per step and phase, CUDA activity, system/process/worker/GPU
+//! metrics, memory over time, data quality), then diagnosed by [`crate::diagnosis`].
+//!
+//! Pure: no clock, no I/O. A metric that was never measured stays `None`, never 0; non-finite
+//! sample values are ignored.
+use std::collections::BTreeMap;
+
+use crate::engine::{EngineOutput, Phase, Step};
+use crate::event::{EndReason, StreamItem, TargetInfo};
+use crate::sample::Sample;
+use crate::summary::{
+    CudaStats, DataQuality, GpuDeviceStats, GpuStats, LostCounts, MemoryStats, PhaseStats, Phases,
+    ProbeFailed, ProcessStats, RunInfo, SCHEMA_VERSION, StepMs, StepSamples, StepsInfo, Summary,
+    SystemStats, TargetSummary, WorkerState, WorkerStats,
+};
+
+/// Runs the phase engine over the stream, then [`summarize`]s.
+pub fn analyze(items: &[StreamItem]) -> Summary {
+    summarize(&crate::engine::run(items), items)
+}
+
+/// Builds the summary of a run from the engine's output and the stream it came from.
+pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
+    let target = items.iter().find_map(|i| match i {
+        StreamItem::Target(t) => Some(t),
+        _ => None,
+    });
+    let samples: Vec<&Sample> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Sample(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    let steps = &engine.steps;
+    let cuda_libraries = cuda_libraries(items);
+    let num_cpus = target.map(|t| t.num_cpus).filter(|&n| n > 0);
+
+    let mut summary = Summary {
+        schema_version: SCHEMA_VERSION,
+        daemon_version: target
+            .map(|t| t.daemon_version.clone())
+            .filter(|v| !v.is_empty()),
+        target: target_summary(target),
+        run: run_info(target, steps, items),
+        primary_diagnosis: crate::diagnosis::placeholder(),
+        findings: Vec::new(),
+        steps: StepsInfo {
+            count: u32::try_from(steps.len()).unwrap_or(u32::MAX),
+            boundary: engine.boundary,
+            training_tid: engine.training_tid,
+        },
+        step_ms: step_ms(steps),
+        phases: phase_stats(steps, !cuda_libraries.is_empty()),
+        cuda: cuda_stats(steps, !cuda_libraries.is_empty()),
+        system: system_stats(&samples, target),
+        process: process_stats(&samples, num_cpus),
+        workers: worker_stats(&samples),
+        gpu: gpu_stats(&samples),
+        memory: memory_stats(steps, &samples),
+        data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
+        step_samples: step_samples(steps),
+    };
+    let (primary, findings) = crate::diagnosis::diagnose(&summary);
+    summary.primary_diagnosis = primary;
+    summary.findings = findings;
+    summary
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics helpers (shared with diagnosis and compare).
+
+/// `Some(x)` when `x` is finite.
+pub(crate) fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+/// Mean of the finite values; `None` when there are none.
+pub(crate) fn mean(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (mut sum, mut n) = (0.0, 0u64);
+    for x in xs.into_iter().filter(|x| x.is_finite()) {
+        sum += x;
+        n += 1;
+    }
+    if n == 0 { None } else { finite(sum / n as f64) }
+}
+
+/// Linear-interpolated quantile `q` (0–1) of the finite values; `None` when there are none.
+pub(crate) fn quantile(xs: &[f64], q: f64) -> Option<f64> {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    finite(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
+}
+
+pub(crate) fn median(xs: &[f64]) -> Option<f64> {
+    quantile(xs, 0.5)
+}
+
+fn median_u64(xs: &[u64]) -> Option<u64> {
+    let mut v = xs.to_vec();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    Some(v[v.len() / 2])
+}
+
+fn ns_to_ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn duration_ns(s: &Step) -> u64 {
+    s.end_ns.saturating_sub(s.start_ns)
+}
+
+/// Rounds a millisecond value for [`StepSamples`]: 0.01 ms below 100 ms, 0.1 ms above.
+fn round_ms(x: f64) -> f64 {
+    if x.abs() >= 100.0 {
+        (x * 10.0).round() / 10.0
+    } else {
+        (x * 100.0).round() / 100.0
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sections.
+
+fn target_summary(t: Option<&TargetInfo>) -> TargetSummary {
+    let Some(t) = t else {
+        return TargetSummary::default();
+    };
+    TargetSummary {
+        pid: Some(t.pid),
+        comm: Some(t.comm.clone()).filter(|c| !c.is_empty()),
+        cmdline: t.cmdline.clone(),
+        python: t.python_version.clone(),
+        hostname: Some(t.hostname.clone()).filter(|h| !h.is_empty()),
+        num_cpus: Some(t.num_cpus).filter(|&n| n > 0),
+        mem_total_bytes: t.mem_total_bytes,
+    }
+}
+
+fn run_info(t: Option<&TargetInfo>, steps: &[Step], items: &[StreamItem]) -> RunInfo {
+    let attach_ns = t.map(|t| t.attach_ts_ns);
+    let end_ns = items
+        .iter()
+        .find_map(|i| match i {
+            StreamItem::End(e) => Some(e.ts),
+            _ => None,
+        })
+        .or_else(|| last_ts(items));
+    let secs = |from: u64, to: u64| to.checked_sub(from).map(|d| d as f64 / 1e9);
+    RunInfo {
+        attach_unix_s: t.and_then(|t| finite(t.attach_unix_s)).filter(|&s| s > 0.0),
+        duration_s: attach_ns.zip(end_ns).and_then(|(a, e)| secs(a, e)),
+        measured_s: (!steps.is_empty())
+            .then(|| steps.iter().map(duration_ns).sum::<u64>() as f64 / 1e9),
+        first_step_s: attach_ns
+            .zip(steps.first())
+            .and_then(|(a, s)| secs(a, s.start_ns)),
+    }
+}
+
+/// Largest timestamp of any event, sample or library item.
+fn last_ts(items: &[StreamItem]) -> Option<u64> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Event(e) => Some(e.ts),
+            StreamItem::Sample(s) => Some(s.ts),
+            StreamItem::Library(l) => Some(l.ts),
+            StreamItem::End(e) => Some(e.ts),
+            _ => None,
+        })
+        .max()
+}
+
+fn step_ms(steps: &[Step]) -> StepMs {
+    let ms: Vec<f64> = steps.iter().map(|s| ns_to_ms(duration_ns(s))).collect();
+    StepMs {
+        median: median(&ms),
+        p90: quantile(&ms, 0.9),
+        mean: mean(ms.iter().copied()),
+        min: quantile(&ms, 0.0),
+        max: quantile(&ms, 1.0),
+    }
+}
+
+fn phase_stats(steps: &[Step], cuda_measured: bool) -> Phases<PhaseStats> {
+    let total: u64 = steps.iter().map(duration_ns).sum();
+    Phases::from_fn(|p| {
+        let ms: Vec<f64> = steps
+            .iter()
+            .map(|s| ns_to_ms(s.phase_ns[p.index()]))
+            .collect();
+        let phase_total: u64 = steps.iter().map(|s| s.phase_ns[p.index()]).sum();
+        PhaseStats {
+            median_ms: median(&ms),
+            mean_ms: mean(ms.iter().copied()),
+            share: (total > 0).then(|| (phase_total as f64 / total as f64).clamp(0.0, 1.0)),
+            launches_per_step: if cuda_measured {
+                mean(steps.iter().map(|s| f64::from(s.launches[p.index()])))
+            } else {
+                None
+            },
+        }
+    })
+}
+
+fn cuda_stats(steps: &[Step], measured: bool) -> CudaStats {
+    if !measured || steps.is_empty() {
+        return CudaStats {
+            measured,
+            ..CudaStats::default()
+        };
+    }
+    let per_step = |f: &dyn Fn(&Step) -> f64| mean(steps.iter().map(f));
+    let h2d_bytes: u64 = steps.iter().map(|s| s.h2d_bytes).sum();
+    let h2d_copies: u64 = steps.iter().map(|s| u64::from(s.h2d_copies)).sum();
+    let h2d_ns: u64 = steps.iter().map(|s| s.h2d_ns).sum();
+    CudaStats {
+        measured,
+        launches_per_step: per_step(&|s| s.launches.iter().map(|&l| f64::from(l)).sum()),
+        h2d_bytes_per_step: per_step(&|s| s.h2d_bytes as f64),
+        h2d_copies_per_step: per_step(&|s| f64::from(s.h2d_copies)),
+        h2d_bytes_per_copy: (h2d_copies > 0).then(|| h2d_bytes as f64 / h2d_copies as f64),
+        h2d_ms_per_step: per_step(&|s| ns_to_ms(s.h2d_ns)),
+        // bytes per ns is GB/s.
+        h2d_gb_per_s: (h2d_copies > 0 && h2d_ns > 0).then(|| h2d_bytes as f64 / h2d_ns as f64),
+        d2h_bytes_per_step: per_step(&|s| s.d2h_bytes as f64),
+        d2h_copies_per_step: per_step(&|s| f64::from(s.d2h_copies)),
+        d2h_ms_per_step: per_step(&|s| ns_to_ms(s.d2h_ns)),
+        syncs_per_step: per_step(&|s| f64::from(s.syncs)),
+    }
+}
+
+fn system_stats(samples: &[&Sample], t: Option<&TargetInfo>) -> SystemStats {
+    let cpu: Vec<f64> = samples
+        .iter()
+        .filter_map(|s| s.system.cpu_pct)
+        .filter(|x| x.is_finite())
+        .collect();
+    let mem: Vec<u64> = samples
+        .iter()
+        .filter_map(|s| s.system.mem_used_bytes)
+        .collect();
+    SystemStats {
+        cpu_pct_mean: mean(cpu.iter().copied()),
+        cpu_pct_max: quantile(&cpu, 1.0),
+        mem_used_bytes_mean: mean(mem.iter().map(|&b| b as f64)).map(|b| b as u64),
+        mem_used_bytes_max: mem.iter().copied().max(),
+        mem_total_bytes: samples
+            .iter()
+            .rev()
+            .find_map(|s| s.system.mem_total_bytes)
+            .or_else(|| t.and_then(|t| t.mem_total_bytes)),
+        num_cpus: t.map(|t| t.num_cpus).filter(|&n| n > 0),
+    }
+}
+
+fn process_stats(samples: &[&Sample], num_cpus: Option<u32>) -> ProcessStats {
+    let procs: Vec<_> = samples.iter().filter_map(|s| s.process.as_ref()).collect();
+    let cpu: Vec<f64> = procs
+        .iter()
+        .filter_map(|p| p.cpu_pct_one_core)
+        .filter(|x| x.is_finite())
+        .collect();
+    let rss: Vec<u64> = procs.iter().filter_map(|p| p.rss_bytes).collect();
+    let cpu_secs: Vec<f64> = procs
+        .iter()
+        .filter_map(|p| p.cpu_seconds)
+        .filter(|x| x.is_finite())
+        .collect();
+    let cpu_mean = mean(cpu.iter().copied());
+    ProcessStats {
+        cpu_pct_one_core_mean: cpu_mean,
+        cpu_pct_one_core_max: quantile(&cpu, 1.0),
+        cpu_pct_machine_mean: cpu_mean.zip(num_cpus).map(|(c, n)| c / f64::from(n)),
+        rss_bytes_mean: mean(rss.iter().map(|&b| b as f64)).map(|b| b as u64),
+        rss_bytes_max: rss.iter().copied().max(),
+        threads_max: procs.iter().filter_map(|p| p.threads).max(),
+        cpu_seconds: match (cpu_secs.first(), cpu_secs.last()) {
+            (Some(a), Some(b)) if cpu_secs.len() >= 2 => finite((b - a).max(0.0)),
+            _ => None,
+        },
+    }
+}
+
+fn worker_stats(samples: &[&Sample]) -> WorkerStats {
+    if samples
+        .iter()
+        .all(|s| s.process.is_none() && s.workers.is_empty())
+    {
+        return WorkerStats::default();
+    }
+    let mut per_pid: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    for w in samples.iter().flat_map(|s| &s.workers) {
+        let cpu = per_pid.entry(w.pid).or_default();
+        if let Some(c) = w.cpu_pct_one_core.filter(|c| c.is_finite()) {
+            cpu.push(c);
+        }
+    }
+    let per_worker: Vec<f64> = per_pid
+        .values()
+        .filter_map(|v| mean(v.iter().copied()))
+        .collect();
+    let cpu_mean = mean(per_worker.iter().copied());
+    WorkerStats {
+        count: samples
+            .iter()
+            .map(|s| u32::try_from(s.workers.len()).unwrap_or(u32::MAX))
+            .max(),
+        cpu_pct_one_core_mean: cpu_mean,
+        cpu_pct_one_core_max: quantile(&per_worker, 1.0),
+        state: cpu_mean.map(WorkerState::from_pct),
+        rss_bytes_max_total: samples
+            .iter()
+            .filter(|s| s.workers.iter().any(|w| w.rss_bytes.is_some()))
+            .map(|s| s.workers.iter().filter_map(|w| w.rss_bytes).sum::<u64>())
+            .max(),
+    }
+}
+
+fn gpu_stats(samples: &[&Sample]) -> Option<GpuStats> {
+    let mut by_index: BTreeMap<u32, Vec<&crate::sample::GpuSample>> = BTreeMap::new();
+    for g in samples.iter().filter_map(|s| s.gpus.as_ref()).flatten() {
+        by_index.entry(g.index).or_default().push(g);
+    }
+    if by_index.is_empty() {
+        return None;
+    }
+    let devices: Vec<GpuDeviceStats> = by_index
+        .iter()
+        .map(|(&index, gs)| {
+            let util: Vec<f64> = gs
+                .iter()
+                .filter_map(|g| g.util_pct)
+                .filter(|x| x.is_finite())
+                .collect();
+            let temp: Vec<f64> = gs
+                .iter()
+                .filter_map(|g| g.temp_c)
+                .filter(|x| x.is_finite())
+                .collect();
+            let proc_mem = gs.iter().filter_map(|g| g.process_mem_bytes).max();
+            GpuDeviceStats {
+                index,
+                name: gs.iter().rev().find_map(|g| g.name.clone()),
+                util_pct_mean: mean(util.iter().copied()),
+                util_pct_max: quantile(&util, 1.0),
+                mem_used_bytes_max: gs.iter().filter_map(|g| g.mem_used_bytes).max(),
+                mem_total_bytes: gs.iter().rev().find_map(|g| g.mem_total_bytes),
+                temp_c_max: quantile(&temp, 1.0),
+                power_w_mean: mean(gs.iter().filter_map(|g| g.power_w)),
+                power_limit_w: gs
+                    .iter()
+                    .rev()
+                    .find_map(|g| g.power_limit_w.and_then(finite)),
+                process_mem_bytes_max: proc_mem,
+                process_util_pct_mean: mean(gs.iter().filter_map(|g| g.process_util_pct)),
+                used_by_target: proc_mem.is_some_and(|m| m > 0),
+            }
+        })
+        .collect();
+    let any_used = devices.iter().any(|d| d.used_by_target);
+    let util_pct_mean = mean(
+        devices
+            .iter()
+            .filter(|d| d.used_by_target || !any_used)
+            .filter_map(|d| d.util_pct_mean),
+    );
+    Some(GpuStats {
+        process_mem_bytes_max: samples.iter().filter_map(|s| gpu_process_mem(s)).max(),
+        util_pct_mean,
+        devices,
+    })
+}
+
+/// GPU memory of the target summed over GPUs in one sample; `None` when no GPU reported it.
+fn gpu_process_mem(s: &Sample) -> Option<u64> {
+    let gpus = s.gpus.as_ref()?;
+    let mems: Vec<u64> = gpus.iter().filter_map(|g| g.process_mem_bytes).collect();
+    (!mems.is_empty()).then(|| mems.iter().sum())
+}
+
+fn memory_stats(steps: &[Step], samples: &[&Sample]) -> MemoryStats {
+    // Samples sorted by time, each step paired with the sample nearest its end.
+    let mut sorted: Vec<&Sample> = samples.to_vec();
+    sorted.sort_by_key(|s| s.ts);
+    let nearest = |ts: u64| -> Option<&Sample> {
+        let i = sorted.partition_point(|s| s.ts < ts);
+        let before = i.checked_sub(1).map(|j| sorted[j]);
+        let after = sorted.get(i).copied();
+        match (before, after) {
+            (Some(b), Some(a)) => Some(if ts - b.ts <= a.ts - ts { b } else { a }),
+            (b, a) => b.or(a),
+        }
+    };
+    let paired: Vec<&Sample> = steps.iter().filter_map(|s| nearest(s.end_ns)).collect();
+    let rss: Vec<u64> = paired
+        .iter()
+        .filter_map(|s| s.process.as_ref().and_then(|p| p.rss_bytes))
+        .collect();
+    let gpu: Vec<u64> = paired.iter().filter_map(|s| gpu_process_mem(s)).collect();
+    let gpu_total = samples.iter().rev().find_map(|s| {
+        let gpus = s.gpus.as_ref()?;
+        let used: Vec<&crate::sample::GpuSample> = gpus
+            .iter()
+            .filter(|g| g.process_mem_bytes.is_some_and(|m| m > 0))
+            .collect();
+        let pick = if used.is_empty() {
+            gpus.iter().collect()
+        } else {
+            used
+        };
+        let totals: Vec<u64> = pick.iter().filter_map(|g| g.mem_total_bytes).collect();
+        (!totals.is_empty()).then(|| totals.iter().sum())
+    });
+    MemoryStats {
+        rss_bytes_by_third: thirds(&rss),
+        gpu_process_mem_bytes_by_third: thirds(&gpu),
+        gpu_mem_total_bytes: gpu_total,
+    }
+}
+
+/// Medians of the early, middle and late thirds; `None` with fewer than 3 values.
+fn thirds(xs: &[u64]) -> Option<[u64; 3]> {
+    let n = xs.len();
+    if n < 3 {
+        return None;
+    }
+    let (a, b) = (n / 3, 2 * n / 3);
+    Some([
+        median_u64(&xs[..a])?,
+        median_u64(&xs[a..b])?,
+        median_u64(&xs[b..])?,
+    ])
+}
+
+fn cuda_libraries(items: &[StreamItem]) -> Vec<String> {
+    let mut libs: Vec<String> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Library(l) if l.role == "cudart" || l.role == "cuda_driver" => {
+                Some(l.path.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    libs.sort();
+    libs.dedup();
+    libs
+}
+
+/// Loss ratio from which confidence is medium, and from which it is low.
+const LOSS_MEDIUM: f64 = 0.01;
+const LOSS_LOW: f64 = 0.10;
+
+fn data_quality(
+    engine: &EngineOutput,
+    items: &[StreamItem],
+    t: Option<&TargetInfo>,
+    cuda_libraries: Vec<String>,
+    samples: usize,
+) -> DataQuality {
+    use crate::summary::Confidence;
+    let events_recorded = items
+        .iter()
+        .filter(|i| matches!(i, StreamItem::Event(_)))
+        .count() as u64;
+    let lost = items.iter().rev().find_map(|i| match i {
+        StreamItem::Lost(l) => Some(LostCounts {
+            ring_full: l.ring_full,
+            read_failed: l.read_failed,
+            state_full: l.state_full,
+            undecodable: l.undecodable,
+            seq_gaps: l.seq_gaps,
+            total: l.total(),
+        }),
+        _ => None,
+    });
+    let lost_n = lost.as_ref().map(|l| l.total + l.seq_gaps);
+    let lost_ratio = lost_n.map(|n| {
+        if n == 0 {
+            0.0
+        } else {
+            n as f64 / (n + events_recorded) as f64
+        }
+    });
+    let probes_failed: Vec<ProbeFailed> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::ProbeFailed(p) => Some(ProbeFailed {
+                probe: p.probe.clone(),
+                file: p.file.clone(),
+                reason: p.reason.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
+    let end_reason = items
+        .iter()
+        .find_map(|i| match i {
+            StreamItem::End(e) => Some(e.reason),
+            _ => None,
+        })
+        .unwrap_or(EndReason::Truncated);
+
+    let mut confidence = Confidence::High;
+    let mut notes = Vec::new();
+    let mut lower = |to: Confidence, note: String| {
+        confidence = confidence.min(to);
+        notes.push(note);
+    };
+    if let (Some(n), Some(r)) = (lost_n, lost_ratio) {
+        if r >= LOSS_LOW {
+            lower(
+                Confidence::Low,
+                format!("{n} events lost ({:.1}% of events)", r * 100.0),
+            );
+        } else if r >= LOSS_MEDIUM {
+            lower(
+                Confidence::Medium,
+                format!("{n} events lost ({:.1}% of events)", r * 100.0),
+            );
+        }
+    }
+    let odd = engine.unmatched_events;
+    if events_recorded > 0 && odd as f64 / events_recorded as f64 >= LOSS_MEDIUM {
+        lower(
+            Confidence::Medium,
+            format!("{odd} events could not be placed in a step"),
+        );
+    }
+    if !probes_failed.is_empty() {
+        let names: Vec<&str> = probes_failed.iter().map(|p| p.probe.as_str()).collect();
+        lower(
+            Confidence::Medium,
+            format!("probes not attached: {}", names.join(", ")),
+        );
+    }
+    if end_reason == EndReason::Truncated {
+        notes.push("the recording ended without an end record".to_owned());
+    }
+    DataQuality {
+        events_recorded,
+        events_lost: lost,
+        lost_ratio,
+        probes_failed,
+        python_version: t.and_then(|t| t.python_version.clone()),
+        cuda_libraries,
+        boundary: engine.boundary,
+        unmatched_events: engine.unmatched_events,
+        reordered_events: engine.reordered_events,
+        partial_steps_dropped: engine.partial_steps_dropped,
+        samples: u32::try_from(samples).unwrap_or(u32::MAX),
+        end_reason,
+        confidence,
+        notes,
+    }
+}
+
+fn step_samples(steps: &[Step]) -> StepSamples {
+    let stride = steps.len().div_ceil(StepSamples::MAX).max(1);
+    let kept: Vec<&Step> = steps.iter().step_by(stride).collect();
+    StepSamples {
+        stride: u32::try_from(stride).unwrap_or(u32::MAX),
+        step_ms: kept
+            .iter()
+            .map(|s| round_ms(ns_to_ms(duration_ns(s))))
+            .collect(),
+        phase_ms: Phases::from_fn(|p: Phase| {
+            kept.iter()
+                .map(|s| round_ms(ns_to_ms(s.phase_ns[p.index()])))
+                .collect()
+        }),
+    }
+}
+
+/// Synthetic runs for the tests of analysis, diagnosis, render and compare.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+    use crate::engine::Boundary;
+    use crate::event::{End, LibraryInfo, Lost};
+    use crate::sample::{GpuSample, ProcessSample, SystemSample};
+
+    /// A deterministic pseudo-random generator (no dependency, same numbers everywhere).
+    pub struct Lcg(pub u64);
+    impl Lcg {
+        /// Uniform in [0, 1).
+        pub fn next(&mut self) -> f64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// What a synthetic run looks like.
+    #[derive(Clone)]
+    pub struct Scenario {
+        pub steps: usize,
+        /// Mean ms per phase, in `Phase::ALL` order.
+        pub phase_ms: [f64; 7],
+        /// Relative jitter (0.05 = ±5 %).
+        pub jitter: f64,
+        pub seed: u64,
+        pub workers: usize,
+        pub worker_cpu: f64,
+        pub gpu: bool,
+        pub gpu_util: f64,
+        /// RSS growth per step, bytes.
+        pub rss_growth: u64,
+        pub cuda: bool,
+        pub lost: u64,
+    }
+
+    impl Default for Scenario {
+        fn default() -> Self {
+            Scenario {
+                steps: 200,
+                phase_ms: [2.0, 1.0, 30.0, 50.0, 8.0, 5.0, 4.0],
+                jitter: 0.05,
+                seed: 1,
+                workers: 4,
+                worker_cpu: 50.0,
+                gpu: true,
+                gpu_util: 85.0,
+                rss_growth: 0,
+                cuda: true,
+                lost: 0,
+            }
+        }
+    }
+
+    pub fn input_bound() -> Scenario {
+        Scenario {
+            phase_ms: [70.0, 1.0, 20.0, 25.0, 4.0, 0.5, 2.0],
+            workers: 4,
+            worker_cpu: 98.0,
+            gpu_util: 30.0,
+            ..Default::default()
+        }
+    }
+
+    pub fn input_fixed() -> Scenario {
+        Scenario {
+            phase_ms: [3.0, 1.0, 20.0, 25.0, 4.0, 0.5, 2.0],
+            workers: 12,
+            worker_cpu: 70.0,
+            seed: 7,
+            ..Default::default()
+        }
+    }
+
+    pub fn compute_bound() -> Scenario {
+        Scenario {
+            phase_ms: [1.0, 0.5, 40.0, 70.0, 10.0, 60.0, 2.0],
+            gpu_util: 97.0,
+            ..Default::default()
+        }
+    }
+
+    pub fn balanced() -> Scenario {
+        Scenario {
+            phase_ms: [8.0, 4.0, 30.0, 40.0, 8.0, 8.0, 8.0],
+            ..Default::default()
+        }
+    }
+
+    /// The engine output and the stream of a scenario.
+    pub fn build(sc: &Scenario) -> (EngineOutput, Vec<StreamItem>) {
+        let mut rng = Lcg(sc.seed);
+        let attach = 1_000_000_000u64;
+        let mut t = attach + 500_000_000;
+        let mut steps = Vec::new();
+        for i in 0..sc.steps {
+            let mut phase_ns = [0u64; 7];
+            for (k, ms) in sc.phase_ms.iter().enumerate() {
+                let f = 1.0 + sc.jitter * (2.0 * rng.next() - 1.0);
+                phase_ns[k] = (ms * f * 1e6).max(0.0) as u64;
+            }
+            let dur: u64 = phase_ns.iter().sum();
+            let launches = if sc.cuda {
+                [0, 0, 120, 240, 30, 0, 2]
+            } else {
+                [0; 7]
+            };
+            steps.push(Step {
+                index: i as u32,
+                start_ns: t,
+                end_ns: t + dur,
+                phase_ns,
+                launches,
+                h2d_bytes: if sc.cuda { 2 * 6_291_456 } else { 0 },
+                d2h_bytes: if sc.cuda { 4 } else { 0 },
+                h2d_copies: if sc.cuda { 2 } else { 0 },
+                d2h_copies: if sc.cuda { 1 } else { 0 },
+                h2d_ns: phase_ns[Phase::H2d.index()],
+                d2h_ns: 50_000,
+                syncs: if sc.cuda { 1 } else { 0 },
+            });
+            t += dur;
+        }
+        let end = t + 100_000_000;
+        let mut items = vec![StreamItem::Target(TargetInfo {
+            pid: 4242,
+            comm: "python".into(),
+            cmdline: vec![
+                "python".into(),
+                "train.py".into(),
+                "--epochs".into(),
+                "3".into(),
+            ],
+            python_version: Some("3.11.7".into()),
+            python_elf: Some("/usr/lib/libpython3.11.so.1.0".into()),
+            attach_ts_ns: attach,
+            attach_unix_s: 1_767_225_600.0,
+            num_cpus: 16,
+            mem_total_bytes: Some(64 << 30),
+            hostname: "trainer-1".into(),
+            daemon_version: "0.1.0".into(),
+        })];
+        if sc.cuda {
+            for (path, role) in [
+                ("/venv/nvidia/cuda_runtime/lib/libcudart.so.12", "cudart"),
+                ("/usr/lib/libcuda.so.1", "cuda_driver"),
+            ] {
+                items.push(StreamItem::Library(LibraryInfo {
+                    path: path.into(),
+                    role: role.into(),
+                    probes: vec![],
+                    ts: attach,
+                }));
+            }
+        }
+        // One sample every 500 ms.
+        let mut ts = attach;
+        let mut k = 0u64;
+        while ts <= end {
+            let frac = (ts - attach) as f64 / (end - attach) as f64;
+            let steps_done = (frac * sc.steps as f64) as u64;
+            let rss = (2u64 << 30) + steps_done * sc.rss_growth;
+            items.push(StreamItem::Sample(Sample {
+                ts,
+                system: SystemSample {
+                    cpu_pct: Some(40.0 + 10.0 * rng.next()),
+                    mem_used_bytes: Some(20 << 30),
+                    mem_total_bytes: Some(64 << 30),
+                },
+                process: Some(ProcessSample {
+                    pid: 4242,
+                    cpu_pct_one_core: Some(100.0 + 5.0 * rng.next()),
+                    rss_bytes: Some(rss),
+                    threads: Some(37),
+                    cpu_seconds: Some(k as f64 * 0.5),
+                }),
+                workers: (0..sc.workers)
+                    .map(|w| ProcessSample {
+                        pid: 5000 + w as u32,
+                        cpu_pct_one_core: Some(sc.worker_cpu),
+                        rss_bytes: Some(300 << 20),
+                        threads: Some(3),
+                        cpu_seconds: None,
+                    })
+                    .collect(),
+                gpus: sc.gpu.then(|| {
+                    vec![GpuSample {
+                        index: 0,
+                        name: Some("NVIDIA H200".into()),
+                        util_pct: Some(sc.gpu_util),
+                        mem_used_bytes: Some(20 << 30),
+                        mem_total_bytes: Some(143_771_000_832),
+                        temp_c: Some(61.0),
+                        power_w: Some(420.0),
+                        power_limit_w: Some(700.0),
+                        process_mem_bytes: Some((18u64 << 30) + steps_done * sc.rss_growth),
+                        process_util_pct: None,
+                    }]
+                }),
+            }));
+            ts += 500_000_000;
+            k += 1;
+        }
+        items.push(StreamItem::Lost(Lost {
+            ring_full: sc.lost,
+            ..Lost::default()
+        }));
+        // Each step has at least a few events.
+        for s in &steps {
+            for _ in 0..10 {
+                items.push(StreamItem::Event(crate::event::Event {
+                    ts: s.start_ns,
+                    tgid: 4242,
+                    tid: 4242,
+                    kind: crate::event::Kind::RecordExit,
+                }));
+            }
+        }
+        items.push(StreamItem::End(End {
+            ts: end,
+            reason: EndReason::TargetExited,
+        }));
+        let engine = EngineOutput {
+            steps,
+            boundary: Some(Boundary::DataloaderNext),
+            training_tid: Some(4242),
+            unmatched_events: 0,
+            reordered_events: 0,
+            partial_steps_dropped: 1,
+        };
+        (engine, items)
+    }
+
+    pub fn summary(sc: &Scenario) -> Summary {
+        let (e, items) = build(sc);
+        summarize(&e, &items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+    use crate::summary::DiagnosisKind;
+
+    #[test]
+    fn quantiles_interpolate_and_skip_nan() {
+        let xs = [1.0, 2.0, f64::NAN, 3.0, 4.0];
+        assert_eq!(median(&xs), Some(2.5));
+        assert!((quantile(&xs, 0.9).unwrap() - 3.7).abs() < 1e-9);
+        assert_eq!(median(&[]), None);
+        assert_eq!(mean([f64::NAN, f64::INFINITY]), None);
+    }
+
+    #[test]
+    fn empty_stream_gives_nulls_not_zeros() {
+        let s = summarize(&EngineOutput::default(), &[]);
+        assert_eq!(s.steps.count, 0);
+        assert_eq!(s.step_ms.median, None);
+        assert_eq!(s.phases.forward.share, None);
+        assert_eq!(s.cuda.launches_per_step, None);
+        assert_eq!(s.process.rss_bytes_max, None);
+        assert_eq!(s.workers.count, None);
+        assert!(s.gpu.is_none());
+        assert_eq!(s.data_quality.end_reason, EndReason::Truncated);
+        assert_eq!(s.primary_diagnosis.kind, DiagnosisKind::InsufficientData);
+    }
+
+    #[test]
+    fn aggregates_steps_phases_and_copies() {
+        let sc = Scenario {
+            jitter: 0.0,
+            ..Scenario::default()
+        };
+        let s = summary(&sc);
+        assert_eq!(s.steps.count, 200);
+        assert!((s.step_ms.median.unwrap() - 100.0).abs() < 0.01);
+        assert!((s.phases.backward.share.unwrap() - 0.5).abs() < 1e-6);
+        assert!((s.phases.forward.median_ms.unwrap() - 30.0).abs() < 1e-6);
+        let share_sum: f64 = s.phases.iter().map(|(_, p)| p.share.unwrap()).sum();
+        assert!((share_sum - 1.0).abs() < 1e-9);
+        assert_eq!(s.cuda.launches_per_step, Some(392.0));
+        assert_eq!(s.cuda.h2d_bytes_per_copy, Some(6_291_456.0));
+        // 12.6 MB in 1 ms.
+        assert!((s.cuda.h2d_gb_per_s.unwrap() - 12.582912).abs() < 1e-6);
+        assert_eq!(s.cuda.syncs_per_step, Some(1.0));
+        assert_eq!(s.step_samples.step_ms.len(), 200);
+        assert_eq!(s.data_quality.cuda_libraries.len(), 2);
+        assert_eq!(s.target.pid, Some(4242));
+        assert_eq!(
+            s.run.duration_s.map(|d| (d * 10.0).round() / 10.0),
+            Some(20.6)
+        );
+    }
+
+    #[test]
+    fn samples_give_process_worker_and_gpu_metrics() {
+        let s = summary(&input_bound());
+        assert_eq!(s.workers.count, Some(4));
+        assert_eq!(s.workers.state, Some(WorkerState::Busy));
+        let p = s.process.cpu_pct_machine_mean.unwrap();
+        assert!(p > 6.0 && p < 6.7, "{p}");
+        assert_eq!(s.process.threads_max, Some(37));
+        let g = s.gpu.as_ref().unwrap();
+        assert_eq!(g.util_pct_mean, Some(30.0));
+        assert!(g.devices[0].used_by_target);
+        let no_gpu = summary(&Scenario {
+            gpu: false,
+            ..Scenario::default()
+        });
+        assert!(no_gpu.gpu.is_none());
+        assert_eq!(no_gpu.memory.gpu_process_mem_bytes_by_third, None);
+    }
+
+    #[test]
+    fn memory_thirds_follow_growth() {
+        let s = summary(&Scenario {
+            rss_growth: 4 << 20,
+            ..Scenario::default()
+        });
+        let [a, b, c] = s.memory.rss_bytes_by_third.unwrap();
+        assert!(a < b && b < c, "{a} {b} {c}");
+    }
+
+    #[test]
+    fn long_runs_are_decimated_and_small() {
+        let s = summary(&Scenario {
+            steps: 5000,
+            ..Scenario::default()
+        });
+        assert_eq!(s.step_samples.stride, 5);
+        assert_eq!(s.step_samples.step_ms.len(), 1000);
+        let s = summary(&Scenario {
+            steps: 1000,
+            ..Scenario::default()
+        });
+        let json = s.to_json();
+        assert!(
+            json.len() <= 50_000,
+            "summary of 1000 steps is {} bytes",
+            json.len()
+        );
+    }
+
+    #[test]
+    fn losses_lower_confidence() {
+        let s = summary(&Scenario {
+            lost: 1_000,
+            ..Scenario::default()
+        });
+        // 1000 lost of 3000 events.
+        assert_eq!(s.data_quality.confidence, crate::summary::Confidence::Low);
+        assert_eq!(
+            s.primary_diagnosis.confidence,
+            crate::summary::Confidence::Low
+        );
+        assert!(
+            s.primary_diagnosis.why.contains("1000 events lost"),
+            "{}",
+            s.primary_diagnosis.why
+        );
+    }
+
+    #[test]
+    fn weird_steps_do_not_panic() {
+        let mut e = EngineOutput::default();
+        e.steps.push(Step {
+            start_ns: 10,
+            end_ns: 5,
+            ..Step::default()
+        });
+        e.steps.push(Step {
+            start_ns: 0,
+            end_ns: 0,
+            ..Step::default()
+        });
+        let s = summarize(&e, &[]);
+        assert_eq!(s.steps.count, 2);
+        assert_eq!(s.phases.forward.share, None);
+        let _ = s.to_json();
+    }
+}

@@ -1,1 +1,779 @@
-//! (in progress)
+//! Comparison of two runs' summaries (A = before, B = after): deltas of step time, each phase,
+//! memory and utilization, and a verdict (`IMPROVEMENT`, `REGRESSION`, `MIXED`, `EQUIVALENT`,
+//! `INCONCLUSIVE`) with its reason; text and JSON renderings and the exit status.
+//!
+//! A time difference counts only when it is both statistically clear on the per-step
+//! distributions (two-sided Mann-Whitney U, normal approximation with tie correction,
+//! p < [`ALPHA`]) and large enough to matter (|Δ median| ≥ [`MIN_EFFECT_FRACTION`] of A's median
+//! step and ≥ [`MIN_EFFECT_MS`]); so a difference inside run-to-run noise is never a regression.
+//! Steps of one run are not independent (warm-up, drifts), which makes the test optimistic: the
+//! effect-size floor is what keeps small drifts out. Memory peaks have no distribution: they count
+//! when they move by ≥ [`MEM_MIN_FRACTION`] and ≥ [`MEM_MIN_BYTES`].
+use std::io::{self, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::analysis::median;
+use crate::diagnosis::{bytes_bin, ms};
+use crate::engine::Phase;
+use crate::render::{Painter, WIDTH, wrap};
+use crate::summary::{Phases, Summary};
+
+/// Significance level of the rank test.
+pub const ALPHA: f64 = 0.01;
+/// Smallest step-time change that matters, as a fraction of A's median step.
+pub const MIN_EFFECT_FRACTION: f64 = 0.05;
+/// Smallest time change that matters, in ms.
+pub const MIN_EFFECT_MS: f64 = 1.0;
+/// Steps each run needs for a verdict.
+pub const MIN_STEPS: usize = 10;
+/// Smallest memory-peak change that matters: this fraction of A's peak...
+pub const MEM_MIN_FRACTION: f64 = 0.10;
+/// ... and this many bytes.
+pub const MEM_MIN_BYTES: f64 = (256u64 << 20) as f64;
+
+/// The overall judgement of B against A.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CompareVerdict {
+    /// B is faster (or leaner) and nothing got worse.
+    Improvement,
+    /// B is slower (or uses clearly more memory) and nothing got better.
+    Regression,
+    /// Some things got better, others worse.
+    Mixed,
+    /// No difference beyond run-to-run noise.
+    Equivalent,
+    /// The runs cannot be compared (too few steps, different step boundaries).
+    Inconclusive,
+}
+
+impl CompareVerdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompareVerdict::Improvement => "IMPROVEMENT",
+            CompareVerdict::Regression => "REGRESSION",
+            CompareVerdict::Mixed => "MIXED",
+            CompareVerdict::Equivalent => "EQUIVALENT",
+            CompareVerdict::Inconclusive => "INCONCLUSIVE",
+        }
+    }
+}
+
+/// Direction of a change that passed both the test and the effect-size floor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    Better,
+    Worse,
+    /// Within noise or below the minimum effect.
+    Same,
+    /// Not measured in one of the runs.
+    Unknown,
+}
+
+/// A time distribution in A and B.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimeDelta {
+    pub a_median_ms: Option<f64>,
+    pub b_median_ms: Option<f64>,
+    pub delta_ms: Option<f64>,
+    /// Relative to A's median of this series.
+    pub delta_pct: Option<f64>,
+    /// Two-sided Mann-Whitney U p-value on the per-step values.
+    pub p_value: Option<f64>,
+    pub change: Change,
+}
+
+/// A single value in A and B (no distribution).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValueDelta {
+    pub a: Option<f64>,
+    pub b: Option<f64>,
+    pub delta: Option<f64>,
+    pub delta_pct: Option<f64>,
+}
+
+impl ValueDelta {
+    fn new(a: Option<f64>, b: Option<f64>) -> ValueDelta {
+        let delta = a.zip(b).map(|(a, b)| b - a);
+        let delta_pct = a
+            .zip(delta)
+            .and_then(|(a, d)| (a.abs() > 0.0).then(|| 100.0 * d / a));
+        ValueDelta {
+            a,
+            b,
+            delta,
+            delta_pct,
+        }
+    }
+}
+
+/// Memory peaks in A and B, bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryDeltas {
+    pub rss_bytes_max: ValueDelta,
+    pub gpu_process_mem_bytes_max: ValueDelta,
+    pub change: Change,
+}
+
+/// Mean utilizations in A and B, percent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UtilizationDeltas {
+    pub gpu_util_pct_mean: ValueDelta,
+    pub process_cpu_pct_one_core_mean: ValueDelta,
+    pub workers_cpu_pct_one_core_mean: ValueDelta,
+    pub system_cpu_pct_mean: ValueDelta,
+}
+
+/// Which run is which.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRef {
+    pub pid: Option<u32>,
+    pub cmdline: Vec<String>,
+    pub steps: u32,
+    pub diagnosis: String,
+}
+
+/// The result of [`compare`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub verdict: CompareVerdict,
+    pub reason: String,
+    pub a: RunRef,
+    pub b: RunRef,
+    pub step_ms: TimeDelta,
+    pub phases: Phases<TimeDelta>,
+    pub memory: MemoryDeltas,
+    pub utilization: UtilizationDeltas,
+    /// Caveats (decimated samples, data-quality differences).
+    pub notes: Vec<String>,
+}
+
+/// Compares run B against run A.
+pub fn compare(a: &Summary, b: &Summary) -> Comparison {
+    let a_step = median(&a.step_samples.step_ms);
+    let floor = a_step.map_or(MIN_EFFECT_MS, |m| {
+        (MIN_EFFECT_FRACTION * m).max(MIN_EFFECT_MS)
+    });
+    let step_ms = time_delta(&a.step_samples.step_ms, &b.step_samples.step_ms, floor);
+    let phases = Phases::from_fn(|p| {
+        time_delta(
+            &a.step_samples.phase_ms[p],
+            &b.step_samples.phase_ms[p],
+            floor,
+        )
+    });
+    let memory = memory_deltas(a, b);
+    let utilization = UtilizationDeltas {
+        gpu_util_pct_mean: ValueDelta::new(
+            a.gpu.as_ref().and_then(|g| g.util_pct_mean),
+            b.gpu.as_ref().and_then(|g| g.util_pct_mean),
+        ),
+        process_cpu_pct_one_core_mean: ValueDelta::new(
+            a.process.cpu_pct_one_core_mean,
+            b.process.cpu_pct_one_core_mean,
+        ),
+        workers_cpu_pct_one_core_mean: ValueDelta::new(
+            a.workers.cpu_pct_one_core_mean,
+            b.workers.cpu_pct_one_core_mean,
+        ),
+        system_cpu_pct_mean: ValueDelta::new(a.system.cpu_pct_mean, b.system.cpu_pct_mean),
+    };
+    let mut notes = Vec::new();
+    for (name, s) in [("A", a), ("B", b)] {
+        if s.step_samples.stride > 1 {
+            notes.push(format!(
+                "run {name}: every {}th of {} steps compared",
+                s.step_samples.stride, s.steps.count
+            ));
+        }
+        if s.data_quality.confidence < crate::summary::Confidence::High {
+            notes.push(format!(
+                "run {name}: data confidence {} ({})",
+                s.data_quality.confidence.as_str(),
+                s.data_quality.notes.join("; ")
+            ));
+        }
+    }
+    let (verdict, reason) = judge(a, b, &step_ms, &phases, &memory, floor);
+    Comparison {
+        verdict,
+        reason,
+        a: run_ref(a),
+        b: run_ref(b),
+        step_ms,
+        phases,
+        memory,
+        utilization,
+        notes,
+    }
+}
+
+/// Process exit status for a comparison: 1 for `REGRESSION`, else 0.
+pub fn exit_code(c: &Comparison) -> u8 {
+    u8::from(c.verdict == CompareVerdict::Regression)
+}
+
+fn run_ref(s: &Summary) -> RunRef {
+    RunRef {
+        pid: s.target.pid,
+        cmdline: s.target.cmdline.clone(),
+        steps: s.steps.count,
+        diagnosis: s.primary_diagnosis.kind.as_str().to_owned(),
+    }
+}
+
+fn time_delta(a: &[f64], b: &[f64], floor_ms: f64) -> TimeDelta {
+    let (am, bm) = (median(a), median(b));
+    let delta_ms = am.zip(bm).map(|(a, b)| b - a);
+    let delta_pct = am
+        .zip(delta_ms)
+        .and_then(|(a, d)| (a > 0.0).then(|| 100.0 * d / a));
+    let p_value = mann_whitney_p(a, b);
+    let change = match (delta_ms, p_value) {
+        (Some(d), Some(p)) if p < ALPHA && d.abs() >= floor_ms => {
+            if d < 0.0 {
+                Change::Better
+            } else {
+                Change::Worse
+            }
+        }
+        (Some(_), Some(_)) => Change::Same,
+        _ => Change::Unknown,
+    };
+    TimeDelta {
+        a_median_ms: am,
+        b_median_ms: bm,
+        delta_ms,
+        delta_pct,
+        p_value,
+        change,
+    }
+}
+
+fn memory_deltas(a: &Summary, b: &Summary) -> MemoryDeltas {
+    let rss = ValueDelta::new(
+        a.process.rss_bytes_max.map(|x| x as f64),
+        b.process.rss_bytes_max.map(|x| x as f64),
+    );
+    let gpu = ValueDelta::new(
+        a.gpu
+            .as_ref()
+            .and_then(|g| g.process_mem_bytes_max)
+            .map(|x| x as f64),
+        b.gpu
+            .as_ref()
+            .and_then(|g| g.process_mem_bytes_max)
+            .map(|x| x as f64),
+    );
+    let moved = |v: &ValueDelta| match (v.a, v.delta) {
+        (Some(a), Some(d)) if d.abs() >= MEM_MIN_BYTES && d.abs() >= MEM_MIN_FRACTION * a => {
+            Some(if d < 0.0 {
+                Change::Better
+            } else {
+                Change::Worse
+            })
+        }
+        (Some(_), Some(_)) => Some(Change::Same),
+        _ => None,
+    };
+    let changes: Vec<Change> = [moved(&rss), moved(&gpu)].into_iter().flatten().collect();
+    let change = if changes.is_empty() {
+        Change::Unknown
+    } else if changes.contains(&Change::Worse) && changes.contains(&Change::Better) {
+        // One up, one down: report as worse (memory that grows is what fails a run).
+        Change::Worse
+    } else if changes.contains(&Change::Worse) {
+        Change::Worse
+    } else if changes.contains(&Change::Better) {
+        Change::Better
+    } else {
+        Change::Same
+    };
+    MemoryDeltas {
+        rss_bytes_max: rss,
+        gpu_process_mem_bytes_max: gpu,
+        change,
+    }
+}
+
+/// "122 ms → 51.5 ms (−58%)".
+fn describe(d: &TimeDelta) -> String {
+    let pctx = d
+        .delta_pct
+        .map(|p| format!(" ({}{p:.0}%)", if p >= 0.0 { "+" } else { "" }))
+        .unwrap_or_default();
+    format!("{} → {}{pctx}", ms(d.a_median_ms), ms(d.b_median_ms))
+}
+
+fn p_text(p: Option<f64>) -> String {
+    match p {
+        None => "—".to_owned(),
+        Some(p) if p < 0.001 => "<0.001".to_owned(),
+        Some(p) => format!("{p:.3}"),
+    }
+}
+
+fn judge(
+    a: &Summary,
+    b: &Summary,
+    step: &TimeDelta,
+    phases: &Phases<TimeDelta>,
+    mem: &MemoryDeltas,
+    floor: f64,
+) -> (CompareVerdict, String) {
+    use CompareVerdict as V;
+    let (na, nb) = (a.step_samples.step_ms.len(), b.step_samples.step_ms.len());
+    if na < MIN_STEPS || nb < MIN_STEPS {
+        return (
+            V::Inconclusive,
+            format!(
+                "run A has {na} and run B {nb} measured steps; at least {MIN_STEPS} each are needed"
+            ),
+        );
+    }
+    if let (Some(ba), Some(bb)) = (a.steps.boundary, b.steps.boundary)
+        && ba != bb
+    {
+        return (
+            V::Inconclusive,
+            format!(
+                "the runs delimit steps differently ({} vs {}): their step times do not compare",
+                crate::summary::boundary_name(ba),
+                crate::summary::boundary_name(bb)
+            ),
+        );
+    }
+    // The phase that moved most in each direction.
+    let biggest = |want: Change| {
+        Phase::ALL
+            .iter()
+            .filter(|&&p| phases[p].change == want)
+            .max_by(|&&x, &&y| {
+                phases[x]
+                    .delta_ms
+                    .unwrap_or(0.0)
+                    .abs()
+                    .total_cmp(&phases[y].delta_ms.unwrap_or(0.0).abs())
+            })
+            .copied()
+    };
+    let phase_text = |p: Phase| format!("{} {}", p.name(), describe(&phases[p]));
+    let mem_text = || {
+        let mut parts = Vec::new();
+        for (name, v) in [
+            ("host RSS peak", &mem.rss_bytes_max),
+            ("GPU memory peak", &mem.gpu_process_mem_bytes_max),
+        ] {
+            if let (Some(x), Some(y)) = (v.a, v.b) {
+                parts.push(format!(
+                    "{name} {} → {}",
+                    bytes_bin(x as u64),
+                    bytes_bin(y as u64)
+                ));
+            }
+        }
+        parts.join(", ")
+    };
+    let step_text = format!(
+        "step median {} (p {})",
+        describe(step),
+        p_text(step.p_value)
+    );
+    match (step.change, mem.change) {
+        (Change::Better, Change::Worse) => (V::Mixed, format!("{step_text}, but {}", mem_text())),
+        (Change::Worse, Change::Better) => (V::Mixed, format!("{step_text}, but {}", mem_text())),
+        (Change::Better, _) => {
+            let mut r = step_text;
+            if let Some(p) = biggest(Change::Better) {
+                r.push_str(&format!("; mostly {}", phase_text(p)));
+            }
+            if let Some(p) = biggest(Change::Worse) {
+                r.push_str(&format!("; though {} got slower", phase_text(p)));
+            }
+            (V::Improvement, r)
+        }
+        (Change::Worse, _) => {
+            let mut r = step_text;
+            if let Some(p) = biggest(Change::Worse) {
+                r.push_str(&format!("; mostly {}", phase_text(p)));
+            }
+            if let Some(p) = biggest(Change::Better) {
+                r.push_str(&format!("; though {} got faster", phase_text(p)));
+            }
+            (V::Regression, r)
+        }
+        (_, mem_change) => {
+            let same = format!(
+                "step time {} is within run-to-run noise or under the minimum effect ({} and {:.0}%)",
+                describe(step),
+                ms(Some(floor)),
+                MIN_EFFECT_FRACTION * 100.0
+            );
+            match (biggest(Change::Better), biggest(Change::Worse), mem_change) {
+                (_, _, Change::Worse) => (V::Regression, format!("{same}, but {}", mem_text())),
+                (Some(x), Some(y), _) => (
+                    V::Mixed,
+                    format!(
+                        "{same}, but time moved: {} while {}",
+                        phase_text(x),
+                        phase_text(y)
+                    ),
+                ),
+                (_, _, Change::Better) => (V::Improvement, format!("{same}; {}", mem_text())),
+                _ if step.change == Change::Unknown => {
+                    (V::Inconclusive, "step times missing".to_owned())
+                }
+                _ => (V::Equivalent, same),
+            }
+        }
+    }
+}
+
+/// Writes the comparison as text (≤ 100 columns).
+pub fn render_compare_text(c: &Comparison, w: &mut impl Write) -> io::Result<()> {
+    render_compare(c, w, false)
+}
+
+/// Writes the comparison as text, with ANSI color when `color`.
+pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Result<()> {
+    let p = Painter(color);
+    let mut out: Vec<String> = Vec::new();
+    out.push(p.bold("traceml-daemon compare"));
+    for (name, r) in [("A", &c.a), ("B", &c.b)] {
+        let pid = r.pid.map(|p| format!("pid {p} · ")).unwrap_or_default();
+        let line = format!(
+            "{name}  {pid}{} steps · {} · {}",
+            r.steps,
+            r.diagnosis.replace('_', "-"),
+            r.cmdline.join(" ")
+        );
+        out.push(line.chars().take(WIDTH).collect());
+    }
+    out.push("═".repeat(WIDTH));
+    let v = c.verdict.as_str();
+    let painted = match c.verdict {
+        CompareVerdict::Improvement => p.green(v),
+        CompareVerdict::Regression => p.red(v),
+        _ => p.yellow(v),
+    };
+    out.push(format!("{}  {painted}", p.bold("VERDICT")));
+    for line in wrap(&c.reason, WIDTH - 9) {
+        out.push(format!("         {line}"));
+    }
+    out.push("─".repeat(WIDTH));
+    out.push(format!(
+        "{:<22}{:>11}{:>11}{:>20}{:>10}   change",
+        "", "A median", "B median", "delta", "p"
+    ));
+    let row = |name: String, d: &TimeDelta| {
+        let delta = match (d.delta_ms, d.delta_pct) {
+            (Some(x), Some(pc)) => format!("{:+.2} ms ({pc:+.0}%)", x),
+            (Some(x), None) => format!("{:+.2} ms", x),
+            _ => "—".to_owned(),
+        };
+        format!(
+            "{name:<22}{:>11}{:>11}{delta:>20}{:>10}   {}",
+            ms(d.a_median_ms),
+            ms(d.b_median_ms),
+            p_text(d.p_value),
+            change_word(d.change, "faster", "slower")
+        )
+    };
+    out.push(row("step".to_owned(), &c.step_ms));
+    for (i, (phase, d)) in c.phases.iter().enumerate() {
+        let branch = if i + 1 == Phase::ALL.len() {
+            "└─"
+        } else {
+            "├─"
+        };
+        out.push(row(format!("{branch} {}", phase.name()), d));
+    }
+    out.push("─".repeat(WIDTH));
+    out.push(format!("{:<22}{:>11}{:>11}{:>20}", "", "A", "B", "delta"));
+    let vrow = |name: &str, v: &ValueDelta, f: &dyn Fn(f64) -> String| {
+        let delta = match (v.delta, v.delta_pct) {
+            (Some(d), Some(pc)) => format!(
+                "{}{} ({pc:+.0}%)",
+                if d >= 0.0 { "+" } else { "−" },
+                f(d.abs())
+            ),
+            (Some(d), None) => format!("{}{}", if d >= 0.0 { "+" } else { "-" }, f(d.abs())),
+            _ => "—".to_owned(),
+        };
+        let o = |x: Option<f64>| x.map(f).unwrap_or_else(|| "—".to_owned());
+        format!("{name:<22}{:>11}{:>11}{delta:>20}", o(v.a), o(v.b))
+    };
+    let bytes = |x: f64| bytes_bin(x as u64);
+    let pctf = |x: f64| format!("{x:.0}%");
+    out.push(vrow("host RSS peak", &c.memory.rss_bytes_max, &bytes));
+    out.push(vrow(
+        "GPU memory peak",
+        &c.memory.gpu_process_mem_bytes_max,
+        &bytes,
+    ));
+    out.push(vrow(
+        "GPU util mean",
+        &c.utilization.gpu_util_pct_mean,
+        &pctf,
+    ));
+    out.push(vrow(
+        "process CPU (1 core)",
+        &c.utilization.process_cpu_pct_one_core_mean,
+        &pctf,
+    ));
+    out.push(vrow(
+        "worker CPU (1 core)",
+        &c.utilization.workers_cpu_pct_one_core_mean,
+        &pctf,
+    ));
+    out.push(vrow(
+        "system CPU",
+        &c.utilization.system_cpu_pct_mean,
+        &pctf,
+    ));
+    for n in &c.notes {
+        for line in wrap(&format!("note: {n}"), WIDTH) {
+            out.push(p.dim(&line));
+        }
+    }
+    for line in out {
+        writeln!(w, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// Writes the comparison as pretty JSON.
+pub fn render_compare_json(c: &Comparison, w: &mut impl Write) -> io::Result<()> {
+    crate::render::render_json(c, w)
+}
+
+fn change_word(c: Change, better: &'static str, worse: &'static str) -> &'static str {
+    match c {
+        Change::Better => better,
+        Change::Worse => worse,
+        Change::Same => "same",
+        Change::Unknown => "—",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics.
+
+/// Two-sided p-value of the Mann-Whitney U test (normal approximation with tie correction and
+/// continuity correction); `None` when either sample has no finite values. Identical constant
+/// samples give 1.
+pub fn mann_whitney_p(a: &[f64], b: &[f64]) -> Option<f64> {
+    let a: Vec<f64> = a.iter().copied().filter(|x| x.is_finite()).collect();
+    let b: Vec<f64> = b.iter().copied().filter(|x| x.is_finite()).collect();
+    if a.is_empty() || b.is_empty() {
+        return None;
+    }
+    let (n1, n2) = (a.len() as f64, b.len() as f64);
+    let mut all: Vec<(f64, bool)> = a
+        .iter()
+        .map(|&x| (x, true))
+        .chain(b.iter().map(|&x| (x, false)))
+        .collect();
+    all.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let n = all.len();
+    let (mut r1, mut ties) = (0.0, 0.0);
+    let mut i = 0;
+    while i < n {
+        let mut j = i;
+        while j + 1 < n && all[j + 1].0 == all[i].0 {
+            j += 1;
+        }
+        // Ranks i+1..=j+1 share their average.
+        let rank = (i + j) as f64 / 2.0 + 1.0;
+        let t = (j - i + 1) as f64;
+        ties += t * t * t - t;
+        r1 += rank * all[i..=j].iter().filter(|x| x.1).count() as f64;
+        i = j + 1;
+    }
+    let u1 = r1 - n1 * (n1 + 1.0) / 2.0;
+    let mu = n1 * n2 / 2.0;
+    let nf = n as f64;
+    let var = n1 * n2 / 12.0 * ((nf + 1.0) - ties / (nf * (nf - 1.0)).max(1.0));
+    if var <= 0.0 || !var.is_finite() {
+        return Some(1.0);
+    }
+    let z = ((u1 - mu).abs() - 0.5).max(0.0) / var.sqrt();
+    Some(erfc(z / std::f64::consts::SQRT_2).clamp(0.0, 1.0))
+}
+
+/// Complementary error function (Numerical Recipes' `erfcc`, relative error < 1.2e-7).
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    if x >= 0.0 { r } else { 2.0 - r }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures::{self, Scenario};
+
+    fn text(c: &Comparison) -> String {
+        let mut v = Vec::new();
+        render_compare_text(c, &mut v).unwrap();
+        String::from_utf8(v).unwrap()
+    }
+
+    #[test]
+    fn erfc_and_mann_whitney() {
+        assert!((erfc(0.0) - 1.0).abs() < 1e-6);
+        assert!((erfc(1.0) - 0.157_299_2).abs() < 1e-6);
+        assert!((erfc(-1.0) - 1.842_700_8).abs() < 1e-6);
+        let a: Vec<f64> = (0..50).map(f64::from).collect();
+        assert!(mann_whitney_p(&a, &a).unwrap() > 0.9);
+        let b: Vec<f64> = (100..150).map(f64::from).collect();
+        assert!(mann_whitney_p(&a, &b).unwrap() < 1e-6);
+        assert_eq!(mann_whitney_p(&[1.0; 20], &[1.0; 20]), Some(1.0));
+        assert_eq!(mann_whitney_p(&[], &[1.0]), None);
+        assert_eq!(mann_whitney_p(&[f64::NAN], &[1.0]), None);
+    }
+
+    #[test]
+    fn input_bound_vs_fix_is_improvement_naming_input() {
+        let a = fixtures::summary(&fixtures::input_bound());
+        let b = fixtures::summary(&fixtures::input_fixed());
+        let c = compare(&a, &b);
+        assert_eq!(c.verdict, CompareVerdict::Improvement, "{}", c.reason);
+        assert!(c.reason.contains("mostly input_wait"), "{}", c.reason);
+        assert_eq!(c.phases.input_wait.change, Change::Better);
+        assert_eq!(c.phases.forward.change, Change::Same);
+        assert_eq!(exit_code(&c), 0);
+        let t = text(&c);
+        for line in t.lines() {
+            assert!(line.chars().count() <= WIDTH, "{line}");
+        }
+        insta::assert_snapshot!("compare_input_fix", t);
+        // And the other way round.
+        let back = compare(&b, &a);
+        assert_eq!(back.verdict, CompareVerdict::Regression, "{}", back.reason);
+        assert_eq!(exit_code(&back), 1);
+    }
+
+    #[test]
+    fn same_distribution_is_equivalent() {
+        let a = fixtures::summary(&Scenario {
+            seed: 3,
+            jitter: 0.3,
+            ..Scenario::default()
+        });
+        let b = fixtures::summary(&Scenario {
+            seed: 4,
+            jitter: 0.3,
+            ..Scenario::default()
+        });
+        let c = compare(&a, &b);
+        assert_eq!(c.verdict, CompareVerdict::Equivalent, "{}", c.reason);
+        assert_eq!(exit_code(&c), 0);
+    }
+
+    #[test]
+    fn noise_sized_shift_is_not_a_regression() {
+        // 3 % slower with 30 % jitter: under the 5 % floor whatever the test says.
+        let a = fixtures::summary(&Scenario {
+            seed: 3,
+            jitter: 0.3,
+            ..Scenario::default()
+        });
+        let mut slow = Scenario {
+            seed: 4,
+            jitter: 0.3,
+            ..Scenario::default()
+        };
+        slow.phase_ms[Phase::Backward.index()] *= 1.06;
+        let c = compare(&a, &fixtures::summary(&slow));
+        assert_ne!(c.verdict, CompareVerdict::Regression, "{}", c.reason);
+    }
+
+    #[test]
+    fn clear_slowdown_is_regression() {
+        let a = fixtures::summary(&fixtures::compute_bound());
+        let mut slow = fixtures::compute_bound();
+        slow.seed = 9;
+        slow.phase_ms[Phase::Forward.index()] *= 1.5;
+        let c = compare(&a, &fixtures::summary(&slow));
+        assert_eq!(c.verdict, CompareVerdict::Regression, "{}", c.reason);
+        assert!(c.reason.contains("mostly forward"), "{}", c.reason);
+        assert_eq!(exit_code(&c), 1);
+    }
+
+    #[test]
+    fn faster_but_more_memory_is_mixed() {
+        let a = fixtures::summary(&fixtures::input_bound());
+        let mut b = fixtures::summary(&fixtures::input_fixed());
+        b.process.rss_bytes_max = a.process.rss_bytes_max.map(|m| m * 2);
+        let c = compare(&a, &b);
+        assert_eq!(c.verdict, CompareVerdict::Mixed, "{}", c.reason);
+        assert!(c.reason.contains("host RSS peak"), "{}", c.reason);
+    }
+
+    #[test]
+    fn time_moved_between_phases_is_mixed() {
+        let a = fixtures::summary(&Scenario {
+            jitter: 0.02,
+            ..Scenario::default()
+        });
+        let mut moved = Scenario {
+            jitter: 0.02,
+            seed: 5,
+            ..Scenario::default()
+        };
+        moved.phase_ms[Phase::Forward.index()] += 10.0;
+        moved.phase_ms[Phase::Backward.index()] -= 10.0;
+        let c = compare(&a, &fixtures::summary(&moved));
+        assert_eq!(c.verdict, CompareVerdict::Mixed, "{}", c.reason);
+    }
+
+    #[test]
+    fn too_few_steps_or_other_boundary_is_inconclusive() {
+        let a = fixtures::summary(&Scenario::default());
+        let b = fixtures::summary(&Scenario {
+            steps: 4,
+            ..Scenario::default()
+        });
+        assert_eq!(compare(&a, &b).verdict, CompareVerdict::Inconclusive);
+        let mut c = a.clone();
+        c.steps.boundary = Some(crate::engine::Boundary::SyncPattern);
+        let r = compare(&a, &c);
+        assert_eq!(r.verdict, CompareVerdict::Inconclusive);
+        assert!(r.reason.contains("differently"), "{}", r.reason);
+        let empty = crate::analysis::summarize(&Default::default(), &[]);
+        let r = compare(&empty, &empty);
+        assert_eq!(r.verdict, CompareVerdict::Inconclusive);
+        let _ = text(&r);
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let c = compare(
+            &fixtures::summary(&fixtures::input_bound()),
+            &fixtures::summary(&fixtures::input_fixed()),
+        );
+        let mut v = Vec::new();
+        render_compare_json(&c, &mut v).unwrap();
+        let back: Comparison = serde_json::from_slice(&v).unwrap();
+        assert_eq!(back.verdict, c.verdict);
+        assert!(
+            String::from_utf8(v)
+                .unwrap()
+                .contains("\"verdict\": \"IMPROVEMENT\"")
+        );
+    }
+}

@@ -1,1 +1,882 @@
-//! (in progress)
+//! Verdict rules: small types behind one [`Rule`] trait that read a [`Summary`]'s metrics and
+//! return a finding (kind, severity, the evidence in numbers, the next thing to try), nothing, or
+//! "not enough data"; and the choice of the primary diagnosis among the findings.
+//!
+//! Thresholds (from TraceML's documented ones, see `docs/summary-schema.md`):
+//! - a phase outside compute (`input_wait`, `h2d`, `residual`) with a share of step time
+//!   ≥ [`WARNING_SHARE`] is a warning, ≥ [`CRITICAL_SHARE`] critical; critical needs
+//!   ≥ [`CRITICAL_MIN_STEPS`] steps, every step rule needs ≥ [`MIN_STEPS`];
+//! - compute is `forward + backward + optimizer + gpu_wait` (`gpu_wait` is the host blocked on the
+//!   device: the GPU is the one working). `h2d` is data movement, not compute. Compute-bound when
+//!   compute ≥ [`COMPUTE_SHARE`] and no other phase ≥ [`WARNING_SHARE`];
+//! - memory creep: RSS or the target's GPU memory rises from the early to the middle to the late
+//!   third of the steps (≥ [`CREEP_MIN_STEPS`] steps), see [`MemoryCreep`];
+//! - low GPU utilization (< [`LOW_GPU_UTIL_PCT`] %) that no phase outside compute explains.
+//!
+//! Primary diagnosis: the most severe finding, then the largest share, then rule order; with no
+//! warning or critical finding it is `COMPUTE_BOUND` if found, else `BALANCED`; with fewer than
+//! [`MIN_STEPS`] steps, `INSUFFICIENT_DATA`. The data-quality confidence is copied onto every
+//! finding and the primary "why" says when it was lowered.
+use crate::engine::{Boundary, Phase};
+use crate::summary::{Confidence, DiagnosisKind, Finding, Severity, Summary, WorkerState};
+
+/// Steps needed for any step-based finding.
+pub const MIN_STEPS: u32 = 5;
+/// Steps needed for a critical finding.
+pub const CRITICAL_MIN_STEPS: u32 = 20;
+/// Steps needed for the memory-creep rule.
+pub const CREEP_MIN_STEPS: u32 = 50;
+/// Share of step time from which a non-compute phase is a warning.
+pub const WARNING_SHARE: f64 = 0.10;
+/// Share of step time from which a non-compute phase is critical.
+pub const CRITICAL_SHARE: f64 = 0.20;
+/// Compute share from which a run is compute-bound.
+pub const COMPUTE_SHARE: f64 = 0.90;
+/// Mean GPU utilization (%) below which it is low; critical below [`LOW_GPU_UTIL_CRITICAL_PCT`].
+pub const LOW_GPU_UTIL_PCT: f64 = 50.0;
+pub const LOW_GPU_UTIL_CRITICAL_PCT: f64 = 20.0;
+/// Memory growth that counts as creep: at least this fraction of the early value...
+pub const CREEP_MIN_FRACTION: f64 = 0.05;
+/// ... and at least this many bytes.
+pub const CREEP_MIN_BYTES: u64 = 64 << 20;
+/// Growth from which creep is critical (fraction of the early value).
+pub const CREEP_CRITICAL_FRACTION: f64 = 0.25;
+
+/// The phases that count as compute.
+pub const COMPUTE_PHASES: [Phase; 4] = [
+    Phase::Forward,
+    Phase::Backward,
+    Phase::Optimizer,
+    Phase::GpuWait,
+];
+/// The phases whose share makes a bottleneck finding.
+pub const BOTTLENECK_PHASES: [Phase; 3] = [Phase::InputWait, Phase::H2d, Phase::Residual];
+
+/// What a rule concluded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Check {
+    /// Nothing to report.
+    Ok,
+    Finding(Finding),
+    /// The rule could not decide; the reason.
+    NotEnoughData(String),
+}
+
+/// One verdict rule.
+pub trait Rule {
+    fn name(&self) -> &'static str;
+    fn check(&self, s: &Summary) -> Check;
+}
+
+/// The rules, in tie-breaking order.
+pub fn rules() -> Vec<Box<dyn Rule>> {
+    vec![
+        Box::new(PhaseShare {
+            phase: Phase::InputWait,
+            kind: DiagnosisKind::InputBound,
+        }),
+        Box::new(PhaseShare {
+            phase: Phase::H2d,
+            kind: DiagnosisKind::H2dBound,
+        }),
+        Box::new(PhaseShare {
+            phase: Phase::Residual,
+            kind: DiagnosisKind::ResidualHeavy,
+        }),
+        Box::new(MemoryCreep),
+        Box::new(LowGpuUtilization),
+        Box::new(ComputeBound),
+    ]
+}
+
+/// Runs every rule; returns the primary diagnosis and all findings, most severe first.
+pub fn diagnose(s: &Summary) -> (Finding, Vec<Finding>) {
+    let confidence = s.data_quality.confidence;
+    let mut findings: Vec<Finding> = rules()
+        .iter()
+        .filter_map(|r| match r.check(s) {
+            Check::Finding(f) => Some(Finding { confidence, ..f }),
+            Check::Ok | Check::NotEnoughData(_) => None,
+        })
+        .collect();
+    // Stable sort: rule order breaks the remaining ties.
+    findings.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then_with(|| b.share.unwrap_or(-1.0).total_cmp(&a.share.unwrap_or(-1.0)))
+    });
+    let mut primary = match findings.first() {
+        _ if s.steps.count < MIN_STEPS => insufficient(s),
+        Some(f) if f.severity > Severity::Info || f.kind == DiagnosisKind::ComputeBound => {
+            f.clone()
+        }
+        _ => balanced(s),
+    };
+    primary.confidence = confidence;
+    if confidence < Confidence::High && !s.data_quality.notes.is_empty() {
+        if !primary.why.ends_with('.') {
+            primary.why.push('.');
+        }
+        primary.why.push_str(&format!(
+            " Confidence {}: {}.",
+            confidence.as_str(),
+            s.data_quality.notes.join("; ")
+        ));
+    }
+    (primary, findings)
+}
+
+/// The value of `Summary::primary_diagnosis` before the rules ran.
+pub(crate) fn placeholder() -> Finding {
+    Finding {
+        kind: DiagnosisKind::InsufficientData,
+        severity: Severity::Info,
+        why: String::new(),
+        next: String::new(),
+        phase: None,
+        share: None,
+        confidence: Confidence::High,
+    }
+}
+
+fn finding(kind: DiagnosisKind, severity: Severity, why: String, next: String) -> Finding {
+    Finding {
+        kind,
+        severity,
+        why,
+        next,
+        phase: None,
+        share: None,
+        confidence: Confidence::High,
+    }
+}
+
+fn insufficient(s: &Summary) -> Finding {
+    let n = s.steps.count;
+    let why = match s.steps.boundary {
+        None | Some(Boundary::None) => format!(
+            "no step boundary was found ({} probe events, {} complete steps): no DataLoader \
+             iteration, optimizer step or repeating sync pattern on one thread",
+            s.data_quality.events_recorded, n
+        ),
+        Some(b) => format!(
+            "only {n} complete steps were measured (boundary {}); at least {MIN_STEPS} are needed",
+            crate::summary::boundary_name(b)
+        ),
+    };
+    let mut next = String::from(
+        "attach for longer: at least 5 complete steps for a verdict, 20 for a critical one, 50 for memory creep",
+    );
+    if !s.data_quality.probes_failed.is_empty() {
+        next.push_str("; some probes did not attach (see data quality)");
+    }
+    if s.steps.boundary.is_none() || s.steps.boundary == Some(Boundary::None) {
+        next = "check that the target is a Python training loop iterating a torch DataLoader or calling \
+                optimizer.step(), and that the Python and CUDA probes attached (see data quality)"
+            .to_owned();
+    }
+    finding(DiagnosisKind::InsufficientData, Severity::Info, why, next)
+}
+
+fn balanced(s: &Summary) -> Finding {
+    let (big, big_share) = Phase::ALL
+        .iter()
+        .filter_map(|&p| s.phases[p].share.map(|sh| (p, sh)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((Phase::Forward, 0.0));
+    let (other, other_share) = BOTTLENECK_PHASES
+        .iter()
+        .filter_map(|&p| s.phases[p].share.map(|sh| (p, sh)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((Phase::InputWait, 0.0));
+    let why = format!(
+        "no phase outside compute reaches {} of step time (largest: {} {}); compute is {} of a {} median \
+         step over {} steps",
+        pct(WARNING_SHARE),
+        other.name(),
+        pct(other_share),
+        pct(compute_share(s).unwrap_or(0.0)),
+        ms(s.step_ms.median),
+        s.steps.count
+    );
+    let next = format!(
+        "nothing dominates: the largest phase is {} ({}), make it faster; check each change with \
+         `traceml-daemon compare`",
+        big.name(),
+        pct(big_share)
+    );
+    finding(DiagnosisKind::Balanced, Severity::Info, why, next)
+}
+
+fn compute_share(s: &Summary) -> Option<f64> {
+    COMPUTE_PHASES.iter().map(|&p| s.phases[p].share).sum()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formatting helpers (also used by the card).
+
+/// "62%" (or "0.4%" below 1 %).
+pub(crate) fn pct(share: f64) -> String {
+    let p = share * 100.0;
+    if p > 0.0 && p < 1.0 {
+        format!("{p:.1}%")
+    } else {
+        format!("{p:.0}%")
+    }
+}
+
+/// "74.1 ms", "1.25 s", "—".
+pub(crate) fn ms(x: Option<f64>) -> String {
+    match x {
+        None => "—".to_owned(),
+        Some(v) if v >= 10_000.0 => format!("{:.1} s", v / 1000.0),
+        Some(v) if v >= 100.0 => format!("{v:.0} ms"),
+        Some(v) if v >= 10.0 => format!("{v:.1} ms"),
+        Some(v) => format!("{v:.2} ms"),
+    }
+}
+
+/// "6.3 MB", "512 KB", "3.2 GiB" style: decimal units for transfers.
+pub(crate) fn bytes_dec(b: f64) -> String {
+    if b >= 1e9 {
+        format!("{:.1} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.0} KB", b / 1e3)
+    } else {
+        format!("{b:.0} B")
+    }
+}
+
+/// Binary units for memory sizes.
+pub(crate) fn bytes_bin(b: u64) -> String {
+    let b = b as f64;
+    const GI: f64 = (1u64 << 30) as f64;
+    const MI: f64 = (1u64 << 20) as f64;
+    if b >= GI {
+        format!("{:.1} GiB", b / GI)
+    } else if b >= MI {
+        format!("{:.0} MiB", b / MI)
+    } else {
+        format!("{:.0} KiB", b / 1024.0)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules.
+
+/// `INPUT_BOUND`, `H2D_BOUND`, `RESIDUAL_HEAVY`: one non-compute phase takes too much step time.
+pub struct PhaseShare {
+    pub phase: Phase,
+    pub kind: DiagnosisKind,
+}
+
+impl Rule for PhaseShare {
+    fn name(&self) -> &'static str {
+        self.kind.as_str()
+    }
+
+    fn check(&self, s: &Summary) -> Check {
+        let n = s.steps.count;
+        if n < MIN_STEPS {
+            return Check::NotEnoughData(format!("{n} steps, {MIN_STEPS} needed"));
+        }
+        let Some(share) = s.phases[self.phase].share else {
+            return Check::NotEnoughData("no step time".to_owned());
+        };
+        if share < WARNING_SHARE {
+            return Check::Ok;
+        }
+        let severity = if share >= CRITICAL_SHARE && n >= CRITICAL_MIN_STEPS {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        let stats = &s.phases[self.phase];
+        let mut why = format!(
+            "{} is {} of step time (median {} of a {} step) over {n} steps",
+            self.phase.name(),
+            pct(share),
+            ms(stats.median_ms),
+            ms(s.step_ms.median)
+        );
+        if share >= CRITICAL_SHARE && n < CRITICAL_MIN_STEPS {
+            why.push_str(&format!(" (critical needs ≥ {CRITICAL_MIN_STEPS} steps)"));
+        }
+        let next = match self.kind {
+            DiagnosisKind::InputBound => input_next(s, &mut why),
+            DiagnosisKind::H2dBound => h2d_next(s, &mut why),
+            _ => residual_next(s, &mut why),
+        };
+        Check::Finding(Finding {
+            phase: Some(self.phase),
+            share: Some(share),
+            ..finding(self.kind, severity, why, next)
+        })
+    }
+}
+
+fn input_next(s: &Summary, why: &mut String) -> String {
+    let w = &s.workers;
+    let cores = s
+        .system
+        .num_cpus
+        .map(|c| format!("{c} cores"))
+        .unwrap_or_else(|| "the machine's cores".to_owned());
+    let sys = s.system.cpu_pct_mean;
+    let saturated = sys.is_some_and(|c| c >= 85.0);
+    match (w.count, w.cpu_pct_one_core_mean, w.state) {
+        (Some(0), _, _) => {
+            why.push_str(
+                "; no DataLoader worker processes were seen: loading runs on the training thread",
+            );
+            format!(
+                "set DataLoader(num_workers=N) so batches are prepared in parallel ({cores}, system CPU {}); \
+                 add pin_memory=True for the copies",
+                opt_pct(sys)
+            )
+        }
+        (Some(k), Some(c), Some(WorkerState::Busy)) => {
+            why.push_str(&format!(
+                "; {k} DataLoader workers were {c:.0}% busy (of one core each)"
+            ));
+            if saturated {
+                format!(
+                    "the workers are CPU-bound and the machine is saturated (system CPU {}): more workers \
+                     will not help; make per-sample work cheaper (decode/augment on the GPU, pre-processed \
+                     or smaller samples)",
+                    opt_pct(sys)
+                )
+            } else {
+                format!(
+                    "the {k} workers are CPU-bound: add workers ({cores}, system CPU {}) or move decoding \
+                     and augmentation off the CPU (GPU decoding, pre-processed data)",
+                    opt_pct(sys)
+                )
+            }
+        }
+        (Some(k), Some(c), Some(WorkerState::Idle)) => {
+            why.push_str(&format!(
+                "; {k} DataLoader workers were mostly idle ({c:.0}% of one core each)"
+            ));
+            "the workers wait rather than compute: check storage read throughput (local disk, \
+             larger files/shards), raise prefetch_factor, use persistent_workers=True; large samples \
+             cost in IPC (return compact dtypes such as uint8)"
+                .to_owned()
+        }
+        (Some(k), Some(c), _) => {
+            why.push_str(&format!(
+                "; {k} DataLoader workers were {c:.0}% busy (of one core each)"
+            ));
+            format!(
+                "add workers ({cores}) and raise prefetch_factor; check storage read throughput"
+            )
+        }
+        _ => "increase DataLoader num_workers and prefetch_factor (worker CPU was not sampled)"
+            .to_owned(),
+    }
+}
+
+fn h2d_next(s: &Summary, why: &mut String) -> String {
+    let c = &s.cuda;
+    if let (Some(b), Some(n)) = (c.h2d_bytes_per_step, c.h2d_copies_per_step) {
+        why.push_str(&format!("; {} per step in {n:.0} copies", bytes_dec(b)));
+        if let Some(per) = c.h2d_bytes_per_copy {
+            why.push_str(&format!(" ({} each)", bytes_dec(per)));
+        }
+        if let Some(bw) = c.h2d_gb_per_s {
+            why.push_str(&format!(", {bw:.1} GB/s effective"));
+        }
+    }
+    let mut next = String::from(
+        "if the source tensors are pageable, pin_memory=True in the DataLoader and \
+         .to(device, non_blocking=True) let the copies run at full speed and overlap compute",
+    );
+    if c.h2d_copies_per_step.is_some_and(|n| n >= 16.0)
+        && c.h2d_bytes_per_copy.is_some_and(|b| b < 1e6)
+    {
+        next.push_str("; many small copies per step: batch them into one tensor before copying");
+    }
+    if c.h2d_gb_per_s.is_some_and(|bw| bw < 5.0) {
+        next.push_str("; the effective rate is far below PCIe (~25 GB/s for Gen4 x16)");
+    }
+    next.push_str("; send compact dtypes (uint8 images, normalize on the GPU)");
+    next
+}
+
+fn residual_next(s: &Summary, why: &mut String) -> String {
+    why.push_str(": time on the training thread outside data loading, copies, forward, backward, optimizer and GPU waits");
+    let mut next = String::from(
+        "look at what the loop does between those phases: per-step logging and metrics, checkpointing, \
+         CPU-side bookkeeping or sleeps; do it every N steps or on another thread",
+    );
+    if s.cuda.syncs_per_step.is_some_and(|x| x >= 5.0) {
+        next.push_str(&format!(
+            " ({:.0} blocking syncs per step: avoid .item()/.cpu() in the loop)",
+            s.cuda.syncs_per_step.unwrap_or(0.0)
+        ));
+    }
+    next
+}
+
+fn opt_pct(p: Option<f64>) -> String {
+    p.map(|p| format!("{p:.0}%"))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// `COMPUTE_BOUND` (info): the step is the model's own work.
+pub struct ComputeBound;
+
+impl Rule for ComputeBound {
+    fn name(&self) -> &'static str {
+        "COMPUTE_BOUND"
+    }
+
+    fn check(&self, s: &Summary) -> Check {
+        if s.steps.count < MIN_STEPS {
+            return Check::NotEnoughData(format!("{} steps, {MIN_STEPS} needed", s.steps.count));
+        }
+        let Some(compute) = compute_share(s) else {
+            return Check::NotEnoughData("no step time".to_owned());
+        };
+        let other_max = BOTTLENECK_PHASES
+            .iter()
+            .filter_map(|&p| s.phases[p].share)
+            .fold(0.0, f64::max);
+        if compute < COMPUTE_SHARE || other_max >= WARNING_SHARE {
+            return Check::Ok;
+        }
+        let mut why = format!(
+            "forward+backward+optimizer+gpu_wait are {} of step time (gpu_wait {}), nothing else reaches {} \
+             ({} steps)",
+            pct(compute),
+            pct(s.phases.gpu_wait.share.unwrap_or(0.0)),
+            pct(WARNING_SHARE),
+            s.steps.count
+        );
+        if let Some(u) = s.gpu.as_ref().and_then(|g| g.util_pct_mean) {
+            why.push_str(&format!("; GPU {u:.0}% busy"));
+        }
+        let mut next = String::from(
+            "the model's own work is the limit: do it faster (bf16 autocast, torch.compile, fused \
+             optimizer, fused attention kernels)",
+        );
+        if let (Some(used), Some(total)) = (
+            s.gpu.as_ref().and_then(|g| g.process_mem_bytes_max),
+            s.memory.gpu_mem_total_bytes,
+        ) && total > 0
+            && (used as f64) < 0.6 * total as f64
+        {
+            next.push_str(&format!(
+                "; GPU memory peak {} of {} leaves room for a larger batch",
+                bytes_bin(used),
+                bytes_bin(total)
+            ));
+        }
+        Check::Finding(Finding {
+            share: Some(compute),
+            ..finding(DiagnosisKind::ComputeBound, Severity::Info, why, next)
+        })
+    }
+}
+
+/// `MEMORY_CREEP`: host RSS or the target's GPU memory keeps rising over the run.
+///
+/// Rising means: median of the early third < middle < late, each increment ≥ 20 % of the total
+/// rise, and the total rise ≥ [`CREEP_MIN_FRACTION`] of the early value and ≥ [`CREEP_MIN_BYTES`].
+/// Critical when the rise is ≥ [`CREEP_CRITICAL_FRACTION`] of the early value or GPU memory ends
+/// above 90 % of the GPU's capacity.
+pub struct MemoryCreep;
+
+/// `Some(rise)` when `[early, middle, late]` keeps rising enough.
+pub fn creep(thirds: [u64; 3]) -> Option<u64> {
+    let [a, b, c] = thirds;
+    if !(a < b && b < c) {
+        return None;
+    }
+    let rise = c - a;
+    let steady = (b - a) as f64 >= 0.2 * rise as f64 && (c - b) as f64 >= 0.2 * rise as f64;
+    (steady && rise >= CREEP_MIN_BYTES && rise as f64 >= CREEP_MIN_FRACTION * a as f64)
+        .then_some(rise)
+}
+
+impl Rule for MemoryCreep {
+    fn name(&self) -> &'static str {
+        "MEMORY_CREEP"
+    }
+
+    fn check(&self, s: &Summary) -> Check {
+        let n = s.steps.count;
+        if n < CREEP_MIN_STEPS {
+            return Check::NotEnoughData(format!("{n} steps, {CREEP_MIN_STEPS} needed"));
+        }
+        let m = &s.memory;
+        if m.rss_bytes_by_third.is_none() && m.gpu_process_mem_bytes_by_third.is_none() {
+            return Check::NotEnoughData("memory was not sampled".to_owned());
+        }
+        let mut parts = Vec::new();
+        let mut critical = false;
+        for (what, thirds) in [
+            (
+                "GPU memory of the process",
+                m.gpu_process_mem_bytes_by_third,
+            ),
+            ("host RSS", m.rss_bytes_by_third),
+        ] {
+            let Some(t) = thirds else { continue };
+            if let Some(rise) = creep(t) {
+                parts.push(format!(
+                    "{what} rose {} → {} → {} over the early, middle and late thirds of {n} steps (+{})",
+                    bytes_bin(t[0]),
+                    bytes_bin(t[1]),
+                    bytes_bin(t[2]),
+                    bytes_bin(rise)
+                ));
+                critical |= rise as f64 >= CREEP_CRITICAL_FRACTION * t[0] as f64;
+                if what.starts_with("GPU") {
+                    critical |= m
+                        .gpu_mem_total_bytes
+                        .is_some_and(|tot| t[2] as f64 >= 0.9 * tot as f64);
+                }
+            }
+        }
+        if parts.is_empty() {
+            return Check::Ok;
+        }
+        let why = parts.join("; ");
+        let next =
+            "something keeps references across steps: accumulate losses with loss.item() or \
+                    loss.detach(), not the loss tensor; bound caches and lists that grow per step; \
+                    torch.cuda.memory_snapshot() shows who holds GPU memory"
+                .to_owned();
+        let severity = if critical {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        Check::Finding(finding(DiagnosisKind::MemoryCreep, severity, why, next))
+    }
+}
+
+/// `LOW_GPU_UTILIZATION_UNEXPLAINED`: the GPU idles but no input, copy or residual phase is big.
+pub struct LowGpuUtilization;
+
+impl Rule for LowGpuUtilization {
+    fn name(&self) -> &'static str {
+        "LOW_GPU_UTILIZATION_UNEXPLAINED"
+    }
+
+    fn check(&self, s: &Summary) -> Check {
+        let n = s.steps.count;
+        if n < MIN_STEPS {
+            return Check::NotEnoughData(format!("{n} steps, {MIN_STEPS} needed"));
+        }
+        let Some(util) = s.gpu.as_ref().and_then(|g| g.util_pct_mean) else {
+            return Check::NotEnoughData("GPU metrics unavailable".to_owned());
+        };
+        if util >= LOW_GPU_UTIL_PCT {
+            return Check::Ok;
+        }
+        if BOTTLENECK_PHASES
+            .iter()
+            .any(|&p| s.phases[p].share.is_some_and(|sh| sh >= WARNING_SHARE))
+        {
+            // Explained by a phase finding.
+            return Check::Ok;
+        }
+        let mut why = format!(
+            "the GPU was {util:.0}% busy on average, yet input, copies and residual each stay under {} of \
+             step time; compute takes {} of a {} step",
+            pct(WARNING_SHARE),
+            pct(compute_share(s).unwrap_or(0.0)),
+            ms(s.step_ms.median)
+        );
+        let mut next = String::new();
+        if let (Some(l), Some(step)) = (s.cuda.launches_per_step, s.step_ms.median)
+            && l > 0.0
+        {
+            let us = step * 1000.0 / l;
+            why.push_str(&format!(
+                "; {l:.0} kernel launches per step, one per {us:.0} µs of step"
+            ));
+            if us < 50.0 {
+                next.push_str(
+                    "the host cannot launch kernels fast enough: fuse them (torch.compile) or replay the \
+                     step as a CUDA graph (torch.compile(mode=\"reduce-overhead\")); ",
+                );
+            }
+        }
+        next.push_str(
+            "the host side of the model is the limit (small kernels, CPU ops inside forward/backward): \
+             raise the batch size so each kernel does more, look for CPU tensors or .item() in the model \
+             with torch.profiler",
+        );
+        let severity = if util < LOW_GPU_UTIL_CRITICAL_PCT && n >= CRITICAL_MIN_STEPS {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        Check::Finding(finding(
+            DiagnosisKind::LowGpuUtilizationUnexplained,
+            severity,
+            why,
+            next,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures::{self, Scenario};
+    use crate::summary::{GpuStats, Summary};
+
+    /// A summary with the given step count and shares (forward takes the rest).
+    fn with_shares(steps: u32, shares: &[(Phase, f64)]) -> Summary {
+        let mut s = fixtures::summary(&Scenario {
+            steps: 60,
+            ..Scenario::default()
+        });
+        s.steps.count = steps;
+        for p in Phase::ALL {
+            s.phases[p].share = Some(0.0);
+        }
+        let rest: f64 = 1.0 - shares.iter().map(|x| x.1).sum::<f64>();
+        s.phases[Phase::Forward].share = Some(rest);
+        for &(p, sh) in shares {
+            s.phases[p].share = Some(sh);
+        }
+        s
+    }
+
+    fn run(rule: &dyn Rule, s: &Summary) -> Check {
+        rule.check(s)
+    }
+
+    fn severity(c: &Check) -> Option<Severity> {
+        match c {
+            Check::Finding(f) => Some(f.severity),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn phase_share_thresholds() {
+        let rule = PhaseShare {
+            phase: Phase::InputWait,
+            kind: DiagnosisKind::InputBound,
+        };
+        let at = |share: f64, steps: u32| {
+            severity(&run(
+                &rule,
+                &with_shares(steps, &[(Phase::InputWait, share)]),
+            ))
+        };
+        assert_eq!(at(0.0999, 100), None);
+        assert_eq!(at(0.10, 100), Some(Severity::Warning));
+        assert_eq!(at(0.1999, 100), Some(Severity::Warning));
+        assert_eq!(at(0.20, 100), Some(Severity::Critical));
+        assert_eq!(at(0.20, 20), Some(Severity::Critical));
+        // Critical needs 20 steps.
+        assert_eq!(at(0.50, 19), Some(Severity::Warning));
+        assert_eq!(at(0.50, 5), Some(Severity::Warning));
+        assert!(matches!(
+            run(&rule, &with_shares(4, &[(Phase::InputWait, 0.5)])),
+            Check::NotEnoughData(_)
+        ));
+    }
+
+    #[test]
+    fn input_bound_uses_worker_state() {
+        let s = fixtures::summary(&fixtures::input_bound());
+        let Check::Finding(f) = (PhaseShare {
+            phase: Phase::InputWait,
+            kind: DiagnosisKind::InputBound,
+        })
+        .check(&s) else {
+            panic!("no finding")
+        };
+        assert!(
+            f.why.contains("4 DataLoader workers were 98% busy"),
+            "{}",
+            f.why
+        );
+        assert!(f.next.contains("add workers (16 cores"), "{}", f.next);
+        let mut idle = s.clone();
+        idle.workers.state = Some(WorkerState::Idle);
+        idle.workers.cpu_pct_one_core_mean = Some(12.0);
+        let Check::Finding(f) = (PhaseShare {
+            phase: Phase::InputWait,
+            kind: DiagnosisKind::InputBound,
+        })
+        .check(&idle) else {
+            panic!("no finding")
+        };
+        assert!(f.why.contains("mostly idle (12%"), "{}", f.why);
+        assert!(f.next.contains("storage"), "{}", f.next);
+        let mut none = s.clone();
+        none.workers.count = Some(0);
+        let Check::Finding(f) = (PhaseShare {
+            phase: Phase::InputWait,
+            kind: DiagnosisKind::InputBound,
+        })
+        .check(&none) else {
+            panic!("no finding")
+        };
+        assert!(f.next.contains("num_workers"), "{}", f.next);
+    }
+
+    #[test]
+    fn h2d_states_bytes_and_pinning() {
+        let s = with_shares(100, &[(Phase::H2d, 0.3)]);
+        let Check::Finding(f) = (PhaseShare {
+            phase: Phase::H2d,
+            kind: DiagnosisKind::H2dBound,
+        })
+        .check(&s) else {
+            panic!("no finding")
+        };
+        assert_eq!(f.kind, DiagnosisKind::H2dBound);
+        assert!(
+            f.why.contains("12.6 MB per step in 2 copies (6.3 MB each)"),
+            "{}",
+            f.why
+        );
+        assert!(
+            f.next
+                .starts_with("if the source tensors are pageable, pin_memory=True"),
+            "{}",
+            f.next
+        );
+    }
+
+    #[test]
+    fn compute_bound_thresholds() {
+        let fwd_gpu = |compute: f64, other: f64| {
+            let mut s = with_shares(100, &[(Phase::Residual, other)]);
+            s.phases.forward.share = Some(compute / 2.0);
+            s.phases.gpu_wait.share = Some(compute / 2.0);
+            s.phases.input_wait.share = Some((1.0 - compute - other).max(0.0));
+            ComputeBound.check(&s)
+        };
+        assert_eq!(severity(&fwd_gpu(0.90, 0.05)), Some(Severity::Info));
+        assert_eq!(severity(&fwd_gpu(0.8999, 0.05)), None);
+        assert_eq!(severity(&fwd_gpu(0.90, 0.10)), None);
+        assert_eq!(severity(&fwd_gpu(0.95, 0.0999)), Some(Severity::Info));
+    }
+
+    #[test]
+    fn creep_thresholds() {
+        const G: u64 = 1 << 30;
+        assert_eq!(creep([G, G + G / 20, G + G / 10]), Some(G / 10));
+        // Not rising at the end: warm-up then plateau.
+        assert_eq!(creep([G, 2 * G, 2 * G]), None);
+        // A jump then almost flat: middle-to-late rise is under 20 % of the total.
+        assert_eq!(creep([G, 2 * G, 2 * G + G / 10]), None);
+        // Under 5 %.
+        assert_eq!(creep([20 * G, 20 * G + G / 4, 20 * G + G / 2]), None);
+        // Under 64 MiB.
+        assert_eq!(creep([G / 8, G / 8 + (16 << 20), G / 8 + (32 << 20)]), None);
+        assert_eq!(creep([0, 0, 0]), None);
+    }
+
+    #[test]
+    fn memory_creep_rule() {
+        let s = fixtures::summary(&Scenario {
+            rss_growth: 8 << 20,
+            ..Scenario::default()
+        });
+        let c = MemoryCreep.check(&s);
+        let Check::Finding(f) = &c else {
+            panic!("{c:?}")
+        };
+        assert_eq!(f.severity, Severity::Critical, "{}", f.why);
+        assert!(f.why.contains("host RSS rose"), "{}", f.why);
+        assert!(
+            f.why.contains("GPU memory of the process rose"),
+            "{}",
+            f.why
+        );
+        let mut short = s.clone();
+        short.steps.count = 49;
+        assert!(matches!(MemoryCreep.check(&short), Check::NotEnoughData(_)));
+        short.steps.count = 50;
+        assert!(matches!(MemoryCreep.check(&short), Check::Finding(_)));
+        let flat = fixtures::summary(&Scenario::default());
+        assert_eq!(MemoryCreep.check(&flat), Check::Ok);
+        let mut warn = s.clone();
+        warn.memory.gpu_process_mem_bytes_by_third = None;
+        warn.memory.rss_bytes_by_third =
+            Some([5 << 30, (5 << 30) + (200 << 20), (5 << 30) + (400 << 20)]);
+        assert_eq!(severity(&MemoryCreep.check(&warn)), Some(Severity::Warning));
+    }
+
+    #[test]
+    fn low_gpu_util_thresholds() {
+        let mut s = with_shares(100, &[(Phase::InputWait, 0.05)]);
+        let set = |s: &mut Summary, u: f64| {
+            s.gpu = Some(GpuStats {
+                util_pct_mean: Some(u),
+                ..s.gpu.clone().unwrap_or_default()
+            })
+        };
+        set(&mut s, 50.0);
+        assert_eq!(severity(&LowGpuUtilization.check(&s)), None);
+        set(&mut s, 49.9);
+        assert_eq!(
+            severity(&LowGpuUtilization.check(&s)),
+            Some(Severity::Warning)
+        );
+        set(&mut s, 19.9);
+        assert_eq!(
+            severity(&LowGpuUtilization.check(&s)),
+            Some(Severity::Critical)
+        );
+        // Explained by input.
+        s.phases.input_wait.share = Some(0.10);
+        assert_eq!(LowGpuUtilization.check(&s), Check::Ok);
+        s.gpu = None;
+        assert!(matches!(
+            LowGpuUtilization.check(&s),
+            Check::NotEnoughData(_)
+        ));
+    }
+
+    #[test]
+    fn primary_selection() {
+        let k = |s: &Summary| diagnose(s).0.kind;
+        assert_eq!(
+            k(&fixtures::summary(&fixtures::input_bound())),
+            DiagnosisKind::InputBound
+        );
+        assert_eq!(
+            k(&fixtures::summary(&fixtures::compute_bound())),
+            DiagnosisKind::ComputeBound
+        );
+        assert_eq!(
+            k(&fixtures::summary(&fixtures::balanced())),
+            DiagnosisKind::Balanced
+        );
+        assert_eq!(
+            k(&fixtures::summary(&Scenario {
+                steps: 4,
+                ..Scenario::default()
+            })),
+            DiagnosisKind::InsufficientData
+        );
+        // Both critical: the larger share wins.
+        let s = with_shares(100, &[(Phase::InputWait, 0.25), (Phase::Residual, 0.30)]);
+        let (p, all) = diagnose(&s);
+        assert_eq!(p.kind, DiagnosisKind::ResidualHeavy);
+        assert_eq!(all.len(), 2);
+        // Critical beats a larger warning.
+        let s = with_shares(19, &[(Phase::InputWait, 0.45)]);
+        let mut s2 = s.clone();
+        s2.steps.count = 100;
+        s2.phases.h2d.share = Some(0.21);
+        s2.phases.input_wait.share = Some(0.19);
+        assert_eq!(diagnose(&s2).0.kind, DiagnosisKind::H2dBound);
+        assert_eq!(diagnose(&s).0.severity, Severity::Warning);
+    }
+}

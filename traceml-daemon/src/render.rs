@@ -1,1 +1,733 @@
-//! (in progress)
+//! Renderers of a [`Summary`]: the verdict card (text, ≤ 100 columns, ANSI color only on request)
+//! and pretty JSON (arrays of numbers kept on one line so per-step samples stay compact). They
+//! write to any `impl Write`; nothing here reads a clock or the terminal.
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use crate::diagnosis::{COMPUTE_PHASES, bytes_bin, bytes_dec, ms, pct};
+use crate::engine::Phase;
+use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
+
+/// Widest line of the card, in columns.
+pub const WIDTH: usize = 100;
+/// Width of the label column.
+const LABEL: usize = 10;
+/// Width of a share bar.
+const BAR: usize = 20;
+
+/// Writes the verdict card.
+pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<()> {
+    let p = Painter(color);
+    let mut out = Vec::<String>::new();
+    header(s, &mut out);
+    out.push("═".repeat(WIDTH));
+    verdict(s, &p, &mut out);
+    out.push("─".repeat(WIDTH));
+    timing(s, &p, &mut out);
+    out.push("─".repeat(WIDTH));
+    memory(s, &p, &mut out);
+    out.push("─".repeat(WIDTH));
+    system(s, &p, &mut out);
+    let primary = &s.primary_diagnosis;
+    let others: Vec<&Finding> = s
+        .findings
+        .iter()
+        .filter(|f| !(f.kind == primary.kind && f.phase == primary.phase))
+        .collect();
+    if !others.is_empty() {
+        out.push("─".repeat(WIDTH));
+        out.push(p.bold("OTHER FINDINGS"));
+        for f in others {
+            let sev = f.severity.as_str();
+            let text = format!(
+                "[{sev}] {}: {}. Next: {}.",
+                f.kind.headline(),
+                f.why.trim_end_matches('.'),
+                f.next.trim_end_matches('.')
+            );
+            for (i, line) in wrap(&text, WIDTH - 2).into_iter().enumerate() {
+                let line = if i == 0 {
+                    line.replacen(sev, &p.severity(f.severity, sev), 1)
+                } else {
+                    format!("  {line}")
+                };
+                out.push(line);
+            }
+        }
+    }
+    out.push("─".repeat(WIDTH));
+    data_quality(s, &p, &mut out);
+    for line in out {
+        writeln!(w, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// Writes pretty JSON with arrays of numbers (and nulls) on one line, then a newline.
+///
+/// Fractional numbers are rounded (4 decimals from 1 up, 6 significant digits below) so the file
+/// shows no float noise and reads back to the same text.
+pub fn render_json<T: Serialize>(value: &T, w: &mut impl Write) -> io::Result<()> {
+    let mut v = serde_json::to_value(value).map_err(io::Error::other)?;
+    round_floats(&mut v);
+    let pretty = serde_json::to_string_pretty(&v).map_err(io::Error::other)?;
+    w.write_all(collapse_number_arrays(&pretty).as_bytes())?;
+    w.write_all(b"\n")
+}
+
+fn round_floats(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap_or(0.0);
+            let r = if x.abs() >= 1.0 {
+                (x * 1e4).round() / 1e4
+            } else if x == 0.0 {
+                0.0
+            } else {
+                let scale = 10f64.powi(5 - x.abs().log10().floor() as i32);
+                (x * scale).round() / scale
+            };
+            if let Some(m) = serde_json::Number::from_f64(r) {
+                *n = m;
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(round_floats),
+        Value::Object(o) => o.values_mut().for_each(round_floats),
+        _ => {}
+    }
+}
+
+/// Joins the lines of pretty-printed arrays whose elements are all numbers or nulls.
+fn collapse_number_arrays(pretty: &str) -> String {
+    let lines: Vec<&str> = pretty.lines().collect();
+    let scalar = |l: &str| {
+        let t = l.trim().trim_end_matches(',');
+        t == "null" || (!t.is_empty() && t.parse::<f64>().is_ok())
+    };
+    let mut out = String::with_capacity(pretty.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if line.ends_with('[') {
+            let mut j = i + 1;
+            while j < lines.len() && scalar(lines[j]) {
+                j += 1;
+            }
+            let close = lines.get(j).map(|l| l.trim());
+            if j > i + 1 && matches!(close, Some("]") | Some("],")) {
+                out.push_str(line);
+                let items: Vec<&str> = lines[i + 1..j]
+                    .iter()
+                    .map(|l| l.trim().trim_end_matches(','))
+                    .collect();
+                out.push_str(&items.join(","));
+                out.push_str(close.unwrap_or("]"));
+                out.push('\n');
+                i = j + 1;
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+        i += 1;
+    }
+    out.pop();
+    out
+}
+
+/// ANSI styling, or none.
+pub(crate) struct Painter(pub bool);
+
+impl Painter {
+    fn paint(&self, code: &str, s: &str) -> String {
+        if self.0 {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_owned()
+        }
+    }
+    pub(crate) fn bold(&self, s: &str) -> String {
+        self.paint("1", s)
+    }
+    pub(crate) fn dim(&self, s: &str) -> String {
+        self.paint("2", s)
+    }
+    pub(crate) fn red(&self, s: &str) -> String {
+        self.paint("1;31", s)
+    }
+    pub(crate) fn green(&self, s: &str) -> String {
+        self.paint("1;32", s)
+    }
+    pub(crate) fn yellow(&self, s: &str) -> String {
+        self.paint("1;33", s)
+    }
+    fn severity(&self, sev: Severity, s: &str) -> String {
+        match sev {
+            Severity::Critical => self.red(s),
+            Severity::Warning => self.yellow(s),
+            Severity::Info => self.green(s),
+        }
+    }
+}
+
+/// Greedy word wrap to `width` columns (a word longer than the width gets its own line).
+pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut cur = String::new();
+    for word in text.split_whitespace() {
+        let need = cur.chars().count() + usize::from(!cur.is_empty()) + word.chars().count();
+        if !cur.is_empty() && need > width {
+            lines.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(cur);
+    }
+    lines
+}
+
+/// `label` in the label column, then `text` wrapped with a hanging indent.
+fn labeled(out: &mut Vec<String>, label: &str, text: &str) {
+    for (i, line) in wrap(text, WIDTH - LABEL).into_iter().enumerate() {
+        let l = if i == 0 { label } else { "" };
+        out.push(format!("{l:<LABEL$}{line}"));
+    }
+}
+
+/// "2 m 03 s", "20.6 s", "1 h 02 m".
+pub(crate) fn duration(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "—".to_owned();
+    }
+    let s = secs.round() as u64;
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else if s < 3600 {
+        format!("{} m {:02} s", s / 60, s % 60)
+    } else {
+        format!("{} h {:02} m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+/// Columns `s` takes on a terminal (ANSI escapes take none).
+fn visible_len(s: &str) -> usize {
+    let mut n = 0;
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, _) => n += 1,
+        }
+    }
+    n
+}
+
+/// `s` padded with spaces to `width` visible columns.
+fn pad(s: &str, width: usize) -> String {
+    format!("{s}{}", " ".repeat(width.saturating_sub(visible_len(s))))
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        format!("{}…", s.chars().take(max - 1).collect::<String>())
+    }
+}
+
+fn header(s: &Summary, out: &mut Vec<String>) {
+    let t = &s.target;
+    let mut first = String::from("traceml-daemon");
+    if let Some(pid) = t.pid {
+        first.push_str(&format!(" · pid {pid}"));
+    }
+    if !t.cmdline.is_empty() {
+        first.push_str(" · ");
+        first.push_str(&t.cmdline.join(" "));
+    }
+    out.push(cut(&first, WIDTH));
+    let mut second = Vec::new();
+    if let Some(py) = &t.python {
+        second.push(format!("Python {py}"));
+    }
+    let boundary = s
+        .steps
+        .boundary
+        .map(|b| format!(" (boundary {})", crate::summary::boundary_name(b)))
+        .unwrap_or_default();
+    second.push(format!("{} steps{boundary}", s.steps.count));
+    if let Some(d) = s.run.duration_s {
+        second.push(format!("attached {}", duration(d)));
+    }
+    second.push(format!("ended: {}", end_reason(s)));
+    out.push(cut(&second.join(" · "), WIDTH));
+}
+
+fn end_reason(s: &Summary) -> &'static str {
+    use crate::event::EndReason as E;
+    match s.data_quality.end_reason {
+        E::TargetExited => "target exited",
+        E::TargetExeced => "target exec'd",
+        E::Interrupted => "interrupted",
+        E::Terminated => "terminated",
+        E::DurationElapsed => "duration elapsed",
+        E::Truncated => "truncated",
+    }
+}
+
+fn verdict(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+    let d = &s.primary_diagnosis;
+    out.push(format!(
+        "{}{}   {} · confidence {}",
+        pad(&p.bold("VERDICT"), LABEL),
+        p.severity(d.severity, &d.kind.headline()),
+        p.severity(d.severity, d.severity.as_str()),
+        d.confidence.as_str()
+    ));
+    labeled(out, "Why", &d.why);
+    labeled(out, "Next", &d.next);
+}
+
+fn timing(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+    out.push(format!(
+        "{}{:>10}{:>11}{:>9}",
+        pad(&p.bold("STEP TIMING"), 34),
+        "median",
+        "mean",
+        "share"
+    ));
+    let step_tail = s
+        .step_ms
+        .p90
+        .map(|v| format!("   p90 {}", ms(Some(v))))
+        .unwrap_or_default();
+    out.push(format!(
+        "{:<34}{:>10}{:>11}{:>9}{step_tail}",
+        "step",
+        ms(s.step_ms.median),
+        ms(s.step_ms.mean),
+        if s.steps.count > 0 && s.step_ms.median.is_some() {
+            "100%"
+        } else {
+            "—"
+        }
+    ));
+    let d = &s.primary_diagnosis;
+    for (i, phase) in Phase::ALL.into_iter().enumerate() {
+        let st = &s.phases[phase];
+        let branch = if i + 1 == Phase::ALL.len() {
+            "└─"
+        } else {
+            "├─"
+        };
+        let mark = if d.phase == Some(phase) {
+            "◀ cause"
+        } else if d.kind == DiagnosisKind::ComputeBound && COMPUTE_PHASES.contains(&phase) {
+            "◀ compute"
+        } else if s
+            .findings
+            .iter()
+            .any(|f| f.phase == Some(phase) && f.severity > Severity::Info)
+        {
+            "◀ also"
+        } else {
+            ""
+        };
+        let share = st.share.map(pct).unwrap_or_else(|| "—".to_owned());
+        let bar = st
+            .share
+            .map(|sh| "█".repeat((sh * BAR as f64).round().clamp(0.0, BAR as f64) as usize))
+            .unwrap_or_default();
+        let name = format!(
+            "{branch} {:<12}{}",
+            phase.name(),
+            pad(
+                &if mark == "◀ cause" {
+                    p.bold(mark)
+                } else {
+                    mark.to_owned()
+                },
+                10
+            )
+        );
+        let bar = if mark == "◀ cause" {
+            p.severity(d.severity, &bar)
+        } else {
+            bar
+        };
+        out.push(format!(
+            "{}{:>10}{:>11}{share:>9}   {bar}",
+            pad(&name, 34),
+            ms(st.median_ms),
+            ms(st.mean_ms)
+        ));
+    }
+    let c = &s.cuda;
+    if c.measured && s.steps.count > 0 {
+        let mut parts = Vec::new();
+        if let Some(l) = c.launches_per_step {
+            parts.push(format!("{l:.0} launches/step"));
+        }
+        if let (Some(b), Some(n)) = (c.h2d_bytes_per_step, c.h2d_copies_per_step) {
+            let mut h = format!("H2D {}/step in {n:.0} copies", bytes_dec(b));
+            match (c.h2d_bytes_per_copy, c.h2d_gb_per_s) {
+                (Some(per), Some(bw)) => {
+                    h.push_str(&format!(" ({} each, {bw:.1} GB/s)", bytes_dec(per)))
+                }
+                (Some(per), None) => h.push_str(&format!(" ({} each)", bytes_dec(per))),
+                _ => {}
+            }
+            parts.push(h);
+        }
+        if let Some(b) = c.d2h_bytes_per_step {
+            parts.push(format!("D2H {}/step", bytes_dec(b)));
+        }
+        if let Some(n) = c.syncs_per_step {
+            parts.push(format!("{n:.1} syncs/step"));
+        }
+        labeled(out, "CUDA", &parts.join(" · "));
+    } else if !c.measured {
+        labeled(
+            out,
+            "CUDA",
+            "no CUDA library was probed: launches, copies and syncs not measured",
+        );
+    }
+}
+
+fn thirds(t: Option<[u64; 3]>) -> Option<String> {
+    t.map(|[a, b, c]| {
+        format!(
+            "early→middle→late {} → {} → {}",
+            bytes_bin(a),
+            bytes_bin(b),
+            bytes_bin(c)
+        )
+    })
+}
+
+fn memory(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+    out.push(p.bold("MEMORY"));
+    let mut rss = Vec::new();
+    if let Some(m) = s.process.rss_bytes_max {
+        rss.push(format!("peak {}", bytes_bin(m)));
+    }
+    if let Some(m) = s.process.rss_bytes_mean {
+        rss.push(format!("mean {}", bytes_bin(m)));
+    }
+    rss.extend(thirds(s.memory.rss_bytes_by_third));
+    labeled(
+        out,
+        "host RSS",
+        &if rss.is_empty() {
+            "not sampled".to_owned()
+        } else {
+            rss.join(" · ")
+        },
+    );
+    let mut gpu = Vec::new();
+    match (
+        s.gpu.as_ref().and_then(|g| g.process_mem_bytes_max),
+        s.memory.gpu_mem_total_bytes,
+    ) {
+        (Some(m), Some(t)) => gpu.push(format!("peak {} of {}", bytes_bin(m), bytes_bin(t))),
+        (Some(m), None) => gpu.push(format!("peak {}", bytes_bin(m))),
+        _ => {}
+    }
+    gpu.extend(thirds(s.memory.gpu_process_mem_bytes_by_third));
+    let text = if s.gpu.is_none() {
+        "GPU metrics unavailable".to_owned()
+    } else if gpu.is_empty() {
+        "per-process GPU memory not reported".to_owned()
+    } else {
+        gpu.join(" · ")
+    };
+    labeled(out, "GPU mem", &text);
+}
+
+fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map(f).unwrap_or_else(|| "—".to_owned())
+}
+
+fn system(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+    out.push(p.bold("SYSTEM & PROCESS"));
+    let sys = &s.system;
+    let mut parts = vec![format!(
+        "CPU {} mean, {} peak",
+        opt(sys.cpu_pct_mean, |c| format!("{c:.0}%")),
+        opt(sys.cpu_pct_max, |c| format!("{c:.0}%"))
+    )];
+    match (sys.mem_used_bytes_max, sys.mem_total_bytes) {
+        (Some(u), Some(t)) => parts.push(format!("RAM peak {} of {}", bytes_bin(u), bytes_bin(t))),
+        (Some(u), None) => parts.push(format!("RAM peak {}", bytes_bin(u))),
+        _ => parts.push("RAM —".to_owned()),
+    }
+    if let Some(n) = sys.num_cpus {
+        parts.push(format!("{n} CPUs"));
+    }
+    labeled(out, "system", &parts.join(" · "));
+    let pr = &s.process;
+    let mut parts = vec![format!(
+        "CPU {} of one core",
+        opt(pr.cpu_pct_one_core_mean, |c| format!("{c:.0}%"))
+    )];
+    if let (Some(m), Some(n)) = (pr.cpu_pct_machine_mean, sys.num_cpus) {
+        parts[0].push_str(&format!(" ({m:.1}% of {n} CPUs)"));
+    }
+    if let Some(t) = pr.threads_max {
+        parts.push(format!("{t} threads"));
+    }
+    if let Some(c) = pr.cpu_seconds {
+        parts.push(format!("{c:.1} CPU s"));
+    }
+    labeled(out, "process", &parts.join(" · "));
+    let w = &s.workers;
+    let text = match (w.count, w.cpu_pct_one_core_mean) {
+        (None, _) => "not sampled".to_owned(),
+        (Some(0), _) => "none (data loading on the training process)".to_owned(),
+        (Some(n), Some(c)) => {
+            let state = w
+                .state
+                .map(|s| format!(" ({})", s.as_str()))
+                .unwrap_or_default();
+            let max = w
+                .cpu_pct_one_core_max
+                .map(|m| format!(", busiest {m:.0}%"))
+                .unwrap_or_default();
+            format!("{n} · {c:.0}% of one core each{max}{state}")
+        }
+        (Some(n), None) => format!("{n} · CPU not measured"),
+    };
+    labeled(out, "workers", &text);
+    match &s.gpu {
+        None => labeled(out, "GPU", "GPU metrics unavailable"),
+        Some(g) => {
+            for d in &g.devices {
+                let mut parts = vec![d.name.clone().unwrap_or_else(|| "unknown GPU".to_owned())];
+                parts.push(format!(
+                    "util {}",
+                    opt(d.util_pct_mean, |u| format!("{u:.0}%"))
+                ));
+                match (d.mem_used_bytes_max, d.mem_total_bytes) {
+                    (Some(u), Some(t)) => {
+                        parts.push(format!("memory {} of {}", bytes_bin(u), bytes_bin(t)))
+                    }
+                    (Some(u), None) => parts.push(format!("memory {}", bytes_bin(u))),
+                    _ => {}
+                }
+                if let Some(t) = d.temp_c_max {
+                    parts.push(format!("{t:.0} °C"));
+                }
+                match (d.power_w_mean, d.power_limit_w) {
+                    (Some(pw), Some(l)) => parts.push(format!("{pw:.0} of {l:.0} W")),
+                    (Some(pw), None) => parts.push(format!("{pw:.0} W")),
+                    _ => {}
+                }
+                if !d.used_by_target && g.devices.iter().any(|d| d.used_by_target) {
+                    parts.push("not used by the target".to_owned());
+                }
+                labeled(out, &format!("GPU {}", d.index), &parts.join(" · "));
+            }
+        }
+    }
+}
+
+fn data_quality(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+    let q = &s.data_quality;
+    let mut parts = Vec::new();
+    let lost = match (&q.events_lost, q.lost_ratio) {
+        (Some(l), Some(r)) if l.total + l.seq_gaps > 0 => {
+            format!("{} lost ({})", l.total + l.seq_gaps, pct(r))
+        }
+        (Some(_), _) => "0 lost".to_owned(),
+        (None, _) => "loss unknown".to_owned(),
+    };
+    parts.push(format!("events {} recorded, {lost}", q.events_recorded));
+    if q.events_recorded == 0 {
+        parts.push("no probe events".to_owned());
+    } else if q.probes_failed.is_empty() {
+        parts.push("all probes attached".to_owned());
+    } else {
+        let names: Vec<&str> = q.probes_failed.iter().map(|f| f.probe.as_str()).collect();
+        parts.push(format!("probes not attached: {}", names.join(", ")));
+    }
+    let libs: Vec<&str> = q
+        .cuda_libraries
+        .iter()
+        .map(|l| l.rsplit('/').next().unwrap_or(l))
+        .collect();
+    parts.push(if libs.is_empty() {
+        "CUDA: none".to_owned()
+    } else {
+        format!("CUDA: {}", libs.join(", "))
+    });
+    parts.push(format!(
+        "unmatched {} · reordered {} · partial steps dropped {}",
+        q.unmatched_events, q.reordered_events, q.partial_steps_dropped
+    ));
+    parts.push(format!("{} samples", q.samples));
+    parts.push(format!("confidence {}", q.confidence.as_str()));
+    let text = parts.join(" · ");
+    for (i, line) in wrap(&text, WIDTH - 14).into_iter().enumerate() {
+        if i == 0 {
+            out.push(format!("{}  {line}", p.bold("DATA QUALITY")));
+        } else {
+            out.push(format!("{:14}{line}", ""));
+        }
+    }
+    for note in &q.notes {
+        for line in wrap(&format!("note: {note}"), WIDTH - 14) {
+            out.push(format!("{:14}{}", "", p.dim(&line)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures::{self, Scenario};
+
+    fn card(s: &Summary, color: bool) -> String {
+        let mut v = Vec::new();
+        render_card(s, &mut v, color).unwrap();
+        String::from_utf8(v).unwrap()
+    }
+
+    fn strip_ansi(s: &str) -> String {
+        let mut out = String::new();
+        let mut it = s.chars();
+        while let Some(c) = it.next() {
+            if c == '\x1b' {
+                for c in it.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    fn check_width(text: &str) {
+        for line in text.lines() {
+            assert!(
+                line.chars().count() <= WIDTH,
+                "{} columns: {line}",
+                line.chars().count()
+            );
+        }
+    }
+
+    fn scenario_card(name: &str, sc: &Scenario) -> String {
+        let s = fixtures::summary(sc);
+        let text = card(&s, false);
+        check_width(&text);
+        assert!(!text.contains('\x1b'), "{name}: color without color");
+        let colored = card(&s, true);
+        assert!(colored.contains("\x1b["));
+        assert_eq!(
+            strip_ansi(&colored),
+            text,
+            "{name}: color changes the layout"
+        );
+        text
+    }
+
+    #[test]
+    fn card_input_bound() {
+        insta::assert_snapshot!(
+            "card_input_bound",
+            scenario_card("input", &fixtures::input_bound())
+        );
+    }
+
+    #[test]
+    fn card_compute_bound() {
+        insta::assert_snapshot!(
+            "card_compute_bound",
+            scenario_card("compute", &fixtures::compute_bound())
+        );
+    }
+
+    #[test]
+    fn card_balanced() {
+        insta::assert_snapshot!(
+            "card_balanced",
+            scenario_card("balanced", &fixtures::balanced())
+        );
+    }
+
+    #[test]
+    fn card_insufficient_data() {
+        let sc = Scenario {
+            steps: 3,
+            ..Scenario::default()
+        };
+        insta::assert_snapshot!("card_insufficient_data", scenario_card("insufficient", &sc));
+    }
+
+    #[test]
+    fn card_gpu_unavailable_with_creep_and_losses() {
+        let sc = Scenario {
+            gpu: false,
+            cuda: false,
+            rss_growth: 8 << 20,
+            lost: 300,
+            workers: 0,
+            ..fixtures::input_bound()
+        };
+        let text = scenario_card("nogpu", &sc);
+        assert!(text.contains("GPU metrics unavailable"));
+        insta::assert_snapshot!("card_gpu_unavailable", text);
+    }
+
+    #[test]
+    fn card_of_empty_summary() {
+        let s = crate::analysis::summarize(&Default::default(), &[]);
+        let text = card(&s, false);
+        check_width(&text);
+        insta::assert_snapshot!("card_empty", text);
+    }
+
+    #[test]
+    fn json_input_bound() {
+        let s = fixtures::summary(&Scenario {
+            steps: 12,
+            ..fixtures::input_bound()
+        });
+        let json = s.to_json();
+        assert!(json.contains("\"step_ms\": ["));
+        insta::assert_snapshot!("json_input_bound", json);
+        let back = Summary::from_json(&json).unwrap();
+        assert_eq!(back.to_json(), json);
+        assert_eq!(back.primary_diagnosis.why, s.primary_diagnosis.why);
+        assert_eq!(back.step_samples, s.step_samples);
+    }
+
+    #[test]
+    fn collapse_keeps_strings_and_objects() {
+        let v = serde_json::json!({"a": [1, 2.5, null], "b": ["x", "1"], "c": [{"d": 1}], "e": []});
+        let out = collapse_number_arrays(&serde_json::to_string_pretty(&v).unwrap());
+        assert!(out.contains("\"a\": [1,2.5,null]"), "{out}");
+        assert!(out.contains("\"x\",\n"), "{out}");
+        let back: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn wrap_respects_width() {
+        assert_eq!(wrap("a bb ccc dddd", 6), vec!["a bb", "ccc", "dddd"]);
+        assert_eq!(wrap("", 10), vec![""]);
+        assert_eq!(wrap("toolongword x", 4), vec!["toolongword", "x"]);
+    }
+}

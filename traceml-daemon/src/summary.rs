@@ -1,1 +1,555 @@
-//! (in progress)
+//! The summary model: what one run measured and concluded, as written to `final_summary.json`
+//! (schema documented field by field in `docs/summary-schema.md`) and read back by `compare`.
+//!
+//! Every metric that may not have been measured is an `Option`: never measured is `null`, never 0.
+//! Within one `schema_version` new fields may be added (readers ignore unknown fields); removing or
+//! changing the meaning of a field bumps [`SCHEMA_VERSION`].
+use std::ops::{Index, IndexMut};
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Boundary, Phase};
+use crate::event::EndReason;
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Everything one run measured and concluded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub schema_version: u32,
+    /// Version of the traceml-daemon that measured the run.
+    pub daemon_version: Option<String>,
+    pub target: TargetSummary,
+    pub run: RunInfo,
+    /// The headline: the most severe finding (largest share on ties), or `BALANCED` /
+    /// `INSUFFICIENT_DATA`.
+    pub primary_diagnosis: Finding,
+    /// Every finding of the rules, most severe first (the primary one included).
+    pub findings: Vec<Finding>,
+    pub steps: StepsInfo,
+    pub step_ms: StepMs,
+    pub phases: Phases<PhaseStats>,
+    pub cuda: CudaStats,
+    pub system: SystemStats,
+    pub process: ProcessStats,
+    pub workers: WorkerStats,
+    /// `null`: GPU metrics unavailable (no NVML, no driver or no GPU).
+    pub gpu: Option<GpuStats>,
+    pub memory: MemoryStats,
+    pub data_quality: DataQuality,
+    /// Per-step distributions (decimated) for `compare`.
+    pub step_samples: StepSamples,
+}
+
+/// The process that was measured.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetSummary {
+    pub pid: Option<u32>,
+    pub comm: Option<String>,
+    pub cmdline: Vec<String>,
+    /// "3.11.7" when known.
+    pub python: Option<String>,
+    pub hostname: Option<String>,
+    pub num_cpus: Option<u32>,
+    pub mem_total_bytes: Option<u64>,
+}
+
+/// When and how long the daemon watched.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Wall-clock seconds since the epoch at attach.
+    pub attach_unix_s: Option<f64>,
+    /// Seconds from attach to the end of the run (or to the last item of a truncated recording).
+    pub duration_s: Option<f64>,
+    /// Seconds covered by complete steps.
+    pub measured_s: Option<f64>,
+    /// Seconds from attach to the start of the first complete step.
+    pub first_step_s: Option<f64>,
+}
+
+/// What the rules say about the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DiagnosisKind {
+    InputBound,
+    H2dBound,
+    ComputeBound,
+    ResidualHeavy,
+    MemoryCreep,
+    LowGpuUtilizationUnexplained,
+    Balanced,
+    InsufficientData,
+}
+
+impl DiagnosisKind {
+    /// `INPUT_BOUND`, as in the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiagnosisKind::InputBound => "INPUT_BOUND",
+            DiagnosisKind::H2dBound => "H2D_BOUND",
+            DiagnosisKind::ComputeBound => "COMPUTE_BOUND",
+            DiagnosisKind::ResidualHeavy => "RESIDUAL_HEAVY",
+            DiagnosisKind::MemoryCreep => "MEMORY_CREEP",
+            DiagnosisKind::LowGpuUtilizationUnexplained => "LOW_GPU_UTILIZATION_UNEXPLAINED",
+            DiagnosisKind::Balanced => "BALANCED",
+            DiagnosisKind::InsufficientData => "INSUFFICIENT_DATA",
+        }
+    }
+
+    /// `INPUT-BOUND`, as on the card.
+    pub fn headline(self) -> String {
+        self.as_str().replace('_', "-")
+    }
+}
+
+/// How bad a finding is. Ordered: `Info < Warning < Critical`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// How far the data behind a finding can be trusted (events lost, probes missing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Confidence {
+    Low,
+    Medium,
+    High,
+}
+
+impl Confidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Confidence::Low => "low",
+            Confidence::Medium => "medium",
+            Confidence::High => "high",
+        }
+    }
+}
+
+/// One conclusion of one rule, with its evidence and the next thing to try.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub kind: DiagnosisKind,
+    pub severity: Severity,
+    /// The evidence, with the numbers.
+    pub why: String,
+    /// The next thing to try.
+    pub next: String,
+    /// The phase the finding is about, if any.
+    pub phase: Option<Phase>,
+    /// That phase's share of step time (0–1), used to order findings of equal severity.
+    pub share: Option<f64>,
+    pub confidence: Confidence,
+}
+
+/// How many steps, and what delimited them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepsInfo {
+    /// Complete steps of the training thread.
+    pub count: u32,
+    /// `null` when the engine did not decide (no events).
+    pub boundary: Option<Boundary>,
+    pub training_tid: Option<u32>,
+}
+
+/// Step duration statistics, in milliseconds; `null` without steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMs {
+    pub median: Option<f64>,
+    pub p90: Option<f64>,
+    pub mean: Option<f64>,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+}
+
+/// One value per phase, with the phase names of the report as field names.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phases<T> {
+    pub input_wait: T,
+    pub h2d: T,
+    pub forward: T,
+    pub backward: T,
+    pub optimizer: T,
+    pub gpu_wait: T,
+    pub residual: T,
+}
+
+impl<T> Phases<T> {
+    /// Builds one value per phase.
+    pub fn from_fn(mut f: impl FnMut(Phase) -> T) -> Phases<T> {
+        Phases {
+            input_wait: f(Phase::InputWait),
+            h2d: f(Phase::H2d),
+            forward: f(Phase::Forward),
+            backward: f(Phase::Backward),
+            optimizer: f(Phase::Optimizer),
+            gpu_wait: f(Phase::GpuWait),
+            residual: f(Phase::Residual),
+        }
+    }
+
+    /// The phases in report order, with their values.
+    pub fn iter(&self) -> impl Iterator<Item = (Phase, &T)> {
+        Phase::ALL.into_iter().map(move |p| (p, &self[p]))
+    }
+}
+
+impl<T> Index<Phase> for Phases<T> {
+    type Output = T;
+    fn index(&self, p: Phase) -> &T {
+        match p {
+            Phase::InputWait => &self.input_wait,
+            Phase::H2d => &self.h2d,
+            Phase::Forward => &self.forward,
+            Phase::Backward => &self.backward,
+            Phase::Optimizer => &self.optimizer,
+            Phase::GpuWait => &self.gpu_wait,
+            Phase::Residual => &self.residual,
+        }
+    }
+}
+
+impl<T> IndexMut<Phase> for Phases<T> {
+    fn index_mut(&mut self, p: Phase) -> &mut T {
+        match p {
+            Phase::InputWait => &mut self.input_wait,
+            Phase::H2d => &mut self.h2d,
+            Phase::Forward => &mut self.forward,
+            Phase::Backward => &mut self.backward,
+            Phase::Optimizer => &mut self.optimizer,
+            Phase::GpuWait => &mut self.gpu_wait,
+            Phase::Residual => &mut self.residual,
+        }
+    }
+}
+
+/// One phase's statistics over the complete steps; `null` without steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhaseStats {
+    /// Median over steps of the phase's exclusive time in the step.
+    pub median_ms: Option<f64>,
+    pub mean_ms: Option<f64>,
+    /// Total phase time / total step time (0–1).
+    pub share: Option<f64>,
+    /// Mean kernel launches per step in this phase (`null` when no CUDA library was probed).
+    pub launches_per_step: Option<f64>,
+}
+
+/// Host-side CUDA activity per step (`null` when no CUDA library was probed or no steps).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CudaStats {
+    /// A CUDA runtime or driver library was found and probed.
+    pub measured: bool,
+    pub launches_per_step: Option<f64>,
+    pub h2d_bytes_per_step: Option<f64>,
+    pub h2d_copies_per_step: Option<f64>,
+    /// Mean bytes of one host-to-device copy (`null` without copies).
+    pub h2d_bytes_per_copy: Option<f64>,
+    /// Host time inside host-to-device copy calls per step.
+    pub h2d_ms_per_step: Option<f64>,
+    /// H2D bytes / host time inside H2D copy calls, in GB/s (10^9 bytes); `null` without copies.
+    pub h2d_gb_per_s: Option<f64>,
+    pub d2h_bytes_per_step: Option<f64>,
+    pub d2h_copies_per_step: Option<f64>,
+    pub d2h_ms_per_step: Option<f64>,
+    /// Blocking syncs (stream/device/event) per step.
+    pub syncs_per_step: Option<f64>,
+}
+
+/// The machine, from the periodic samples.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SystemStats {
+    /// Busy share of all CPUs, 0–100.
+    pub cpu_pct_mean: Option<f64>,
+    pub cpu_pct_max: Option<f64>,
+    pub mem_used_bytes_mean: Option<u64>,
+    pub mem_used_bytes_max: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub num_cpus: Option<u32>,
+}
+
+/// The target process, from the periodic samples.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessStats {
+    /// CPU as % of one core (can exceed 100).
+    pub cpu_pct_one_core_mean: Option<f64>,
+    pub cpu_pct_one_core_max: Option<f64>,
+    /// CPU as % of the machine's capacity (one-core % / number of CPUs).
+    pub cpu_pct_machine_mean: Option<f64>,
+    pub rss_bytes_mean: Option<u64>,
+    pub rss_bytes_max: Option<u64>,
+    pub threads_max: Option<u32>,
+    /// CPU seconds used while sampled (last cumulative value − first).
+    pub cpu_seconds: Option<f64>,
+}
+
+/// Whether the DataLoader workers were busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Mean CPU of a worker ≥ 80 % of one core: decoding/transforms are the work.
+    Busy,
+    /// Between idle and busy.
+    Moderate,
+    /// Mean CPU of a worker < 30 % of one core: they wait (storage, IPC) or have nothing to do.
+    Idle,
+}
+
+impl WorkerState {
+    pub const BUSY_PCT: f64 = 80.0;
+    pub const IDLE_PCT: f64 = 30.0;
+
+    pub fn from_pct(pct: f64) -> WorkerState {
+        if pct >= Self::BUSY_PCT {
+            WorkerState::Busy
+        } else if pct < Self::IDLE_PCT {
+            WorkerState::Idle
+        } else {
+            WorkerState::Moderate
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Busy => "busy",
+            WorkerState::Moderate => "moderate",
+            WorkerState::Idle => "idle",
+        }
+    }
+}
+
+/// The target's child processes (DataLoader workers).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStats {
+    /// Most workers alive at once; `null` when the target was never sampled.
+    pub count: Option<u32>,
+    /// Mean over workers of each worker's mean CPU, % of one core.
+    pub cpu_pct_one_core_mean: Option<f64>,
+    /// The busiest worker's mean CPU, % of one core.
+    pub cpu_pct_one_core_max: Option<f64>,
+    pub state: Option<WorkerState>,
+    /// Largest total RSS of all workers in one sample.
+    pub rss_bytes_max_total: Option<u64>,
+}
+
+/// The GPUs, from NVML. Present only when at least one sample had GPU metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuStats {
+    pub devices: Vec<GpuDeviceStats>,
+    /// Mean utilization of the GPUs the target used (all GPUs when that is unknown).
+    pub util_pct_mean: Option<f64>,
+    /// Largest GPU memory of the target summed over GPUs in one sample.
+    pub process_mem_bytes_max: Option<u64>,
+}
+
+/// One GPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuDeviceStats {
+    pub index: u32,
+    pub name: Option<String>,
+    pub util_pct_mean: Option<f64>,
+    pub util_pct_max: Option<f64>,
+    pub mem_used_bytes_max: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub temp_c_max: Option<f64>,
+    pub power_w_mean: Option<f64>,
+    pub power_limit_w: Option<f64>,
+    pub process_mem_bytes_max: Option<u64>,
+    pub process_util_pct_mean: Option<f64>,
+    /// The target had memory on this GPU.
+    pub used_by_target: bool,
+}
+
+/// Memory over the run, for the creep rule: the sample nearest each step's end, split into the
+/// early, middle and late thirds of the steps, median of each third.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    pub rss_bytes_by_third: Option<[u64; 3]>,
+    /// GPU memory of the target summed over GPUs.
+    pub gpu_process_mem_bytes_by_third: Option<[u64; 3]>,
+    /// GPU memory capacity of the GPUs the target used.
+    pub gpu_mem_total_bytes: Option<u64>,
+}
+
+/// Events lost, per reason (the last cumulative counters of the run).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LostCounts {
+    pub ring_full: u64,
+    pub read_failed: u64,
+    pub state_full: u64,
+    pub undecodable: u64,
+    pub seq_gaps: u64,
+    /// Sum of the kernel-side reasons and undecodable events (`seq_gaps` reported apart).
+    pub total: u64,
+}
+
+/// A probe that could not be attached.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbeFailed {
+    pub probe: String,
+    pub file: String,
+    pub reason: String,
+}
+
+/// What could make the numbers wrong.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataQuality {
+    /// Probe events in the stream.
+    pub events_recorded: u64,
+    /// `null` when the stream carried no loss counters.
+    pub events_lost: Option<LostCounts>,
+    /// Lost / (lost + recorded), 0–1.
+    pub lost_ratio: Option<f64>,
+    pub probes_failed: Vec<ProbeFailed>,
+    pub python_version: Option<String>,
+    /// Paths of the CUDA runtime and driver libraries probed.
+    pub cuda_libraries: Vec<String>,
+    pub boundary: Option<Boundary>,
+    pub unmatched_events: u64,
+    pub reordered_events: u64,
+    pub partial_steps_dropped: u32,
+    /// Periodic samples in the stream.
+    pub samples: u32,
+    /// `truncated` when the stream had no end item.
+    pub end_reason: EndReason,
+    pub confidence: Confidence,
+    /// Why the confidence is not high, one sentence each.
+    pub notes: Vec<String>,
+}
+
+impl Default for DataQuality {
+    fn default() -> Self {
+        DataQuality {
+            events_recorded: 0,
+            events_lost: None,
+            lost_ratio: None,
+            probes_failed: Vec::new(),
+            python_version: None,
+            cuda_libraries: Vec::new(),
+            boundary: None,
+            unmatched_events: 0,
+            reordered_events: 0,
+            partial_steps_dropped: 0,
+            samples: 0,
+            end_reason: EndReason::Truncated,
+            confidence: Confidence::High,
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// Per-step values for `compare`: every `stride`-th complete step (at most
+/// [`StepSamples::MAX`] of them), in milliseconds rounded to 0.01 ms (0.1 ms from 100 ms).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepSamples {
+    pub stride: u32,
+    pub step_ms: Vec<f64>,
+    pub phase_ms: Phases<Vec<f64>>,
+}
+
+impl StepSamples {
+    /// Most steps kept; longer runs are decimated with a uniform stride.
+    pub const MAX: usize = 1000;
+}
+
+/// The JSON name of a boundary (`dataloader_next`, ...).
+pub fn boundary_name(b: Boundary) -> &'static str {
+    match b {
+        Boundary::DataloaderNext => "dataloader_next",
+        Boundary::OptimizerStep => "optimizer_step",
+        Boundary::SyncPattern => "sync_pattern",
+        Boundary::None => "none",
+    }
+}
+
+/// Why a summary file could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SummaryError {
+    #[error("summary is empty")]
+    Empty,
+    #[error(
+        "summary is truncated (input ends at line {line}, column {column}): was it still being written?"
+    )]
+    Truncated { line: usize, column: usize },
+    #[error("summary is not valid JSON: {message} (line {line}, column {column})")]
+    Malformed {
+        message: String,
+        line: usize,
+        column: usize,
+    },
+    #[error("not a traceml-daemon summary: no numeric schema_version field")]
+    NotASummary,
+    #[error(
+        "written by a newer traceml-daemon: schema_version {found}, this build reads {SCHEMA_VERSION}"
+    )]
+    NewerSchema { found: u64 },
+    #[error("unsupported schema_version {found}: this build reads {SCHEMA_VERSION}")]
+    UnsupportedSchema { found: u64 },
+    #[error("summary does not match schema_version {SCHEMA_VERSION}: {0}")]
+    Invalid(String),
+}
+
+impl Summary {
+    /// Reads a summary, with a clear error for empty, truncated, malformed, foreign and
+    /// newer-schema input. Unknown fields are ignored.
+    pub fn from_json(s: &str) -> Result<Summary, SummaryError> {
+        use serde_json::error::Category;
+        if s.trim().is_empty() {
+            return Err(SummaryError::Empty);
+        }
+        let value: serde_json::Value = serde_json::from_str(s).map_err(|e| match e.classify() {
+            Category::Eof => SummaryError::Truncated {
+                line: e.line(),
+                column: e.column(),
+            },
+            _ => SummaryError::Malformed {
+                message: strip_position(&e),
+                line: e.line(),
+                column: e.column(),
+            },
+        })?;
+        let version = value
+            .get("schema_version")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or(SummaryError::NotASummary)?;
+        if version > u64::from(SCHEMA_VERSION) {
+            return Err(SummaryError::NewerSchema { found: version });
+        }
+        if version < u64::from(SCHEMA_VERSION) {
+            return Err(SummaryError::UnsupportedSchema { found: version });
+        }
+        serde_json::from_value(value).map_err(|e| SummaryError::Invalid(e.to_string()))
+    }
+
+    /// Pretty JSON, with arrays of numbers kept on one line (see [`crate::render::render_json`]).
+    pub fn to_json(&self) -> String {
+        let mut out = Vec::new();
+        // Writing into a Vec cannot fail.
+        let _ = crate::render::render_json(self, &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+/// serde_json's message without its " at line L column C" suffix (we print them separately).
+fn strip_position(e: &serde_json::Error) -> String {
+    let m = e.to_string();
+    match m.rfind(" at line ") {
+        Some(i) => m[..i].to_owned(),
+        None => m,
+    }
+}
