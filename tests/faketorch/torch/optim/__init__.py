@@ -1,0 +1,3 @@
+from .optimizer import Optimizer  # noqa: F401
+from .sgd import SGD  # noqa: F401
+from . import optimizer, sgd  # noqa: F401

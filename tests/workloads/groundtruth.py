@@ -1,0 +1,243 @@
+"""Shared runner of the ground-truth scenarios (fake torch + stand-in CUDA runtime).
+
+Usage: python tests/workloads/<scenario>.py [--ready FILE] [--truth FILE] [--steps N]
+  prints {"pid": ..., ...} as its first stdout line, waits for --ready FILE to exist (polls every
+  10 ms) before the training loop, runs exactly N steps, writes the truth JSON (format
+  "traceml-truth/1", see tests/README.md) to --truth FILE and prints a one-line summary.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKETORCH = os.path.join(os.path.dirname(HERE), "faketorch")
+if os.environ.get("FAKETORCH", "1") != "0" and FAKETORCH not in sys.path:
+    sys.path.insert(0, FAKETORCH)
+
+PHASES = ("input_wait", "h2d", "forward", "backward", "optimizer", "gpu_wait", "residual")
+MS = 1_000_000
+BANNER = None  # printed after the pid line (demo)
+
+# Every knob of a scenario; durations in ns.
+DEFAULTS = dict(
+    steps=60,
+    batch_size=2,
+    num_workers=0,
+    getitem_ns=1 * MS,          # sleep in Dataset.__getitem__ (per item)
+    item_bytes=4096,            # bytes of one item's input tensor (H2D bytes/step = batch*item)
+    pinned=False,               # pin_memory=True in the DataLoader
+    non_blocking=True,          # x.to('cuda', non_blocking=...)
+    bandwidth=10_000_000_000,   # simulated copy bandwidth, bytes/s
+    layers=2,                   # Linear layers (each followed by ReLU except the last)
+    layer_cpu_ns=300_000,       # host work per Linear forward
+    layer_launches=2,           # kernels per Linear forward
+    kernel_ns=50_000,           # duration of every kernel
+    bwd_cpu_ns=400_000,         # host work per Linear in backward
+    bwd_launches=4,             # kernels per Linear in backward
+    opt_cpu_ns=500_000,         # host work in SGD.step
+    opt_launches=3,
+    sync_per_step=True,         # loss.item() each step (D2H cudaMemcpyAsync + cudaStreamSynchronize)
+    residual_sleep_ns=0,        # time.sleep between steps (outside every phase)
+    log_every=0,                # print a log line every N steps (residual)
+    verdict="balanced",         # what the daemon's verdict must be
+)
+
+
+def make_dataset(cfg):
+    import torch
+    from torch.utils.data import Dataset
+
+    class SlowDataset(Dataset):
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            time.sleep(cfg["getitem_ns"] / 1e9)
+            return torch.empty(cfg["item_bytes"] // 4), torch.empty(1)
+
+    return SlowDataset(cfg["steps"] * cfg["batch_size"])
+
+
+def make_model(cfg):
+    import torch.nn as nn
+    mods = []
+    for i in range(cfg["layers"]):
+        mods.append(nn.Linear(64, 64, cpu_ns=cfg["layer_cpu_ns"], launches=cfg["layer_launches"],
+                              kernel_ns=cfg["kernel_ns"], bwd_cpu_ns=cfg["bwd_cpu_ns"],
+                              bwd_launches=cfg["bwd_launches"]))
+        if i + 1 < cfg["layers"]:
+            mods.append(nn.ReLU(kernel_ns=cfg["kernel_ns"]))
+    return nn.Sequential(*mods)
+
+
+def wait_ready(path):
+    if not path:
+        return
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
+def parse(name, cfg):
+    ap = argparse.ArgumentParser(description=f"ground-truth scenario {name}")
+    ap.add_argument("--ready", help="wait until this file exists before training")
+    ap.add_argument("--truth", help="write the truth JSON here")
+    ap.add_argument("--steps", type=int, default=cfg["steps"])
+    return ap.parse_args()
+
+
+def run(name, overrides, argv_args=None):
+    cfg = dict(DEFAULTS)
+    cfg.update(overrides)
+    a = argv_args or parse(name, cfg)
+    cfg["steps"] = a.steps
+    print(json.dumps({"pid": os.getpid(), "scenario": name, "python": sys.version.split()[0],
+                      "executable": sys.executable}), flush=True)
+    if BANNER:
+        print(BANNER, flush=True)
+
+    import torch
+    torch.cuda.set_bandwidth(cfg["bandwidth"])
+    model = make_model(cfg).cuda()
+    lossf = torch.nn.MSELoss(kernel_ns=cfg["kernel_ns"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, cpu_ns=cfg["opt_cpu_ns"],
+                          launches=cfg["opt_launches"], kernel_ns=cfg["kernel_ns"])
+    loader = torch.utils.data.DataLoader(make_dataset(cfg), batch_size=cfg["batch_size"],
+                                         num_workers=cfg["num_workers"], pin_memory=cfg["pinned"])
+    wait_ready(a.ready)
+
+    now = time.monotonic_ns  # CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns
+    stats = torch.cuda.stats
+    nb = cfg["non_blocking"]
+    raw = []
+    it = iter(loader)  # workers (if any) start here, after --ready
+    s_prev = stats()
+    loop_start = now()
+    step = 0
+    while True:
+        t0 = now()
+        try:
+            batch = next(it)
+        except StopIteration:
+            t_stop = now()
+            t_stop_start = t0  # the last step ends where the final (StopIteration) next() begins
+            break
+        t1 = now()
+        xd = batch[0].to("cuda", non_blocking=nb)
+        yd = batch[1].to("cuda", non_blocking=nb)
+        t2 = now()
+        out = model(xd)
+        t3 = now()
+        loss = lossf(out, yd)
+        t4 = now()
+        opt.zero_grad()
+        t5 = now()
+        loss.backward()
+        t6 = now()
+        opt.step()
+        t7 = now()
+        if cfg["sync_per_step"]:
+            loss.item()
+        t8 = now()
+        if cfg["log_every"] and step % cfg["log_every"] == 0:
+            print(f"step {step} loss 0.5", flush=True)
+        if cfg["residual_sleep_ns"]:
+            time.sleep(cfg["residual_sleep_ns"] / 1e9)
+        t9 = now()
+        # Free this step's tensors here, inside the residual and measured (cleanup_ns), so that no
+        # deallocation lands inside a measured phase of the next step.
+        del batch, xd, yd, out, loss
+        t10 = now()
+        s = stats()
+        raw.append((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, s_prev, s))
+        s_prev = s
+        step += 1
+    loop_end = now()
+
+    steps = []
+    for i, (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, sa, sb) in enumerate(raw):
+        t_end = raw[i + 1][0] if i + 1 < len(raw) else t_stop_start
+        d = {k: sb[k] - sa[k] for k in sb}
+        ph = {
+            "input_wait": t1 - t0,
+            "h2d": t2 - t1,
+            "forward": (t3 - t2) + (t4 - t3),
+            "backward": t6 - t5,
+            "optimizer": t7 - t6,
+            "gpu_wait": t8 - t7,
+        }
+        ph["residual"] = (t_end - t0) - sum(ph.values())
+        steps.append({
+            "index": i,
+            "t_start_ns": t0,
+            "t_end_ns": t_end,
+            "wall_ns": t_end - t0,
+            "phases_ns": ph,
+            "marks_ns": {"next_end": t1, "h2d_end": t2, "model_end": t3, "loss_end": t4,
+                         "zero_grad_end": t5, "backward_end": t6, "step_end": t7, "sync_end": t8,
+                         "sleep_end": t9, "cleanup_end": t10},
+            "model_ns": t3 - t2,
+            "loss_fn_ns": t4 - t3,
+            "zero_grad_ns": t5 - t4,
+            "residual_sleep_ns": t9 - t8,
+            "cleanup_ns": t10 - t9,
+            "unaccounted_ns": ph["residual"] - (t5 - t4) - (t9 - t8) - (t10 - t9),
+            "bytes_h2d": d["bytes_h2d"],
+            "bytes_d2h": d["bytes_d2h"],
+            "copies_h2d": d["copies_h2d"],
+            "copies_d2h": d["copies_d2h"],
+            "launches": d["launch_kernel"] + d["launch_kernel_ex"] + d["graph_launch"],
+            "kernel_ns": d["kernel_ns_enqueued"],
+            "syncs": d["stream_sync"] + d["device_sync"] + d["event_sync"],
+            "memcpy_async_calls": d["memcpy_async_calls"],
+        })
+
+    med = {p: int(statistics.median(s["phases_ns"][p] for s in steps)) for p in PHASES} if steps else {}
+    dominant = max(med, key=med.get) if med else None
+    truth = {
+        "format": "traceml-truth/1",
+        "scenario": name,
+        "backend": "faketorch+fakecuda",
+        "python": sys.version.split()[0],
+        "pid": os.getpid(),
+        "tid": threading.get_native_id(),
+        "clock": "CLOCK_MONOTONIC",
+        "config": cfg,
+        "expected_verdict": cfg["verdict"],
+        "dominant_phase": dominant,
+        "loop_start_ns": loop_start,
+        "loop_end_ns": loop_end,
+        "final_next": {"t_start_ns": t_stop_start, "t_end_ns": t_stop},
+        "step_count": len(steps),
+        "steps": steps,
+        "median_phases_ns": med,
+        "totals": {
+            "wall_ns": sum(s["wall_ns"] for s in steps),
+            **{f"{p}_ns": sum(s["phases_ns"][p] for s in steps) for p in PHASES},
+            **{k: sum(s[k] for s in steps) for k in ("bytes_h2d", "bytes_d2h", "launches", "kernel_ns",
+                                                     "syncs", "copies_h2d", "copies_d2h")},
+        },
+        "record_function": {
+            "enumerate(DataLoader)#%s.__next__" % type(it).__name__: len(steps) + 1,
+            "Optimizer.step#SGD.step": len(steps),
+            "Optimizer.zero_grad#SGD.zero_grad": len(steps),
+        },
+        "backward_calls": len(steps),
+        "worker_pids": [w.pid for w in getattr(it, "_workers", [])],
+        "cuda_stats": stats(),
+    }
+    if a.truth:
+        tmp = a.truth + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(truth, f, indent=1)
+        os.replace(tmp, a.truth)
+    print(json.dumps({"done": name, "steps": len(steps), "wall_s": round((loop_end - loop_start) / 1e9, 3),
+                      "median_ms": {p: round(v / 1e6, 2) for p, v in med.items()}, "dominant": dominant}),
+          flush=True)
+    return truth
