@@ -299,12 +299,15 @@ pub fn launch(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `record_function_enter_new(const std::string& name, ...)`: both libstdc++ string ABIs start
-/// with the pointer to the NUL-terminated characters.
+/// `c10::intrusive_ptr<PythonRecordFunction> record_function_enter_new(const std::string& name,
+/// const std::optional<std::string>& args)`. The result is a class with a non-trivial
+/// destructor, so the Itanium ABI returns it through a hidden pointer in the first register: the
+/// name is the *second* argument. Both libstdc++ string ABIs start with the pointer to the
+/// NUL-terminated characters.
 #[uprobe]
 pub fn record_enter(ctx: ProbeContext) -> u32 {
     let probe = cookie(&ctx);
-    let s: u64 = ctx.arg(0).unwrap_or(0);
+    let s: u64 = ctx.arg(1).unwrap_or(0);
     // SAFETY: checked read of the target's memory.
     let data = match unsafe { bpf_probe_read_user(s as *const u64) } {
         Ok(d) => d,
