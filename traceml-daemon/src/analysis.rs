@@ -951,6 +951,13 @@ mod tests {
     }
 
     #[test]
+    fn analyze_runs_the_engine() {
+        let s = analyze(&[]);
+        assert_eq!(s.steps.count, 0);
+        assert_eq!(s.primary_diagnosis.kind, DiagnosisKind::InsufficientData);
+    }
+
+    #[test]
     fn weird_steps_do_not_panic() {
         let mut e = EngineOutput::default();
         e.steps.push(Step {

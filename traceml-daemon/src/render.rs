@@ -69,33 +69,46 @@ pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<(
 /// Fractional numbers are rounded (4 decimals from 1 up, 6 significant digits below) so the file
 /// shows no float noise and reads back to the same text.
 pub fn render_json<T: Serialize>(value: &T, w: &mut impl Write) -> io::Result<()> {
-    let mut v = serde_json::to_value(value).map_err(io::Error::other)?;
-    round_floats(&mut v);
-    let pretty = serde_json::to_string_pretty(&v).map_err(io::Error::other)?;
-    w.write_all(collapse_number_arrays(&pretty).as_bytes())?;
+    let pretty = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    let rounded: Vec<String> = pretty.lines().map(round_line).collect();
+    w.write_all(collapse_number_arrays(&rounded.join("\n")).as_bytes())?;
     w.write_all(b"\n")
 }
 
-fn round_floats(v: &mut serde_json::Value) {
-    use serde_json::Value;
-    match v {
-        Value::Number(n) if n.is_f64() => {
-            let x = n.as_f64().unwrap_or(0.0);
-            let r = if x.abs() >= 1.0 {
-                (x * 1e4).round() / 1e4
-            } else if x == 0.0 {
-                0.0
-            } else {
-                let scale = 10f64.powi(5 - x.abs().log10().floor() as i32);
-                (x * scale).round() / scale
-            };
-            if let Some(m) = serde_json::Number::from_f64(r) {
-                *n = m;
-            }
+/// Rounds a fractional number: 4 decimals from 1 up, 6 significant digits below.
+fn round_number(x: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        x
+    } else if x.abs() >= 1.0 {
+        (x * 1e4).round() / 1e4
+    } else {
+        let scale = 10f64.powi(5 - x.abs().log10().floor() as i32);
+        (x * scale).round() / scale
+    }
+}
+
+/// One line of pretty JSON with its number value (a field's or an array element's) rounded.
+/// Only fractional numbers change; strings are never touched.
+fn round_line(line: &str) -> String {
+    let body = line.trim_end_matches(',');
+    let comma = &line[body.len()..];
+    let trimmed = body.trim_start();
+    // `"key": value` (our keys are plain identifiers) or a bare array element.
+    let (head, value) = if trimmed.starts_with('"') {
+        match body.find("\": ") {
+            Some(i) => body.split_at(i + 3),
+            None => return line.to_owned(),
         }
-        Value::Array(a) => a.iter_mut().for_each(round_floats),
-        Value::Object(o) => o.values_mut().for_each(round_floats),
-        _ => {}
+    } else {
+        body.split_at(body.len() - trimmed.len())
+    };
+    let fractional = value.contains(['.', 'e', 'E']);
+    match value.parse::<f64>() {
+        Ok(x) if fractional && x.is_finite() => {
+            let r = serde_json::to_string(&round_number(x)).unwrap_or_else(|_| value.to_owned());
+            format!("{head}{r}{comma}")
+        }
+        _ => line.to_owned(),
     }
 }
 
@@ -712,6 +725,18 @@ mod tests {
         assert_eq!(back.to_json(), json);
         assert_eq!(back.primary_diagnosis.why, s.primary_diagnosis.why);
         assert_eq!(back.step_samples, s.step_samples);
+    }
+
+    #[test]
+    fn rounding_touches_numbers_only() {
+        assert_eq!(round_line("  \"a\": 1.23456789,"), "  \"a\": 1.2346,");
+        assert_eq!(round_line("    0.000123456789"), "    0.000123457");
+        assert_eq!(
+            round_line("  \"s\": \"x\": 1.23456789\","),
+            "  \"s\": \"x\": 1.23456789\","
+        );
+        assert_eq!(round_line("  \"n\": 12345678901,"), "  \"n\": 12345678901,");
+        assert_eq!(round_line("  \"f\": 2.0"), "  \"f\": 2.0");
     }
 
     #[test]

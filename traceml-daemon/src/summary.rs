@@ -553,3 +553,72 @@ fn strip_position(e: &serde_json::Error) -> String {
         None => m,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures;
+
+    fn json() -> String {
+        fixtures::summary(&fixtures::Scenario {
+            steps: 30,
+            ..fixtures::Scenario::default()
+        })
+        .to_json()
+    }
+
+    #[test]
+    fn reads_back_what_it_writes() {
+        let j = json();
+        assert_eq!(Summary::from_json(&j).unwrap().to_json(), j);
+    }
+
+    #[test]
+    fn clear_errors() {
+        let j = json();
+        assert_eq!(Summary::from_json("  \n"), Err(SummaryError::Empty));
+        assert!(matches!(
+            Summary::from_json(&j[..j.len() / 2]),
+            Err(SummaryError::Truncated { .. })
+        ));
+        let e = Summary::from_json("{\"schema_version\": 1,, }").unwrap_err();
+        assert!(matches!(e, SummaryError::Malformed { line: 1, .. }), "{e}");
+        assert_eq!(
+            Summary::from_json("{\"hello\": 1}"),
+            Err(SummaryError::NotASummary)
+        );
+        assert_eq!(Summary::from_json("[1, 2]"), Err(SummaryError::NotASummary));
+        let newer = j.replacen("\"schema_version\": 1", "\"schema_version\": 2", 1);
+        let e = Summary::from_json(&newer).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "written by a newer traceml-daemon: schema_version 2, this build reads 1"
+        );
+        let older = j.replacen("\"schema_version\": 1", "\"schema_version\": 0", 1);
+        assert_eq!(
+            Summary::from_json(&older),
+            Err(SummaryError::UnsupportedSchema { found: 0 })
+        );
+        let missing = j.replacen("\"step_ms\": {", "\"step_msx\": {", 1);
+        let e = Summary::from_json(&missing).unwrap_err();
+        assert!(e.to_string().contains("missing field `step_ms`"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        let j = json().replacen('{', "{\n  \"added_later\": [1, 2],", 1);
+        assert!(Summary::from_json(&j).is_ok());
+    }
+
+    #[test]
+    fn never_measured_is_null() {
+        let s = crate::analysis::summarize(&Default::default(), &[]);
+        let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert!(v["gpu"].is_null());
+        assert!(v["step_ms"]["median"].is_null());
+        assert!(v["phases"]["input_wait"]["share"].is_null());
+        assert!(v["process"]["rss_bytes_max"].is_null());
+        assert!(v["workers"]["count"].is_null());
+        assert_eq!(v["primary_diagnosis"]["kind"], "INSUFFICIENT_DATA");
+    }
+}
