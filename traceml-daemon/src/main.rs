@@ -130,7 +130,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.cmd {
         Some(Cmd::Replay { file, output }) => replay(&file, output, &cli.attach.common),
-        Some(Cmd::Compare { a, b, format }) => run_compare(&a, &b, format),
+        Some(Cmd::Compare { a, b, format }) => run_compare(&a, &b, format, &cli.attach.common),
         None => attach(cli.attach),
     };
     match result {
@@ -285,18 +285,15 @@ fn read_summary(p: &Path) -> Result<Summary, Failure> {
     Summary::from_json(&text).map_err(|e| Failure::new(2, format!("{}: {e}", p.display())))
 }
 
-fn run_compare(a: &Path, b: &Path, format: Format) -> Result<u8, Failure> {
+fn run_compare(a: &Path, b: &Path, format: Format, common: &Common) -> Result<u8, Failure> {
     let (sa, sb) = (read_summary(a)?, read_summary(b)?);
     let cmp = compare::compare(&sa, &sb);
     let mut out = std::io::stdout().lock();
     match format {
-        Format::Text => compare::render_compare_text(&cmp, &mut out).context("printing the comparison")?,
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut out, &cmp).context("printing the comparison")?;
-            use std::io::Write;
-            writeln!(out).context("printing the comparison")?;
-        }
+        Format::Text => compare::render_compare(&cmp, &mut out, use_color(common.color)),
+        Format::Json => compare::render_compare_json(&cmp, &mut out),
     }
+    .context("printing the comparison")?;
     Ok(compare::exit_code(&cmp))
 }
 
