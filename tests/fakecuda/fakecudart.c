@@ -190,8 +190,11 @@ static void *device_main(void *arg) {
         if (o->type == OP_COPY) g_stats.copy_ns_executed += o->dur_ns;
         if (o->type == OP_EVENT && o->event) o->event->done_ns = end;
         pthread_cond_broadcast(&g_done);
+        /* free outside the lock: releasing a large staging buffer (munmap) can take ms */
+        pthread_mutex_unlock(&g_mu);
         free(o->staging);
         free(o);
+        pthread_mutex_lock(&g_mu);
     }
     return NULL;
 }

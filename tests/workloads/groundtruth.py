@@ -117,6 +117,11 @@ def run(name, overrides, argv_args=None):
     nb = cfg["non_blocking"]
     raw = []
     it = iter(loader)  # workers (if any) start here, after --ready
+    # The cyclic GC could run at any allocation, inside a measured phase; run it only in the
+    # measured cleanup at the end of each step instead.
+    import gc
+    gc.collect()
+    gc.disable()
     s_prev = stats()
     loop_start = now()
     step = 0
@@ -150,15 +155,17 @@ def run(name, overrides, argv_args=None):
         if cfg["residual_sleep_ns"]:
             time.sleep(cfg["residual_sleep_ns"] / 1e9)
         t9 = now()
-        # Free this step's tensors here, inside the residual and measured (cleanup_ns), so that no
-        # deallocation lands inside a measured phase of the next step.
+        # Free this step's tensors and read the runtime's counters here, inside the residual and
+        # measured (cleanup_ns), so that no deallocation lands inside a phase of the next step.
         del batch, xd, yd, out, loss
-        t10 = now()
+        gc.collect(0)
         s = stats()
+        t10 = now()
         raw.append((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, s_prev, s))
         s_prev = s
         step += 1
     loop_end = now()
+    gc.enable()
 
     steps = []
     for i, (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, sa, sb) in enumerate(raw):

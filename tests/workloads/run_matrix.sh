@@ -16,7 +16,8 @@ for v in 3.9.18 3.10.13 3.11.7 3.12.1 3.13.0; do
         fi
         end=$(date +%s.%N)
         printf '%s %s %.2fs ' "$v" "$s" "$(echo "$end - $start" | bc)"
-        python3 "$HERE/check_truth.py" "$OUT/$v-$s.json" | head -3 || rc=1
+        python3 "$HERE/check_truth.py" "$OUT/$v-$s.json" >"$OUT/$v-$s.check" || rc=1
+        head -3 "$OUT/$v-$s.check"
     done
 done
 exit $rc
