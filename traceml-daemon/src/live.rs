@@ -57,8 +57,8 @@ pub enum LiveError {
     #[error(transparent)]
     NotPython(#[from] python::PythonError),
     #[error(
-        "traceml-daemon needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE; \
-         this process lacks {0}"
+        "traceml-daemon needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE \
+         (and CAP_SYS_ADMIN where the kernel requires it for uprobes); this process lacks {0}"
     )]
     Privileges(String),
     #[error("this kernel cannot run traceml-daemon: {0}")]
@@ -83,6 +83,10 @@ impl LiveError {
 }
 
 const CAP_SYS_PTRACE: u32 = 19;
+/// Covers CAP_BPF and CAP_PERFMON in the kernel (`bpf_capable`, `perfmon_capable`), and is what
+/// kernels since the 2025 fix "perf: Revert to requiring CAP_SYS_ADMIN for uprobes" (6.15 and
+/// stable backports) require to create a uprobe through perf_event_open.
+const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
@@ -99,24 +103,35 @@ pub fn preflight(pid: u32) -> Result<(), LiveError> {
             .find_map(|l| l.strip_prefix("CapEff:"))
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             .unwrap_or(0);
-        let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON"), (CAP_SYS_PTRACE, "CAP_SYS_PTRACE")]
-            .into_iter()
-            .filter(|(bit, _)| eff & (1 << bit) == 0)
-            .map(|(_, name)| name)
-            .collect();
+        let missing: Vec<&str> = [
+            (CAP_BPF, "CAP_BPF"),
+            (CAP_PERFMON, "CAP_PERFMON"),
+            (CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
+        ]
+        .into_iter()
+        .filter(|(bit, _)| {
+            eff & (1 << bit) == 0 && (*bit == CAP_SYS_PTRACE || eff & (1 << CAP_SYS_ADMIN) == 0)
+        })
+        .map(|(_, name)| name)
+        .collect();
         if !missing.is_empty() {
             return Err(LiveError::Privileges(missing.join(", ")));
         }
     }
     if !Path::new("/sys/bus/event_source/devices/uprobe/type").exists() {
-        return Err(LiveError::Kernel("it has no uprobe support (CONFIG_UPROBE_EVENTS is off)".into()));
+        return Err(LiveError::Kernel(
+            "it has no uprobe support (CONFIG_UPROBE_EVENTS is off)".into(),
+        ));
     }
     Ok(())
 }
 
 /// `CLOCK_MONOTONIC` now, in ns: the clock `bpf_ktime_get_ns` uses.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -212,12 +227,27 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         match self.reader.read(&self.mem, code) {
             Ok(Some(names)) => {
                 let class = classify::classify(&names.qualname, &names.filename);
-                CodeInfo { ptr: code, qualname: names.qualname, filename: names.filename, class }
+                CodeInfo {
+                    ptr: code,
+                    qualname: names.qualname,
+                    filename: names.filename,
+                    class,
+                }
             }
-            Ok(None) => CodeInfo { ptr: code, qualname: "<not a code object>".into(), filename: String::new(), class: Class::Ignore },
+            Ok(None) => CodeInfo {
+                ptr: code,
+                qualname: "<not a code object>".into(),
+                filename: String::new(),
+                class: Class::Ignore,
+            },
             Err(e) => {
                 tracing::debug!("code object {code:#x}: {e}");
-                CodeInfo { ptr: code, qualname: "<unreadable>".into(), filename: String::new(), class: Class::Ignore }
+                CodeInfo {
+                    ptr: code,
+                    qualname: "<unreadable>".into(),
+                    filename: String::new(),
+                    class: Class::Ignore,
+                }
             }
         }
     }
@@ -225,7 +255,9 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     /// Attaches to every interesting file mapped since the last scan.
     fn rescan(&mut self, k: &mut Kernel, mappings: &[maps::Mapping]) -> Result<(), LiveError> {
         for path in maps::files(mappings) {
-            let Some(role) = maps::role_of(&path) else { continue };
+            let Some(role) = maps::role_of(&path) else {
+                continue;
+            };
             if role == maps::Role::Python || k.attacher.has_file(&path) {
                 continue;
             }
@@ -235,7 +267,12 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                 self.emit(StreamItem::ProbeFailed(f))?;
             }
             if !report.attached.is_empty() || role != maps::Role::Torch {
-                tracing::info!("probing {} ({}): {} probes", path.display(), role.name(), report.attached.len());
+                tracing::info!(
+                    "probing {} ({}): {} probes",
+                    path.display(),
+                    role.name(),
+                    report.attached.len()
+                );
                 self.emit(StreamItem::Library(LibraryInfo {
                     path: path.display().to_string(),
                     role: role.name().into(),
@@ -249,7 +286,10 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
 
     fn lost(&self, k: &Kernel) -> Lost {
         let count = |r: LossReason| -> u64 {
-            k.loss.get(&(r as u32), 0).map(|v| v.iter().sum()).unwrap_or(0)
+            k.loss
+                .get(&(r as u32), 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0)
         };
         let ring_full = count(LossReason::RingFull);
         Lost {
@@ -263,17 +303,26 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// Attaches to `opts.pid` and streams until the run ends; every item goes to `sink`.
-pub async fn run(opts: &Options, sink: impl FnMut(&StreamItem) -> Result<(), String>) -> Result<EndReason, LiveError> {
+pub async fn run(
+    opts: &Options,
+    sink: impl FnMut(&StreamItem) -> Result<(), String>,
+) -> Result<EndReason, LiveError> {
     preflight(opts.pid)?;
     let pid = opts.pid;
     let start = stat_start_state(pid).map(|(s, _)| s);
     let mappings = maps::read(pid).map_err(|_| LiveError::NoSuchProcess(pid))?;
     let py = python::find(pid, &mappings)?;
-    tracing::info!("target {pid}: Python {} in {}", py.version, py.path.display());
+    tracing::info!(
+        "target {pid}: Python {} in {}",
+        py.version,
+        py.path.display()
+    );
 
     let cfg = LoadConfig {
         frame_code_offset: py.layout.code_offset,
@@ -287,26 +336,50 @@ pub async fn run(opts: &Options, sink: impl FnMut(&StreamItem) -> Result<(), Str
         Err(e) => {
             let msg = attach::error_chain(&e);
             if msg.contains("Operation not permitted") {
-                return Err(LiveError::Privileges(format!("the permission to load eBPF programs ({msg})")));
+                return Err(LiveError::Privileges(format!(
+                    "the permission to load eBPF programs ({msg})"
+                )));
             }
             return Err(e.into());
         }
     };
     let mem = TargetMemory::new(pid);
-    let offsets = python::code_offsets(&mem, py.code_type_addr).map_err(|e| LiveError::Memory(e.to_string()))?;
-    let reader = CodeReader { layout: py.layout, offsets, code_type_addr: py.code_type_addr };
+    let offsets = python::code_offsets(&mem, py.code_type_addr)
+        .map_err(|e| LiveError::Memory(e.to_string()))?;
+    let reader = CodeReader {
+        layout: py.layout,
+        offsets,
+        code_type_addr: py.code_type_addr,
+    };
 
     let take = |a: &mut Attacher, name: &str| {
-        a.ebpf.take_map(name).ok_or_else(|| LiveError::Kernel(format!("map {name} missing from the eBPF object")))
+        a.ebpf
+            .take_map(name)
+            .ok_or_else(|| LiveError::Kernel(format!("map {name} missing from the eBPF object")))
     };
-    let ring = RingBuf::try_from(take(&mut attacher, "EVENTS")?).map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let classes = BpfHashMap::try_from(take(&mut attacher, "CODE_CLASS")?).map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let loss = PerCpuArray::try_from(take(&mut attacher, "LOSS")?).map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let mut k = Kernel { attacher, ring, classes, loss };
+    let ring = RingBuf::try_from(take(&mut attacher, "EVENTS")?)
+        .map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let classes = BpfHashMap::try_from(take(&mut attacher, "CODE_CLASS")?)
+        .map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let loss = PerCpuArray::try_from(take(&mut attacher, "LOSS")?)
+        .map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let mut k = Kernel {
+        attacher,
+        ring,
+        classes,
+        loss,
+    };
 
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_owned()).unwrap_or_default();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     let mut run = Run {
         opts,
@@ -328,8 +401,13 @@ pub async fn run(opts: &Options, sink: impl FnMut(&StreamItem) -> Result<(), Str
         python_version: Some(py.version.to_string()),
         python_elf: Some(py.path.display().to_string()),
         attach_ts_ns: attach_ts,
-        attach_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
-        num_cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        attach_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+        num_cpus: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
         mem_total_bytes: None,
         hostname: hostname(),
         daemon_version: env!("CARGO_PKG_VERSION").into(),
@@ -337,8 +415,24 @@ pub async fn run(opts: &Options, sink: impl FnMut(&StreamItem) -> Result<(), Str
 
     let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
     if report.attached.is_empty() {
-        let reason = report.failures.first().map(|f| f.reason.clone()).unwrap_or_default();
-        return Err(LiveError::Kernel(format!("cannot probe {} in {}: {reason}", python::EVAL_SYMBOL, py.path.display())));
+        let reason = report
+            .failures
+            .first()
+            .map(|f| f.reason.clone())
+            .unwrap_or_default();
+        // EACCES from perf_event_open without root: the kernel wants CAP_SYS_ADMIN for uprobes.
+        // SAFETY: geteuid has no preconditions.
+        if reason.contains("Permission denied") && unsafe { libc::geteuid() } != 0 {
+            return Err(LiveError::Privileges(format!(
+                "CAP_SYS_ADMIN, which this kernel requires to create uprobes (probing {}: {reason})",
+                python::EVAL_SYMBOL
+            )));
+        }
+        return Err(LiveError::Kernel(format!(
+            "cannot probe {} in {}: {reason}",
+            python::EVAL_SYMBOL,
+            py.path.display()
+        )));
     }
     run.emit(StreamItem::Library(LibraryInfo {
         path: py.path.display().to_string(),
@@ -348,9 +442,13 @@ pub async fn run(opts: &Options, sink: impl FnMut(&StreamItem) -> Result<(), Str
     }))?;
     run.rescan(&mut k, &mappings)?;
     if let Some(f) = &opts.ready_file {
-        std::fs::write(f, "attached\n").map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
+        std::fs::write(f, "attached\n")
+            .map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
     }
-    tracing::info!("attached to {pid} in {:.0} ms", (monotonic_ns() - attach_ts) as f64 / 1e6);
+    tracing::info!(
+        "attached to {pid} in {:.0} ms",
+        (monotonic_ns() - attach_ts) as f64 / 1e6
+    );
 
     let mut sampler = Sampler::new(pid);
     if let Some(why) = sampler.gpu_unavailable() {
@@ -362,7 +460,10 @@ pub async fn run(opts: &Options, sink: impl FnMut(&StreamItem) -> Result<(), Str
     run.drain(&mut k)?;
     let lost = run.lost(&k);
     run.emit(StreamItem::Lost(lost))?;
-    run.emit(StreamItem::End(End { ts: monotonic_ns(), reason }))?;
+    run.emit(StreamItem::End(End {
+        ts: monotonic_ns(),
+        reason,
+    }))?;
     Ok(reason)
 }
 
@@ -381,8 +482,10 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     for i in [&mut poll, &mut rescan, &mut sample] {
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
-    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let mut sigterm =
+        signal(SignalKind::terminate()).map_err(|e| LiveError::Kernel(e.to_string()))?;
     let deadline = run.opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut last_lost = Lost::default();
     loop {
