@@ -59,10 +59,10 @@ impl Lines {
                 .0
                 .recv_timeout(left)
                 .unwrap_or_else(|e| panic!("no line with {key:?} from the target: {e}"));
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                if let Some(x) = v.get(key) {
-                    return x.clone();
-                }
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && let Some(x) = v.get(key)
+            {
+                return x.clone();
             }
         }
     }
