@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod setup;
 
 #[derive(Parser)]
@@ -37,6 +38,13 @@ enum Cmd {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(last = true)]
         rest: Vec<String>,
+    },
+    /// Measure overhead, footprint, attach/verdict times and accuracy (and TraceML side by side)
+    /// on this machine; (re)writes BENCHMARKS.md. Not part of `test`.
+    Bench {
+        /// A short run for development (~3 min): fewer pairs, smaller storms, fewer workloads.
+        #[arg(long)]
+        quick: bool,
     },
 }
 
@@ -69,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Setup { torch } => setup::all(torch),
         Cmd::Demo => demo(),
         Cmd::Test { no_torch, rest } => test(!no_torch, &rest),
+        Cmd::Bench { quick } => bench::bench(quick),
     }
 }
 

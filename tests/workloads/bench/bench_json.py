@@ -1,0 +1,43 @@
+"""Bench helper (xtask has no JSON parser): reads a truth, daemon summary or TraceML summary
+file and prints `key=value` lines. Usage: python bench_json.py {truth|summary|traceml} FILE"""
+import json
+import statistics
+import sys
+
+PHASES = ("input_wait", "h2d", "forward", "backward", "optimizer", "gpu_wait", "residual")
+kind, path = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+out = {}
+if kind == "truth":
+    walls = [s["wall_ns"] for s in d["steps"]]
+    out["steps"] = len(walls)
+    out["step_median_ms"] = statistics.median(walls) / 1e6 if walls else ""
+    out["expected"] = d.get("expected_verdict", "")
+    tot = sum(walls) or 1
+    for p in PHASES:
+        out[f"{p}_median_ms"] = d["median_phases_ns"][p] / 1e6
+        out[f"{p}_share"] = sum(s["phases_ns"][p] for s in d["steps"]) / tot
+elif kind == "summary":
+    out["verdict"] = d["primary_diagnosis"]["kind"]
+    out["steps"] = d["steps"]["count"]
+    out["step_median_ms"] = d["step_ms"]["median"] if d["step_ms"]["median"] is not None else ""
+    for p in PHASES:
+        ph = d["phases"][p]
+        out[f"{p}_median_ms"] = "" if ph["median_ms"] is None else ph["median_ms"]
+        out[f"{p}_share"] = "" if ph["share"] is None else ph["share"]
+    dq = d["data_quality"]
+    out["events"] = dq["events_recorded"]
+    out["lost_ratio"] = dq["lost_ratio"] if dq["lost_ratio"] is not None else 0
+elif kind == "traceml":
+    out["verdict"] = d["primary_diagnosis"]["kind"]
+    st = d["step_time"]["global"]["average"]
+    step = st.get("step_time_ms") or 0
+    out["steps"] = d["step_time"]["global"]["window"].get("steps_analyzed") or ""
+    out["step_mean_ms"] = step
+    for p, k in (("input_wait", "input_wait_ms"), ("h2d", "h2d_ms"), ("forward", "forward_ms"),
+                 ("backward", "backward_ms"), ("optimizer", "optimizer_ms"), ("residual", "residual_ms")):
+        v = st.get(k)
+        out[f"{p}_mean_ms"] = "" if v is None else v
+        out[f"{p}_share"] = "" if v is None or not step else v / step
+for k, v in out.items():
+    print(f"{k}={v}")
