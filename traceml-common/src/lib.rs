@@ -49,9 +49,11 @@ pub const FLAG_TRUNCATED: u32 = 2;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventKind {
     /// A frame of a tracked code object entered `_PyEval_EvalFrameDefault`.
-    /// args: [code object address, class (see [`CodeClass`]), C-entry depth, 0, 0].
+    /// args: [code identity (address ^ rotl(name address, 32)), class (see [`CodeClass`]),
+    /// open tracked calls, code object address, frame address].
     PyEnter = 1,
-    /// That frame returned. args: [code object address, class, depth, 0, 0]; flags: [`FLAG_RAISED`].
+    /// That frame returned. args: [code identity, class, depth, return value, 0]; flags:
+    /// [`FLAG_RAISED`].
     PyExit = 2,
     /// Entry of a native function with enter/exit semantics (CUDA copy, sync, torch backward).
     /// args: see [`ProbeId`].
@@ -203,6 +205,36 @@ pub enum LossReason {
 }
 pub const LOSS_REASONS: u32 = 4;
 
+/// The kernel's record of a code object userspace has not classified yet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Pending {
+    /// `bpf_ktime_get_ns` of its first call.
+    pub first_ns: u64,
+    /// Calls reported so far.
+    pub count: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<Pending>() == 16);
+
+/// Indexes of the per-CPU probe statistics (`STATS` map): how often each program ran and why
+/// a hit emitted nothing. For benchmarks and debugging; losses are in `LOSS`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// `py_enter` ran.
+    PyEnter = 0,
+    /// ... for a code object classified as uninteresting.
+    PyIgnored = 1,
+    /// ... for a not-yet-classified code object past its report limit.
+    PendingCapped = 2,
+    /// `call_enter` ran.
+    CallEnter = 3,
+    /// `any_exit` ran.
+    Exit = 4,
+}
+pub const STATS_LEN: u32 = 5;
+
 /// Per-thread state the eBPF side keeps: a small stack of the open calls it reported (tracked
 /// Python frames and native calls with an exit probe). Each entry holds the stack pointer at entry,
 /// so the return probe matches its frame exactly (after `ret`, `rsp` is the entry `rsp` + 8) and
@@ -222,9 +254,10 @@ pub struct ThreadState {
     pub tag: [u32; TRACK_STACK],
 }
 /// Depth of that stack; a power of two (the eBPF side masks indexes with it).
-pub const TRACK_STACK: usize = 16;
+/// As deep as the kernel's uretprobe nesting limit: deeper calls get no return probe anyway.
+pub const TRACK_STACK: usize = 64;
 const _: () = assert!(TRACK_STACK.is_power_of_two());
-const _: () = assert!(size_of::<ThreadState>() == 8 + 8 * 16 + 8 * 16 + 4 * 16);
+const _: () = assert!(size_of::<ThreadState>() == 8 + 8 * TRACK_STACK + 8 * TRACK_STACK + 4 * TRACK_STACK);
 
 #[cfg(feature = "user")]
 mod user {
@@ -232,6 +265,8 @@ mod user {
     unsafe impl aya::Pod for super::RawEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ThreadState {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Pending {}
 }
 
 #[cfg(test)]

@@ -50,7 +50,12 @@ pub struct TargetInfo {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CodeInfo {
+    /// The identity events use for this code object (`code` of `py_enter`/`py_exit`): its address
+    /// mixed with its name's, so a reused address is a new identity.
     pub ptr: u64,
+    /// The code object's address in the target.
+    #[serde(default)]
+    pub address: u64,
     pub qualname: String,
     pub filename: String,
     pub class: Class,

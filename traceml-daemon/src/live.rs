@@ -161,7 +161,18 @@ struct Kernel {
     attacher: Attacher,
     ring: RingBuf<MapData>,
     classes: BpfHashMap<MapData, u64, u32>,
+    pending: BpfHashMap<MapData, u64, traceml_common::Pending>,
     loss: PerCpuArray<MapData, u64>,
+}
+
+impl Kernel {
+    /// Writes a code object's class for the kernel and ends its pending count.
+    fn publish(&mut self, code: u64, class: Class) {
+        if let Err(e) = self.classes.insert(code, CodeClass::from(class) as u32, 0) {
+            tracing::debug!("cannot write the class of {code:#x}: {e}");
+        }
+        let _ = self.pending.remove(&code);
+    }
 }
 
 /// The state of a live run.
@@ -170,10 +181,17 @@ struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
     sink: F,
     mem: TargetMemory,
     reader: CodeReader,
-    known: HashMap<u64, Class>,
+    /// Classified code objects and when their class was last written to the kernel.
+    known: HashMap<u64, (Class, u64)>,
     last_seq: HashMap<u32, u64>,
     seq_gaps: u64,
     undecodable: u64,
+    /// Code classes written to the kernel again (a first write did not land).
+    reinserted: u64,
+    /// Drained events not yet turned into stream items.
+    backlog: std::collections::VecDeque<RawEvent>,
+    /// Classified code objects whose `Code` item is not in the stream yet.
+    unannounced: HashMap<u64, CodeInfo>,
     python_path: PathBuf,
     python_base: Option<u64>,
 }
@@ -183,9 +201,12 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         (self.sink)(&item).map_err(LiveError::Sink)
     }
 
-    /// Drains the ring buffer: decodes, tracks per-CPU sequence gaps, resolves new code objects.
-    fn drain(&mut self, k: &mut Kernel) -> Result<(), LiveError> {
-        let mut batch = Vec::new();
+    /// Drains the ring buffer and classifies every new code object at once; the events then
+    /// wait in `backlog` for [`Run::process`]. Until the kernel knows a class it reports only a
+    /// code object's first few calls, so classification must not wait behind the processing of
+    /// a large backlog (the burst of events while the target imports torch).
+    fn drain(&mut self, k: &mut Kernel) {
+        let first = self.backlog.len();
         while let Some(item) = k.ring.next() {
             if item.len() < size_of::<RawEvent>() {
                 self.undecodable += 1;
@@ -193,63 +214,78 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             }
             // SAFETY: the kernel wrote a `RawEvent` (size checked); read unaligned by copy.
             let raw: RawEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            batch.push(raw);
+            self.backlog.push_back(raw);
         }
-        for raw in batch {
+        for i in first..self.backlog.len() {
+            let raw = self.backlog[i];
+            if raw.kind == traceml_common::EventKind::PyEnter as u32 {
+                self.classify(k, &raw);
+            }
+        }
+    }
+
+    fn classify(&mut self, k: &mut Kernel, raw: &RawEvent) {
+        let code = raw.args[0];
+        match self.known.get(&code) {
+            None => {
+                let info = self.resolve(code, raw.args[3]);
+                self.known.insert(code, (info.class, monotonic_ns()));
+                k.publish(code, info.class);
+                self.unannounced.insert(code, info);
+            }
+            // Reported as pending after we told the kernel: the class did not reach the map
+            // (full, or the write failed). Write it again.
+            Some(&(class, at)) if raw.args[1] == u64::from(CodeClass::Pending as u32) && raw.ts_ns > at => {
+                self.reinserted += 1;
+                self.known.insert(code, (class, monotonic_ns()));
+                k.publish(code, class);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Turns drained events into stream items (each code object's description before its first
+    /// event), for at most `budget`, so the loop keeps draining, rescanning and sampling.
+    fn process(&mut self, budget: Option<Duration>) -> Result<(), LiveError> {
+        let start = std::time::Instant::now();
+        while let Some(raw) = self.backlog.pop_front() {
             if let Some(last) = self.last_seq.insert(raw.cpu, raw.seq) {
                 if raw.seq > last + 1 {
                     self.seq_gaps += raw.seq - last - 1;
                 }
             }
-            let ev = match event::decode(&raw) {
-                Ok(e) => e,
-                Err(_) => {
-                    self.undecodable += 1;
-                    continue;
+            match event::decode(&raw) {
+                Ok(ev) => {
+                    if let Kind::PyEnter { code, .. } = ev.kind {
+                        if let Some(info) = self.unannounced.remove(&code) {
+                            self.emit(StreamItem::Code(info))?;
+                        }
+                    }
+                    self.emit(StreamItem::Event(ev))?;
                 }
-            };
-            if let Kind::PyEnter { code, .. } = ev.kind {
-                if !self.known.contains_key(&code) {
-                    let info = self.resolve(code);
-                    let class = info.class;
-                    self.known.insert(code, class);
-                    // Tell the kernel; an LRU map may refuse nothing, but never fail the run.
-                    let _ = k.classes.insert(code, CodeClass::from(class) as u32, 0);
-                    self.emit(StreamItem::Code(info))?;
-                }
+                Err(_) => self.undecodable += 1,
             }
-            self.emit(StreamItem::Event(ev))?;
+            if budget.is_some_and(|b| start.elapsed() >= b) && self.backlog.len() % 64 == 0 {
+                break;
+            }
         }
         Ok(())
     }
 
-    fn resolve(&self, code: u64) -> CodeInfo {
-        match self.reader.read(&self.mem, code) {
+    /// Reads and classifies the code object at `address`, known to events as `id`.
+    fn resolve(&self, id: u64, address: u64) -> CodeInfo {
+        let (qualname, filename, class) = match self.reader.read(&self.mem, address) {
             Ok(Some(names)) => {
                 let class = classify::classify(&names.qualname, &names.filename);
-                CodeInfo {
-                    ptr: code,
-                    qualname: names.qualname,
-                    filename: names.filename,
-                    class,
-                }
+                (names.qualname, names.filename, class)
             }
-            Ok(None) => CodeInfo {
-                ptr: code,
-                qualname: "<not a code object>".into(),
-                filename: String::new(),
-                class: Class::Ignore,
-            },
+            Ok(None) => ("<not a code object>".into(), String::new(), Class::Ignore),
             Err(e) => {
-                tracing::debug!("code object {code:#x}: {e}");
-                CodeInfo {
-                    ptr: code,
-                    qualname: "<unreadable>".into(),
-                    filename: String::new(),
-                    class: Class::Ignore,
-                }
+                tracing::debug!("code object {address:#x}: {e}");
+                ("<unreadable>".into(), String::new(), Class::Ignore)
             }
-        }
+        };
+        CodeInfo { ptr: id, address, qualname, filename, class }
     }
 
     /// Attaches to every interesting file mapped since the last scan.
@@ -324,9 +360,20 @@ pub async fn run(
         py.path.display()
     );
 
+    // The code object layout is read from the target first: the kernel side needs co_name's
+    // offset for code identities.
+    let mem = TargetMemory::new(pid);
+    let offsets = python::code_offsets(&mem, py.code_type_addr)
+        .map_err(|e| LiveError::Memory(e.to_string()))?;
+    let reader = CodeReader {
+        layout: py.layout,
+        offsets,
+        code_type_addr: py.code_type_addr,
+    };
     let cfg = LoadConfig {
         frame_code_offset: py.layout.code_offset,
         code_ptr_mask: py.layout.code_mask,
+        code_name_offset: offsets.name,
         launch_events: opts.launch_events,
         ring_bytes: opts.ring_bytes,
     };
@@ -343,14 +390,6 @@ pub async fn run(
             return Err(e.into());
         }
     };
-    let mem = TargetMemory::new(pid);
-    let offsets = python::code_offsets(&mem, py.code_type_addr)
-        .map_err(|e| LiveError::Memory(e.to_string()))?;
-    let reader = CodeReader {
-        layout: py.layout,
-        offsets,
-        code_type_addr: py.code_type_addr,
-    };
 
     let take = |a: &mut Attacher, name: &str| {
         a.ebpf
@@ -363,10 +402,13 @@ pub async fn run(
         .map_err(|e| LiveError::Kernel(e.to_string()))?;
     let loss = PerCpuArray::try_from(take(&mut attacher, "LOSS")?)
         .map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let pending = BpfHashMap::try_from(take(&mut attacher, "PENDING")?)
+        .map_err(|e| LiveError::Kernel(e.to_string()))?;
     let mut k = Kernel {
         attacher,
         ring,
         classes,
+        pending,
         loss,
     };
 
@@ -390,6 +432,9 @@ pub async fn run(
         last_seq: HashMap::new(),
         seq_gaps: 0,
         undecodable: 0,
+        reinserted: 0,
+        backlog: std::collections::VecDeque::new(),
+        unannounced: HashMap::new(),
         python_path: py.path.clone(),
         python_base: maps::base_of(&mappings, &py.path),
     };
@@ -457,7 +502,33 @@ pub async fn run(
     let _ = sampler.tick(monotonic_ns());
     let reason = event_loop(&mut run, &mut k, &mut sampler, start).await?;
     // Final drain: what the kernel wrote before we stopped.
-    run.drain(&mut k)?;
+    run.drain(&mut k);
+    run.process(None)?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        if let Some(m) = k.attacher.ebpf.map("STATS") {
+            if let Ok(stats) = PerCpuArray::<_, u64>::try_from(m) {
+                let v: Vec<u64> = (0..traceml_common::STATS_LEN)
+                    .map(|i| stats.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0))
+                    .collect();
+                tracing::debug!("probe stats [py_enter, ignored, pending capped, call_enter, exit]: {v:?}");
+            }
+        }
+        if let Some(m) = k.attacher.ebpf.map("THREADS") {
+            if let Ok(threads) = BpfHashMap::<_, u32, traceml_common::ThreadState>::try_from(m) {
+                for (tid, st) in threads.iter().flatten() {
+                    tracing::debug!(
+                        "thread {tid}: {} open calls, {} overflowed, sp {:x?}",
+                        st.len,
+                        st.overflow,
+                        &st.entry_sp[..(st.len as usize).min(traceml_common::TRACK_STACK)]
+                    );
+                }
+            }
+        }
+    }
+    if run.reinserted > 0 {
+        tracing::info!("{} code classes written to the kernel again", run.reinserted);
+    }
     let lost = run.lost(&k);
     run.emit(StreamItem::Lost(lost))?;
     run.emit(StreamItem::End(End {
@@ -490,7 +561,10 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let mut last_lost = Lost::default();
     loop {
         tokio::select! {
-            _ = poll.tick() => run.drain(k)?,
+            _ = poll.tick() => {
+                run.drain(k);
+                run.process(Some(Duration::from_millis(20)))?;
+            }
             _ = rescan.tick() => {
                 if process_gone(pid, start) {
                     return Ok(EndReason::TargetExited);

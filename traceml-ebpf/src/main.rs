@@ -14,15 +14,22 @@ use aya_ebpf::{
         bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
 };
 use traceml_common::{
-    CodeClass, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS, LossReason, NAME_BYTES, ProbeId,
+    STATS_LEN, Stat, CodeClass, Pending, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS, LossReason, NAME_BYTES, ProbeId,
     RawEvent, TRACK_STACK, ThreadState,
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_F_NO_PREALLOC: u32 = 1;
+/// A code object userspace has not classified yet is reported for every call during its first
+/// PENDING_GRACE_NS (userspace classifies within a poll or two, and a fast loop's first calls
+/// count), then for PENDING_EMIT_LIMIT calls at most: a hot function nobody classifies (the
+/// daemon fell behind) must not flood the ring buffer.
+const PENDING_EMIT_LIMIT: u32 = 8;
+const PENDING_GRACE_NS: u64 = 100_000_000;
 
 // Globals set by the loader (`EbpfLoader::override_global`) for the target's CPython version.
 /// Offset of the code object pointer in the frame passed to `_PyEval_EvalFrameDefault`.
@@ -31,24 +38,38 @@ static FRAME_CODE_OFFSET: u64 = 0;
 /// Mask applied to that pointer (3.14 tags `_PyStackRef`s in the low bits).
 #[unsafe(no_mangle)]
 static CODE_PTR_MASK: u64 = u64::MAX;
+/// Offset of `co_name` in the code object (from `PyCode_Type.tp_members`); 0 to skip.
+#[unsafe(no_mangle)]
+static CODE_NAME_OFFSET: u64 = 0;
 /// 1: every kernel launch is an event; 0: launches are only counted (`LAUNCHES`).
 #[unsafe(no_mangle)]
 static LAUNCH_EVENTS: u32 = 1;
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
-/// Code object address -> [`CodeClass`]; the kernel inserts `Pending`, userspace classifies.
+/// Code object address -> [`CodeClass`], written by userspace only. A plain hash map, allocated
+/// on demand: an LRU map evicts classes of hot code objects under the churn of `import torch`
+/// (tens of thousands of code objects), which silenced them.
 #[map]
-static CODE_CLASS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1 << 16, 0);
+static CODE_CLASS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 18, BPF_F_NO_PREALLOC);
+/// Code object address -> calls reported while it is not classified.
+#[map]
+static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(1 << 14, 0);
 /// Thread id -> open tracked calls.
 #[map]
 static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(1 << 14, 0);
+/// One zeroed [`ThreadState`], the template for new threads.
+#[map]
+static ZERO_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 /// Per-CPU event sequence number.
 #[map]
 static SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// Per-CPU loss counters, indexed by [`LossReason`].
 #[map]
 static LOSS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_REASONS, 0);
+/// Per-CPU probe statistics, indexed by [`Stat`] (hits and why they emitted nothing).
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS_LEN, 0);
 /// Per-CPU launch counters (both modes), indexed by probe id.
 #[map]
 static LAUNCHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(64, 0);
@@ -109,8 +130,10 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
     if let Some(p) = THREADS.get_ptr_mut(tid) {
         return Some(p);
     }
-    let fresh = ThreadState { len: 0, overflow: 0, entry_sp: [0; TRACK_STACK], id: [0; TRACK_STACK], tag: [0; TRACK_STACK] };
-    if THREADS.insert(tid, fresh, 0).is_err() {
+    // A ThreadState is too large for the 512-byte eBPF stack: insert from a zeroed map slot.
+    let fresh = ZERO_STATE.get_ptr(0)?;
+    // SAFETY: a valid map value pointer, read by the helper.
+    if THREADS.insert(tid, unsafe { &*fresh }, 0).is_err() {
         lose(LossReason::StateFull);
         return None;
     }
@@ -185,6 +208,7 @@ pub fn py_enter(ctx: ProbeContext) -> u32 {
 }
 
 fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
+    bump(&STATS, Stat::PyEnter as u32);
     let frame: u64 = ctx.arg(1)?;
     let at = frame.wrapping_add(global(&FRAME_CODE_OFFSET));
     // SAFETY: reading the target's memory through the checked helper.
@@ -195,15 +219,48 @@ fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
             return None;
         }
     };
-    // SAFETY: value read by copy from the map.
-    let class = match unsafe { CODE_CLASS.get(code) } {
-        Some(c) => *c,
+    // A code object's identity is its address mixed with its name's address: a freed code
+    // object's address reused by another (common with exec'd or generated code) is then a new
+    // identity, not a stale classification.
+    let name_off = global(&CODE_NAME_OFFSET);
+    let name = if name_off == 0 {
+        0
+    } else {
+        // SAFETY: checked read of the target's memory.
+        unsafe { bpf_probe_read_user((code + name_off) as *const u64) }.unwrap_or(0)
+    };
+    let id = code ^ name.rotate_left(32);
+    let code_addr = code;
+    let code = id;
+    // Only userspace writes CODE_CLASS (the kernel writing through a value pointer while
+    // userspace replaces the element would write into a recycled node). Unclassified code objects
+    // are rate-limited through PENDING (see PENDING_GRACE_NS); userspace deletes the entry when
+    // it classifies.
+    let class = match CODE_CLASS.get_ptr(code) {
+        // SAFETY: a plain copy out of the map value.
+        Some(p) => unsafe { *p },
         None => {
-            let _ = CODE_CLASS.insert(code, CodeClass::Pending as u32, 0);
+            // SAFETY: helper without preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
+            match PENDING.get_ptr_mut(code) {
+                // SAFETY: this key's value; a race between CPUs only miscounts the cap.
+                Some(p) => unsafe {
+                    let p = &mut *p;
+                    if p.count >= PENDING_EMIT_LIMIT && now.wrapping_sub(p.first_ns) > PENDING_GRACE_NS {
+                        bump(&STATS, Stat::PendingCapped as u32);
+                        return Some(());
+                    }
+                    p.count += 1;
+                },
+                None => {
+                    let _ = PENDING.insert(code, Pending { first_ns: now, count: 1, _pad: 0 }, 0);
+                }
+            }
             CodeClass::Pending as u32
         }
     };
     if class == CodeClass::Ignore as u32 {
+        bump(&STATS, Stat::PyIgnored as u32);
         return Some(());
     }
     let tid = bpf_get_current_pid_tgid() as u32;
@@ -216,7 +273,7 @@ fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
     }
     let depth = st.len as u64;
     emit(EventKind::PyEnter, ProbeId::PyEval as u32, |e| {
-        e.args = [code, class as u64, depth, frame, 0];
+        e.args = [code, class as u64, depth, code_addr, frame];
     });
     Some(())
 }
@@ -230,6 +287,7 @@ pub fn call_enter(ctx: ProbeContext) -> u32 {
 }
 
 fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
+    bump(&STATS, Stat::CallEnter as u32);
     let probe = cookie(ctx);
     let a0: u64 = ctx.arg(0).unwrap_or(0);
     let a1: u64 = ctx.arg(1).unwrap_or(0);
@@ -264,6 +322,7 @@ pub fn any_exit(ctx: RetProbeContext) -> u32 {
 }
 
 fn try_any_exit(ctx: &RetProbeContext) -> Option<()> {
+    bump(&STATS, Stat::Exit as u32);
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: this thread's map value; absent means nothing of this thread is open.
     let st = unsafe { &mut *THREADS.get_ptr_mut(tid)? };

@@ -129,6 +129,8 @@ pub enum AttachError {
 pub struct LoadConfig {
     pub frame_code_offset: u64,
     pub code_ptr_mask: u64,
+    /// Offset of `co_name` in code objects (part of a code object's identity).
+    pub code_name_offset: u64,
     /// Per-launch events (true) or launch counting only.
     pub launch_events: bool,
     /// Ring buffer size in bytes (power of two, multiple of the page size).
@@ -156,6 +158,7 @@ impl Attacher {
         let ebpf = EbpfLoader::new()
             .override_global("FRAME_CODE_OFFSET", &cfg.frame_code_offset, true)
             .override_global("CODE_PTR_MASK", &cfg.code_ptr_mask, true)
+            .override_global("CODE_NAME_OFFSET", &cfg.code_name_offset, true)
             .override_global("LAUNCH_EVENTS", &u32::from(cfg.launch_events), true)
             .map_max_entries("EVENTS", cfg.ring_bytes)
             .load(crate::EBPF_OBJECT)

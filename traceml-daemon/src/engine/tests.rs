@@ -32,6 +32,7 @@ impl Trace {
             (OTHER, Class::Ignore),
         ] {
             self.items.push(StreamItem::Code(CodeInfo {
+                address: ptr,
                 ptr,
                 qualname: format!("q{ptr:x}"),
                 filename: "f.py".into(),
