@@ -24,5 +24,12 @@ fn main() -> anyhow::Result<()> {
         Some(t) => Toolchain::Custom(t),
         None => Toolchain::default(),
     };
-    aya_build::build_ebpf([Package { name: ebpf.name.as_str(), root_dir: &root_dir, ..Default::default() }], toolchain)
+    aya_build::build_ebpf(
+        [Package {
+            name: ebpf.name.as_str(),
+            root_dir: &root_dir,
+            ..Default::default()
+        }],
+        toolchain,
+    )
 }

@@ -4,6 +4,8 @@ use which::which;
 fn main() {
     match which("bpf-linker") {
         Ok(p) => println!("cargo:rerun-if-changed={}", p.display()),
-        Err(e) => println!("cargo:warning=bpf-linker not found on PATH: {e} (run `cargo xtask setup`)"),
+        Err(e) => {
+            println!("cargo:warning=bpf-linker not found on PATH: {e} (run `cargo xtask setup`)")
+        }
     }
 }

@@ -35,7 +35,17 @@ const _: () = assert!(size_of::<RawEvent>() == 80);
 
 impl RawEvent {
     pub const fn zeroed() -> Self {
-        RawEvent { kind: 0, probe: 0, ts_ns: 0, seq: 0, tgid: 0, tid: 0, cpu: 0, flags: 0, args: [0; 5] }
+        RawEvent {
+            kind: 0,
+            probe: 0,
+            ts_ns: 0,
+            seq: 0,
+            tgid: 0,
+            tid: 0,
+            cpu: 0,
+            flags: 0,
+            args: [0; 5],
+        }
     }
 }
 
@@ -257,7 +267,8 @@ pub struct ThreadState {
 /// As deep as the kernel's uretprobe nesting limit: deeper calls get no return probe anyway.
 pub const TRACK_STACK: usize = 64;
 const _: () = assert!(TRACK_STACK.is_power_of_two());
-const _: () = assert!(size_of::<ThreadState>() == 8 + 8 * TRACK_STACK + 8 * TRACK_STACK + 4 * TRACK_STACK);
+const _: () =
+    assert!(size_of::<ThreadState>() == 8 + 8 * TRACK_STACK + 8 * TRACK_STACK + 4 * TRACK_STACK);
 
 #[cfg(feature = "user")]
 mod user {

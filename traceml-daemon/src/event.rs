@@ -236,7 +236,11 @@ pub enum Kind {
     /// That frame ended; `raised` when it returned NULL (exception, e.g. StopIteration).
     PyExit { code: u64, raised: bool },
     /// A blocking/enter-exit native call started: copies carry kind and bytes.
-    CallEnter { api: Api, bytes: Option<u64>, copy: Option<CopyKind> },
+    CallEnter {
+        api: Api,
+        bytes: Option<u64>,
+        copy: Option<CopyKind>,
+    },
     /// The innermost open native call of this thread with this api returned.
     CallExit { api: Api, ret: u64 },
     /// A kernel (or graph) launch.
@@ -264,29 +268,55 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
     let probe = ProbeId::try_from(raw.probe).map_err(DecodeError::Probe)?;
     let mismatch = || DecodeError::Mismatch { kind, probe };
     let k = match kind {
-        EventKind::PyEnter => Kind::PyEnter { code: raw.args[0], depth: raw.args[2] as u32 },
-        EventKind::PyExit => Kind::PyExit { code: raw.args[0], raised: raw.flags & FLAG_RAISED != 0 },
+        EventKind::PyEnter => Kind::PyEnter {
+            code: raw.args[0],
+            depth: raw.args[2] as u32,
+        },
+        EventKind::PyExit => Kind::PyExit {
+            code: raw.args[0],
+            raised: raw.flags & FLAG_RAISED != 0,
+        },
         EventKind::CallEnter => {
             let api = Api::from_probe(probe).ok_or_else(mismatch)?;
             if api.is_copy() {
-                Kind::CallEnter { api, bytes: Some(raw.args[0]), copy: Some(CopyKind::from_raw(raw.args[1])) }
+                Kind::CallEnter {
+                    api,
+                    bytes: Some(raw.args[0]),
+                    copy: Some(CopyKind::from_raw(raw.args[1])),
+                }
             } else {
-                Kind::CallEnter { api, bytes: None, copy: None }
+                Kind::CallEnter {
+                    api,
+                    bytes: None,
+                    copy: None,
+                }
             }
         }
-        EventKind::CallExit => Kind::CallExit { api: Api::from_probe(probe).ok_or_else(mismatch)?, ret: raw.args[0] },
-        EventKind::Launch => Kind::Launch { api: Api::from_probe(probe).ok_or_else(mismatch)? },
+        EventKind::CallExit => Kind::CallExit {
+            api: Api::from_probe(probe).ok_or_else(mismatch)?,
+            ret: raw.args[0],
+        },
+        EventKind::Launch => Kind::Launch {
+            api: Api::from_probe(probe).ok_or_else(mismatch)?,
+        },
         EventKind::RecordEnter => {
             let mut bytes = [0u8; NAME_BYTES];
             for (i, w) in raw.args.iter().enumerate() {
                 bytes[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
             }
             let end = bytes.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
-            Kind::RecordEnter { name: String::from_utf8_lossy(&bytes[..end]).into_owned() }
+            Kind::RecordEnter {
+                name: String::from_utf8_lossy(&bytes[..end]).into_owned(),
+            }
         }
         EventKind::RecordExit => Kind::RecordExit,
     };
-    Ok(Event { ts: raw.ts_ns, tgid: raw.tgid, tid: raw.tid, kind: k })
+    Ok(Event {
+        ts: raw.ts_ns,
+        tgid: raw.tgid,
+        tid: raw.tid,
+        kind: k,
+    })
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -367,10 +397,19 @@ mod tests {
 
     #[test]
     fn decodes_copy_with_kind_and_bytes() {
-        let e = decode(&raw(EventKind::CallEnter, ProbeId::CudaMemcpyAsync, [4096, 1, 0, 0, 0])).unwrap();
+        let e = decode(&raw(
+            EventKind::CallEnter,
+            ProbeId::CudaMemcpyAsync,
+            [4096, 1, 0, 0, 0],
+        ))
+        .unwrap();
         assert_eq!(
             e.kind,
-            Kind::CallEnter { api: Api::CudaMemcpyAsync, bytes: Some(4096), copy: Some(CopyKind::HostToDevice) }
+            Kind::CallEnter {
+                api: Api::CudaMemcpyAsync,
+                bytes: Some(4096),
+                copy: Some(CopyKind::HostToDevice)
+            }
         );
     }
 
@@ -383,8 +422,18 @@ mod tests {
         for (i, w) in args.iter_mut().enumerate() {
             *w = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
         }
-        let e = decode(&raw(EventKind::RecordEnter, ProbeId::TorchRecordEnter, args)).unwrap();
-        assert_eq!(e.kind, Kind::RecordEnter { name: "Optimizer.step#SGD.step".into() });
+        let e = decode(&raw(
+            EventKind::RecordEnter,
+            ProbeId::TorchRecordEnter,
+            args,
+        ))
+        .unwrap();
+        assert_eq!(
+            e.kind,
+            Kind::RecordEnter {
+                name: "Optimizer.step#SGD.step".into()
+            }
+        );
     }
 
     #[test]
@@ -402,7 +451,11 @@ mod tests {
             ts: 1,
             tgid: 2,
             tid: 3,
-            kind: Kind::CallEnter { api: Api::CudaMemcpy, bytes: Some(8), copy: Some(CopyKind::DeviceToHost) },
+            kind: Kind::CallEnter {
+                api: Api::CudaMemcpy,
+                bytes: Some(8),
+                copy: Some(CopyKind::DeviceToHost),
+            },
         });
         let s = serde_json::to_string(&item).unwrap();
         let back: StreamItem = serde_json::from_str(&s).unwrap();

@@ -235,7 +235,9 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             }
             // Reported as pending after we told the kernel: the class did not reach the map
             // (full, or the write failed). Write it again.
-            Some(&(class, at)) if raw.args[1] == u64::from(CodeClass::Pending as u32) && raw.ts_ns > at => {
+            Some(&(class, at))
+                if raw.args[1] == u64::from(CodeClass::Pending as u32) && raw.ts_ns > at =>
+            {
                 self.reinserted += 1;
                 self.known.insert(code, (class, monotonic_ns()));
                 k.publish(code, class);
@@ -249,23 +251,24 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     fn process(&mut self, budget: Option<Duration>) -> Result<(), LiveError> {
         let start = std::time::Instant::now();
         while let Some(raw) = self.backlog.pop_front() {
-            if let Some(last) = self.last_seq.insert(raw.cpu, raw.seq) {
-                if raw.seq > last + 1 {
-                    self.seq_gaps += raw.seq - last - 1;
-                }
+            if let Some(last) = self.last_seq.insert(raw.cpu, raw.seq)
+                && raw.seq > last + 1
+            {
+                self.seq_gaps += raw.seq - last - 1;
             }
             match event::decode(&raw) {
                 Ok(ev) => {
-                    if let Kind::PyEnter { code, .. } = ev.kind {
-                        if let Some(info) = self.unannounced.remove(&code) {
-                            self.emit(StreamItem::Code(info))?;
-                        }
+                    if let Kind::PyEnter { code, .. } = ev.kind
+                        && let Some(info) = self.unannounced.remove(&code)
+                    {
+                        self.emit(StreamItem::Code(info))?;
                     }
                     self.emit(StreamItem::Event(ev))?;
                 }
                 Err(_) => self.undecodable += 1,
             }
-            if budget.is_some_and(|b| start.elapsed() >= b) && self.backlog.len() % 64 == 0 {
+            if budget.is_some_and(|b| start.elapsed() >= b) && self.backlog.len().is_multiple_of(64)
+            {
                 break;
             }
         }
@@ -285,7 +288,13 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                 ("<unreadable>".into(), String::new(), Class::Ignore)
             }
         };
-        CodeInfo { ptr: id, address, qualname, filename, class }
+        CodeInfo {
+            ptr: id,
+            address,
+            qualname,
+            filename,
+            class,
+        }
     }
 
     /// Attaches to every interesting file mapped since the last scan.
@@ -505,29 +514,34 @@ pub async fn run(
     run.drain(&mut k);
     run.process(None)?;
     if tracing::enabled!(tracing::Level::DEBUG) {
-        if let Some(m) = k.attacher.ebpf.map("STATS") {
-            if let Ok(stats) = PerCpuArray::<_, u64>::try_from(m) {
-                let v: Vec<u64> = (0..traceml_common::STATS_LEN)
-                    .map(|i| stats.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0))
-                    .collect();
-                tracing::debug!("probe stats [py_enter, ignored, pending capped, call_enter, exit]: {v:?}");
-            }
+        if let Some(m) = k.attacher.ebpf.map("STATS")
+            && let Ok(stats) = PerCpuArray::<_, u64>::try_from(m)
+        {
+            let v: Vec<u64> = (0..traceml_common::STATS_LEN)
+                .map(|i| stats.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0))
+                .collect();
+            tracing::debug!(
+                "probe stats [py_enter, ignored, pending capped, call_enter, exit]: {v:?}"
+            );
         }
-        if let Some(m) = k.attacher.ebpf.map("THREADS") {
-            if let Ok(threads) = BpfHashMap::<_, u32, traceml_common::ThreadState>::try_from(m) {
-                for (tid, st) in threads.iter().flatten() {
-                    tracing::debug!(
-                        "thread {tid}: {} open calls, {} overflowed, sp {:x?}",
-                        st.len,
-                        st.overflow,
-                        &st.entry_sp[..(st.len as usize).min(traceml_common::TRACK_STACK)]
-                    );
-                }
+        if let Some(m) = k.attacher.ebpf.map("THREADS")
+            && let Ok(threads) = BpfHashMap::<_, u32, traceml_common::ThreadState>::try_from(m)
+        {
+            for (tid, st) in threads.iter().flatten() {
+                tracing::debug!(
+                    "thread {tid}: {} open calls, {} overflowed, sp {:x?}",
+                    st.len,
+                    st.overflow,
+                    &st.entry_sp[..(st.len as usize).min(traceml_common::TRACK_STACK)]
+                );
             }
         }
     }
     if run.reinserted > 0 {
-        tracing::info!("{} code classes written to the kernel again", run.reinserted);
+        tracing::info!(
+            "{} code classes written to the kernel again",
+            run.reinserted
+        );
     }
     let lost = run.lost(&k);
     run.emit(StreamItem::Lost(lost))?;

@@ -110,7 +110,10 @@ struct Failure {
 
 impl Failure {
     fn new(code: u8, msg: impl std::fmt::Display) -> Self {
-        Failure { code, msg: msg.to_string() }
+        Failure {
+            code,
+            msg: msg.to_string(),
+        }
     }
 }
 
@@ -124,7 +127,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TRACEML_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("TRACEML_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -163,7 +167,12 @@ fn timestamp(unix_s: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
 }
 
 /// Creates the output directory now, so an unwritable one is refused before attaching.
@@ -173,7 +182,12 @@ fn prepare_output(dir: &Path) -> Result<(), Failure> {
             let probe = dir.join(".traceml-write-test");
             std::fs::write(&probe, b"").and_then(|_| std::fs::remove_file(&probe))
         })
-        .map_err(|e| Failure::new(2, format!("cannot write to output directory {}: {e}", dir.display())))
+        .map_err(|e| {
+            Failure::new(
+                2,
+                format!("cannot write to output directory {}: {e}", dir.display()),
+            )
+        })
 }
 
 fn write_outputs(summary: &Summary, dir: &Path, common: &Common) -> Result<(), Failure> {
@@ -194,22 +208,33 @@ fn write_outputs(summary: &Summary, dir: &Path, common: &Common) -> Result<(), F
             out.write_all(&txt).context("printing the card")?;
         }
     }
-    eprintln!("traceml-daemon: summary written to {}", dir.join("final_summary.json").display());
+    eprintln!(
+        "traceml-daemon: summary written to {}",
+        dir.join("final_summary.json").display()
+    );
     Ok(())
 }
 
 fn attach(args: AttachArgs) -> Result<u8, Failure> {
     let Some(pid) = args.pid else {
-        return Err(Failure::new(2, "give --pid PID of the training process (or a subcommand: replay, compare; see --help)"));
+        return Err(Failure::new(
+            2,
+            "give --pid PID of the training process (or a subcommand: replay, compare; see --help)",
+        ));
     };
     if !args.ring_mib.is_power_of_two() || args.ring_mib > 1024 {
-        return Err(Failure::new(2, "--ring-mib must be a power of two up to 1024"));
+        return Err(Failure::new(
+            2,
+            "--ring-mib must be a power of two up to 1024",
+        ));
     }
-    if let Some(d) = args.duration {
-        if !(d.is_finite() && d > 0.0) {
-            return Err(Failure::new(2, "--duration must be a positive number of seconds"));
+    if let Some(d) = args.duration
+        && !(d.is_finite() && d > 0.0) {
+            return Err(Failure::new(
+                2,
+                "--duration must be a positive number of seconds",
+            ));
         }
-    }
     let mut opts = live::Options::new(pid);
     opts.ready_file = args.ready_file.clone();
     opts.duration = args.duration.map(Duration::from_secs_f64);
@@ -217,8 +242,13 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     opts.ring_bytes = args.ring_mib << 20;
 
     live::preflight(pid).map_err(|e| Failure::new(e.exit_code() as u8, &e))?;
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_owned()).unwrap_or_default();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let dir = args.output.clone().unwrap_or_else(|| {
         PathBuf::from("traceml-logs").join(format!("{}-{pid}-{}", sanitize(&comm), timestamp(now)))
     });
@@ -229,7 +259,10 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     };
 
     let mut items: Vec<StreamItem> = Vec::new();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     let result = rt.block_on(live::run(&opts, |item| {
         if let Some(w) = writer.as_mut() {
             w.write(item).map_err(|e| e.to_string())?;
@@ -248,7 +281,10 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
         // Attached and then failed: keep what was gathered, say why, and still write the summary.
         Err(e) if items.iter().any(|i| matches!(i, StreamItem::Event(_))) => {
             eprintln!("traceml-daemon: {e}; writing the summary of what was gathered");
-            items.push(StreamItem::End(End { ts: live::monotonic_ns(), reason: EndReason::Truncated }));
+            items.push(StreamItem::End(End {
+                ts: live::monotonic_ns(),
+                reason: EndReason::Truncated,
+            }));
         }
         Err(e) => return Err(Failure::new(e.exit_code() as u8, &e)),
     }
@@ -258,7 +294,16 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
 }
 
 fn sanitize(s: &str) -> String {
-    let s: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    let s: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     if s.is_empty() { "target".into() } else { s }
 }
 
@@ -266,12 +311,28 @@ fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, F
     let rec = record::read(file).map_err(|e| Failure::new(2, e))?;
     let mut items = rec.items;
     if !items.iter().any(|i| matches!(i, StreamItem::End(_))) {
-        let ts = items.iter().rev().find_map(|i| match i { StreamItem::Event(e) => Some(e.ts), _ => None }).unwrap_or(0);
-        eprintln!("traceml-daemon: {} has no end record (the daemon was stopped abruptly); summarising what it holds", file.display());
-        items.push(StreamItem::End(End { ts, reason: EndReason::Truncated }));
+        let ts = items
+            .iter()
+            .rev()
+            .find_map(|i| match i {
+                StreamItem::Event(e) => Some(e.ts),
+                _ => None,
+            })
+            .unwrap_or(0);
+        eprintln!(
+            "traceml-daemon: {} has no end record (the daemon was stopped abruptly); summarising what it holds",
+            file.display()
+        );
+        items.push(StreamItem::End(End {
+            ts,
+            reason: EndReason::Truncated,
+        }));
     }
     let dir = output.unwrap_or_else(|| {
-        let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "replay".into());
+        let stem = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "replay".into());
         PathBuf::from("traceml-logs").join(format!("replay-{}", sanitize(&stem)))
     });
     prepare_output(&dir)?;
@@ -281,7 +342,8 @@ fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, F
 }
 
 fn read_summary(p: &Path) -> Result<Summary, Failure> {
-    let text = std::fs::read_to_string(p).map_err(|e| Failure::new(2, format!("cannot read {}: {e}", p.display())))?;
+    let text = std::fs::read_to_string(p)
+        .map_err(|e| Failure::new(2, format!("cannot read {}: {e}", p.display())))?;
     Summary::from_json(&text).map_err(|e| Failure::new(2, format!("{}: {e}", p.display())))
 }
 

@@ -24,9 +24,15 @@ struct Header {
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     #[error("cannot open recording {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot write recording {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is empty: not a traceml recording")]
     Empty { path: PathBuf },
     #[error("{path} is not a traceml recording (first line: {first:.60})")]
@@ -37,7 +43,11 @@ pub enum RecordError {
     )]
     FutureVersion { path: PathBuf, found: u32 },
     #[error("{path}, line {line}: malformed item: {msg}")]
-    Malformed { path: PathBuf, line: usize, msg: String },
+    Malformed {
+        path: PathBuf,
+        line: usize,
+        msg: String,
+    },
 }
 
 /// Writes items as they come; flushes on every `flush` (the live loop flushes each poll).
@@ -49,18 +59,36 @@ pub struct Writer {
 
 impl Writer {
     pub fn create(path: &Path) -> Result<Self, RecordError> {
-        let file = std::fs::File::create(path).map_err(|source| RecordError::Open { path: path.into(), source })?;
-        let mut w = Writer { path: path.into(), out: BufWriter::new(file), bytes: 0 };
-        let header =
-            Header { format: FORMAT.into(), version: VERSION, daemon_version: env!("CARGO_PKG_VERSION").into() };
+        let file = std::fs::File::create(path).map_err(|source| RecordError::Open {
+            path: path.into(),
+            source,
+        })?;
+        let mut w = Writer {
+            path: path.into(),
+            out: BufWriter::new(file),
+            bytes: 0,
+        };
+        let header = Header {
+            format: FORMAT.into(),
+            version: VERSION,
+            daemon_version: env!("CARGO_PKG_VERSION").into(),
+        };
         w.line(&serde_json::to_string(&header).expect("header serializes"))?;
         Ok(w)
     }
 
     fn line(&mut self, s: &str) -> Result<(), RecordError> {
-        let err = |source| RecordError::Write { path: self.path.clone(), source };
+        let err = |source| RecordError::Write {
+            path: self.path.clone(),
+            source,
+        };
         self.out.write_all(s.as_bytes()).map_err(err)?;
-        self.out.write_all(b"\n").map_err(|source| RecordError::Write { path: self.path.clone(), source })?;
+        self.out
+            .write_all(b"\n")
+            .map_err(|source| RecordError::Write {
+                path: self.path.clone(),
+                source,
+            })?;
         self.bytes += s.len() as u64 + 1;
         Ok(())
     }
@@ -70,7 +98,10 @@ impl Writer {
     }
 
     pub fn flush(&mut self) -> Result<(), RecordError> {
-        self.out.flush().map_err(|source| RecordError::Write { path: self.path.clone(), source })
+        self.out.flush().map_err(|source| RecordError::Write {
+            path: self.path.clone(),
+            source,
+        })
     }
 }
 
@@ -84,7 +115,10 @@ pub struct Recording {
 
 /// Reads a whole recording.
 pub fn read(path: &Path) -> Result<Recording, RecordError> {
-    let file = std::fs::File::open(path).map_err(|source| RecordError::Open { path: path.into(), source })?;
+    let file = std::fs::File::open(path).map_err(|source| RecordError::Open {
+        path: path.into(),
+        source,
+    })?;
     read_from(std::io::BufReader::new(file), path)
 }
 
@@ -92,22 +126,37 @@ pub fn read_from(reader: impl BufRead, path: &Path) -> Result<Recording, RecordE
     let mut lines = reader.split(b'\n').enumerate().peekable();
     let first = match lines.next() {
         None => return Err(RecordError::Empty { path: path.into() }),
-        Some((_, l)) => l.map_err(|source| RecordError::Open { path: path.into(), source })?,
+        Some((_, l)) => l.map_err(|source| RecordError::Open {
+            path: path.into(),
+            source,
+        })?,
     };
     let first = String::from_utf8_lossy(&first).into_owned();
-    let value: serde_json::Value = serde_json::from_str(&first)
-        .map_err(|_| RecordError::NotRecording { path: path.into(), first: first.clone() })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&first).map_err(|_| RecordError::NotRecording {
+            path: path.into(),
+            first: first.clone(),
+        })?;
     if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
-        return Err(RecordError::NotRecording { path: path.into(), first });
+        return Err(RecordError::NotRecording {
+            path: path.into(),
+            first,
+        });
     }
     let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0) as u32;
     if version > VERSION {
-        return Err(RecordError::FutureVersion { path: path.into(), found: version });
+        return Err(RecordError::FutureVersion {
+            path: path.into(),
+            found: version,
+        });
     }
     let mut items = Vec::new();
     let mut truncated_tail = false;
     while let Some((i, line)) = lines.next() {
-        let line = line.map_err(|source| RecordError::Open { path: path.into(), source })?;
+        let line = line.map_err(|source| RecordError::Open {
+            path: path.into(),
+            source,
+        })?;
         if line.is_empty() {
             continue;
         }
@@ -115,10 +164,19 @@ pub fn read_from(reader: impl BufRead, path: &Path) -> Result<Recording, RecordE
             Ok(item) => items.push(item),
             // A cut last line is what a killed writer leaves: keep everything before it.
             Err(_) if lines.peek().is_none() => truncated_tail = true,
-            Err(e) => return Err(RecordError::Malformed { path: path.into(), line: i + 1, msg: e.to_string() }),
+            Err(e) => {
+                return Err(RecordError::Malformed {
+                    path: path.into(),
+                    line: i + 1,
+                    msg: e.to_string(),
+                });
+            }
         }
     }
-    Ok(Recording { items, truncated_tail })
+    Ok(Recording {
+        items,
+        truncated_tail,
+    })
 }
 
 #[cfg(test)]
@@ -128,8 +186,16 @@ mod tests {
 
     fn items() -> Vec<StreamItem> {
         vec![
-            StreamItem::Event(Event { ts: 5, tgid: 1, tid: 1, kind: Kind::RecordExit }),
-            StreamItem::End(End { ts: 9, reason: EndReason::TargetExited }),
+            StreamItem::Event(Event {
+                ts: 5,
+                tgid: 1,
+                tid: 1,
+                kind: Kind::RecordExit,
+            }),
+            StreamItem::End(End {
+                ts: 9,
+                reason: EndReason::TargetExited,
+            }),
         ]
     }
 
@@ -159,12 +225,21 @@ mod tests {
     #[test]
     fn bad_inputs_get_clear_errors() {
         let p = Path::new("x");
-        assert!(matches!(read_from(&b""[..], p), Err(RecordError::Empty { .. })));
-        assert!(matches!(read_from(&b"hello\n"[..], p), Err(RecordError::NotRecording { .. })));
+        assert!(matches!(
+            read_from(&b""[..], p),
+            Err(RecordError::Empty { .. })
+        ));
+        assert!(matches!(
+            read_from(&b"hello\n"[..], p),
+            Err(RecordError::NotRecording { .. })
+        ));
         let future = b"{\"format\":\"traceml-recording\",\"version\":9}\n";
         let e = read_from(&future[..], p).unwrap_err();
         assert!(e.to_string().contains("newer traceml-daemon"), "{e}");
         let mid = b"{\"format\":\"traceml-recording\",\"version\":1}\nnot json\n{\"t\":\"end\",\"ts\":1,\"reason\":\"interrupted\"}\n";
-        assert!(matches!(read_from(&mid[..], p), Err(RecordError::Malformed { line: 2, .. })));
+        assert!(matches!(
+            read_from(&mid[..], p),
+            Err(RecordError::Malformed { line: 2, .. })
+        ));
     }
 }

@@ -13,7 +13,11 @@ use traceml_daemon::event::{Api, CopyKind, Kind, StreamItem};
 
 /// What the workload says it did (its last stdout line).
 fn truth(lines: &[String]) -> serde_json::Value {
-    let last = lines.iter().rev().find(|l| l.contains("\"truth\"")).unwrap_or_else(|| panic!("no truth line in {lines:?}"));
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("\"truth\""))
+        .unwrap_or_else(|| panic!("no truth line in {lines:?}"));
     serde_json::from_str::<serde_json::Value>(last).unwrap()["truth"].clone()
 }
 
@@ -30,7 +34,11 @@ struct Counts {
 
 fn count(items: &[StreamItem], pid: u32) -> Counts {
     let next = code_ptrs(items, "__next__", "torch/utils/data/dataloader.py");
-    assert_eq!(next.len(), 1, "one __next__ code object expected, got {next:?}");
+    assert_eq!(
+        next.len(),
+        1,
+        "one __next__ code object expected, got {next:?}"
+    );
     let mut c = Counts::default();
     for e in events(items).filter(|e| e.tgid == pid) {
         match &e.kind {
@@ -45,7 +53,9 @@ fn count(items: &[StreamItem], pid: u32) -> Counts {
                 }
             }
             Kind::CallExit { api, .. } => *c.exits.entry(format!("{api:?}")).or_default() += 1,
-            Kind::Launch { api: Api::CudaLaunchKernel } => c.launches += 1,
+            Kind::Launch {
+                api: Api::CudaLaunchKernel,
+            } => c.launches += 1,
             _ => {}
         }
     }
@@ -57,21 +67,50 @@ fn check_counts(items: &[StreamItem], pid: u32, t: &serde_json::Value, ctx: &str
     let n = |k: &str| t[k].as_u64().unwrap();
     let bytes = n("bytes");
     assert_eq!(c.next_enter, n("next_calls"), "{ctx}: __next__ entries");
-    assert_eq!(c.next_raised, 1, "{ctx}: exactly the last __next__ raised StopIteration");
+    assert_eq!(
+        c.next_raised, 1,
+        "{ctx}: exactly the last __next__ raised StopIteration"
+    );
     assert_eq!(c.launches, n("launch"), "{ctx}: cudaLaunchKernel");
     let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-    assert_eq!(get(&c.enters, "CudaMemcpy"), n("h2d"), "{ctx}: cudaMemcpy entries");
-    assert_eq!(get(&c.enters, "CudaMemcpyAsync"), n("d2h"), "{ctx}: cudaMemcpyAsync entries");
-    assert_eq!(get(&c.enters, "CudaStreamSynchronize"), n("stream_sync"), "{ctx}: stream syncs");
-    assert_eq!(get(&c.enters, "CudaDeviceSynchronize"), n("device_sync"), "{ctx}: device syncs");
+    assert_eq!(
+        get(&c.enters, "CudaMemcpy"),
+        n("h2d"),
+        "{ctx}: cudaMemcpy entries"
+    );
+    assert_eq!(
+        get(&c.enters, "CudaMemcpyAsync"),
+        n("d2h"),
+        "{ctx}: cudaMemcpyAsync entries"
+    );
+    assert_eq!(
+        get(&c.enters, "CudaStreamSynchronize"),
+        n("stream_sync"),
+        "{ctx}: stream syncs"
+    );
+    assert_eq!(
+        get(&c.enters, "CudaDeviceSynchronize"),
+        n("device_sync"),
+        "{ctx}: device syncs"
+    );
     assert_eq!(c.enters, c.exits, "{ctx}: every native call returned");
-    assert_eq!(c.h2d_bytes, vec![bytes; n("h2d") as usize], "{ctx}: H2D kind and bytes from the arguments");
-    assert_eq!(c.d2h_bytes, vec![bytes; n("d2h") as usize], "{ctx}: D2H kind and bytes from the arguments");
+    assert_eq!(
+        c.h2d_bytes,
+        vec![bytes; n("h2d") as usize],
+        "{ctx}: H2D kind and bytes from the arguments"
+    );
+    assert_eq!(
+        c.d2h_bytes,
+        vec![bytes; n("d2h") as usize],
+        "{ctx}: D2H kind and bytes from the arguments"
+    );
 }
 
 fn workload(py: &std::path::Path, lib: &std::path::Path) -> Command {
     let mut cmd = Command::new(py);
-    cmd.arg(workspace().join("tests/workloads/probe_counts.py")).arg("--lib").arg(lib);
+    cmd.arg(workspace().join("tests/workloads/probe_counts.py"))
+        .arg("--lib")
+        .arg(lib);
     cmd
 }
 
@@ -86,14 +125,21 @@ fn exact_counts_on_every_cpython_with_the_stand_in_runtime() {
         let mut target = spawn(cmd, &dir);
         let pid = target.child.id();
         let out = run_daemon(&mut target, &dir, &["--quiet"], Duration::from_secs(60));
-        assert!(out.status.success(), "3.{minor}: daemon failed: {}", out.stderr);
+        assert!(
+            out.status.success(),
+            "3.{minor}: daemon failed: {}",
+            out.stderr
+        );
         let t = truth(&out.target_stdout);
         check_counts(&out.items, pid, &t, &format!("CPython 3.{minor}"));
         let version = out.items.iter().find_map(|i| match i {
             StreamItem::Target(t) => t.python_version.clone(),
             _ => None,
         });
-        assert!(version.unwrap().starts_with(&format!("3.{minor}")), "3.{minor}: version");
+        assert!(
+            version.unwrap().starts_with(&format!("3.{minor}")),
+            "3.{minor}: version"
+        );
     }
 }
 
@@ -104,11 +150,23 @@ fn exact_counts_on_every_cpython_with_the_stand_in_runtime() {
 fn real_libcudart_loaded_after_attach() {
     require_root();
     let Some(lib) = std::env::var_os("TRACEML_REAL_CUDART") else {
-        panic!("TRACEML_REAL_CUDART is not set: run through `cargo xtask test` (setup installs nvidia-cuda-runtime)");
+        panic!(
+            "TRACEML_REAL_CUDART is not set: run through `cargo xtask test` (setup installs nvidia-cuda-runtime)"
+        );
     };
     let dir = scratch("real-cudart");
     let mut cmd = workload(&python(11), std::path::Path::new(&lib));
-    cmd.args(["--late-load", "--settle", "1.0", "--iters", "12", "--launches", "3", "--bytes", "1048576"]);
+    cmd.args([
+        "--late-load",
+        "--settle",
+        "1.0",
+        "--iters",
+        "12",
+        "--launches",
+        "3",
+        "--bytes",
+        "1048576",
+    ]);
     let mut target = spawn(cmd, &dir);
     let pid = target.child.id();
     let out = run_daemon(&mut target, &dir, &["--quiet"], Duration::from_secs(60));
@@ -122,10 +180,23 @@ fn real_libcudart_loaded_after_attach() {
         })
         .collect();
     assert_eq!(libs.len(), 1, "libcudart noticed once: {libs:?}");
-    assert!(libs[0].path.ends_with("libcudart.so.13"), "{}", libs[0].path);
+    assert!(
+        libs[0].path.ends_with("libcudart.so.13"),
+        "{}",
+        libs[0].path
+    );
     // libcudart functions start with `push %rbp`: probes sit on the symbol itself.
-    assert!(libs[0].probes.iter().any(|p| p == "cudaLaunchKernel+0"), "{:?}", libs[0].probes);
-    check_counts(&out.items, pid, &truth(&out.target_stdout), "real libcudart");
+    assert!(
+        libs[0].probes.iter().any(|p| p == "cudaLaunchKernel+0"),
+        "{:?}",
+        libs[0].probes
+    );
+    check_counts(
+        &out.items,
+        pid,
+        &truth(&out.target_stdout),
+        "real libcudart",
+    );
 }
 
 /// `replay` of the recording rebuilds exactly the live summary.
@@ -147,12 +218,24 @@ fn replay_prints_the_live_summary() {
         .args(["--color", "never"])
         .output()
         .unwrap();
-    assert!(r.status.success(), "replay failed: {}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.status.success(),
+        "replay failed: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let live = std::fs::read_to_string(out.out_dir.join("final_summary.json")).unwrap();
     let replayed = std::fs::read_to_string(replay_dir.join("final_summary.json")).unwrap();
     assert_eq!(live, replayed, "replay must rebuild the same summary");
-    assert_eq!(String::from_utf8_lossy(&r.stdout), out.stdout, "same card on stdout");
-    assert!(out.stdout.contains("traceml"), "the live run printed the card: {}", out.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&r.stdout),
+        out.stdout,
+        "same card on stdout"
+    );
+    assert!(
+        out.stdout.contains("traceml"),
+        "the live run printed the card: {}",
+        out.stdout
+    );
 }
 
 fn daemon_fails(args: &[&str]) -> (i32, String) {
@@ -172,7 +255,12 @@ fn bad_targets_get_one_clear_sentence() {
     // A process that is not Python.
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = sleeper.id().to_string();
-    let (code, err) = daemon_fails(&["--pid", &pid, "--output", &scratch("notpy").display().to_string()]);
+    let (code, err) = daemon_fails(&[
+        "--pid",
+        &pid,
+        "--output",
+        &scratch("notpy").display().to_string(),
+    ]);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     assert_eq!(code, 3, "{err}");
@@ -189,9 +277,18 @@ fn bad_targets_get_one_clear_sentence() {
 fn without_privileges_it_names_the_missing_capabilities() {
     require_root();
     let dir = scratch("noroot");
-    let mut sleeper = Command::new(python(11)).args(["-c", "import time; time.sleep(30)"]).spawn().unwrap();
+    let mut sleeper = Command::new(python(11))
+        .args(["-c", "import time; time.sleep(30)"])
+        .spawn()
+        .unwrap();
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
         .arg(daemon())
         .args(["--pid", &sleeper.id().to_string(), "--output"])
         .arg(dir.join("out"))
@@ -201,6 +298,9 @@ fn without_privileges_it_names_the_missing_capabilities() {
     let _ = sleeper.wait();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
-    assert!(err.contains("needs root") && err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+    assert!(
+        err.contains("needs root") && err.contains("CAP_BPF") && err.contains("CAP_PERFMON"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }

@@ -11,7 +11,15 @@ use std::time::Duration;
 
 use support::*;
 
-const PHASES: [&str; 7] = ["input_wait", "h2d", "forward", "backward", "optimizer", "gpu_wait", "residual"];
+const PHASES: [&str; 7] = [
+    "input_wait",
+    "h2d",
+    "forward",
+    "backward",
+    "optimizer",
+    "gpu_wait",
+    "residual",
+];
 
 /// The truth's verdict names → the daemon's diagnosis kinds.
 fn expected_kind(truth_verdict: &str) -> &'static str {
@@ -35,7 +43,14 @@ struct Checked {
 }
 
 /// Runs one workload under the daemon and compares the summary with its truth file.
-fn run_scenario(py: &Path, script: &Path, args: &[&str], env: &[(&str, &str)], label: &str, full: bool) -> Checked {
+fn run_scenario(
+    py: &Path,
+    script: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    label: &str,
+    full: bool,
+) -> Checked {
     let dir = scratch(label);
     let truth_path = dir.join("truth.json");
     let mut cmd = Command::new(py);
@@ -50,9 +65,10 @@ fn run_scenario(py: &Path, script: &Path, args: &[&str], env: &[(&str, &str)], l
         failures.push(format!("{label}: daemon failed: {}", out.stderr));
         return Checked { failures };
     }
-    let truth: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&truth_path).unwrap_or_else(|e| panic!("{label}: truth: {e}")))
-            .unwrap();
+    let truth: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&truth_path).unwrap_or_else(|e| panic!("{label}: truth: {e}")),
+    )
+    .unwrap();
     let s = &out.summary;
     let steps = s["steps"]["count"].as_u64().unwrap_or(0);
     let truth_steps = truth["step_count"].as_u64().unwrap();
@@ -62,15 +78,22 @@ fn run_scenario(py: &Path, script: &Path, args: &[&str], env: &[(&str, &str)], l
     let want = expected_kind(truth["expected_verdict"].as_str().unwrap());
     let got = s["primary_diagnosis"]["kind"].as_str().unwrap_or("?");
     if got != want {
-        failures.push(format!("{label}: verdict {got}, truth {want} (why: {})", s["primary_diagnosis"]["why"]));
+        failures.push(format!(
+            "{label}: verdict {got}, truth {want} (why: {})",
+            s["primary_diagnosis"]["why"]
+        ));
     }
     let phases: &[&str] = if full { &PHASES } else { &["input_wait"] };
     for phase in phases {
         let truth_ms = truth["median_phases_ns"][phase].as_f64().unwrap() / 1e6;
         let got_ms = s["phases"][phase]["median_ms"].as_f64().unwrap_or(f64::NAN);
         let tol = tolerance_ms(truth_ms);
-        if !((got_ms - truth_ms).abs() <= tol) {
-            failures.push(format!("{label}: {phase} median {got_ms:.2} ms, truth {truth_ms:.2} ms (± {tol:.2})"));
+        // NaN (phase missing from the summary) must fail too.
+        let within = (got_ms - truth_ms).abs() <= tol;
+        if !within {
+            failures.push(format!(
+                "{label}: {phase} median {got_ms:.2} ms, truth {truth_ms:.2} ms (± {tol:.2})"
+            ));
         }
     }
     if !full {
@@ -96,15 +119,33 @@ fn suite(scenarios: &[&str], pythons: &[u32]) {
     for &minor in pythons {
         for name in scenarios {
             let label = format!("{name}-3{minor}");
-            let c = run_scenario(&python(minor), &scenario_script(name), &[], &[], &label, true);
+            let c = run_scenario(
+                &python(minor),
+                &scenario_script(name),
+                &[],
+                &[],
+                &label,
+                true,
+            );
             failures.extend(c.failures);
         }
     }
-    assert!(failures.is_empty(), "{} mismatches against ground truth:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches against ground truth:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
-const ALL: [&str; 6] =
-    ["input_bound_single", "input_bound_workers", "h2d_bound", "compute_bound", "residual_heavy", "balanced"];
+const ALL: [&str; 6] = [
+    "input_bound_single",
+    "input_bound_workers",
+    "h2d_bound",
+    "compute_bound",
+    "residual_heavy",
+    "balanced",
+];
 
 #[test]
 fn scenarios_cpython_3_9() {
@@ -154,5 +195,10 @@ fn real_pytorch_cpu() {
         );
         failures.extend(c.failures);
     }
-    assert!(failures.is_empty(), "{} mismatches against ground truth:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches against ground truth:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -18,8 +18,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use traceml_common::{
-    STATS_LEN, Stat, CodeClass, Pending, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS, LossReason, NAME_BYTES, ProbeId,
-    RawEvent, TRACK_STACK, ThreadState,
+    CodeClass, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS, LossReason, NAME_BYTES,
+    Pending, ProbeId, RawEvent, STATS_LEN, Stat, TRACK_STACK, ThreadState,
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -246,14 +246,24 @@ fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
                 // SAFETY: this key's value; a race between CPUs only miscounts the cap.
                 Some(p) => unsafe {
                     let p = &mut *p;
-                    if p.count >= PENDING_EMIT_LIMIT && now.wrapping_sub(p.first_ns) > PENDING_GRACE_NS {
+                    if p.count >= PENDING_EMIT_LIMIT
+                        && now.wrapping_sub(p.first_ns) > PENDING_GRACE_NS
+                    {
                         bump(&STATS, Stat::PendingCapped as u32);
                         return Some(());
                     }
                     p.count += 1;
                 },
                 None => {
-                    let _ = PENDING.insert(code, Pending { first_ns: now, count: 1, _pad: 0 }, 0);
+                    let _ = PENDING.insert(
+                        code,
+                        Pending {
+                            first_ns: now,
+                            count: 1,
+                            _pad: 0,
+                        },
+                        0,
+                    );
                 }
             }
             CodeClass::Pending as u32
@@ -340,7 +350,9 @@ fn try_any_exit(ctx: &RetProbeContext) -> Option<()> {
             }
         });
     } else {
-        emit(EventKind::CallExit, probe, |e| e.args = [ret, id, depth, 0, 0]);
+        emit(EventKind::CallExit, probe, |e| {
+            e.args = [ret, id, depth, 0, 0]
+        });
     }
     Some(())
 }
@@ -380,7 +392,9 @@ pub fn record_enter(ctx: ProbeContext) -> u32 {
         // byte shuffling (and no bounds checks) is needed.
         let mut words = [0u64; 6];
         // SAFETY: a byte view of `words` (48 bytes, u8 has no alignment needs).
-        let buf = unsafe { core::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), NAME_BYTES + 1) };
+        let buf = unsafe {
+            core::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), NAME_BYTES + 1)
+        };
         // SAFETY: checked read of the target's memory into a local buffer.
         if let Ok(bytes) = unsafe { bpf_probe_read_user_str_bytes(data as *const u8, buf) } {
             if bytes.len() >= NAME_BYTES {

@@ -21,13 +21,18 @@ fn step(name: &str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()
 }
 
 fn output(cmd: &mut Command) -> String {
-    cmd.output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    cmd.output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
 }
 
 pub fn cache_dir() -> PathBuf {
     std::env::var_os("TRACEML_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/traceml"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/traceml")
+        })
 }
 
 /// Everything `demo` and `test` need; `torch` adds the real-PyTorch virtualenv.
@@ -37,42 +42,85 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
             return Ok(());
         }
         run(Command::new("apt-get").arg("update"))?;
-        run(Command::new("apt-get").args(["install", "-y", "llvm-22-dev"]).env("DEBIAN_FRONTEND", "noninteractive"))
+        run(Command::new("apt-get")
+            .args(["install", "-y", "llvm-22-dev"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))
     })?;
-    step("nightly toolchain with rust-src (builds the eBPF crate)", || {
-        if !output(Command::new("rustup").args(["toolchain", "list"])).contains("nightly") {
-            run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
-        }
-        let installed = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]));
-        if installed.lines().any(|l| l.starts_with("rust-src")) {
-            return Ok(());
-        }
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-    })?;
+    step(
+        "nightly toolchain with rust-src (builds the eBPF crate)",
+        || {
+            if !output(Command::new("rustup").args(["toolchain", "list"])).contains("nightly") {
+                run(Command::new("rustup").args([
+                    "toolchain",
+                    "install",
+                    "nightly",
+                    "--profile",
+                    "minimal",
+                ]))?;
+            }
+            let installed = output(Command::new("rustup").args([
+                "component",
+                "list",
+                "--toolchain",
+                "nightly",
+                "--installed",
+            ]));
+            if installed.lines().any(|l| l.starts_with("rust-src")) {
+                return Ok(());
+            }
+            run(Command::new("rustup").args([
+                "component",
+                "add",
+                "rust-src",
+                "--toolchain",
+                "nightly",
+            ]))
+        },
+    )?;
     step("bpf-linker 0.13 on LLVM 22", || {
         if output(Command::new("bpf-linker").arg("--version")).contains(BPF_LINKER_VERSION) {
             return Ok(());
         }
         run(Command::new("cargo")
-            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features"])
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--no-default-features",
+            ])
             .args(["--features", "llvm-22", "--locked"])
             .env("LLVM_PREFIX", LLVM_PREFIX))
     })?;
     step("pyenv CPython 3.9–3.13", || {
-        let missing: Vec<&str> =
-            ["3.9", "3.10", "3.11", "3.12", "3.13"].into_iter().filter(|v| pyenv_python(v).is_err()).collect();
+        let missing: Vec<&str> = ["3.9", "3.10", "3.11", "3.12", "3.13"]
+            .into_iter()
+            .filter(|v| pyenv_python(v).is_err())
+            .collect();
         if missing.is_empty() {
             Ok(())
         } else {
-            bail!("pyenv has no CPython {} (the tests run against each of 3.9–3.13)", missing.join(", "))
+            bail!(
+                "pyenv has no CPython {} (the tests run against each of 3.9–3.13)",
+                missing.join(", ")
+            )
         }
     })?;
-    step("stand-in CUDA runtime and fake torch native library (tests/build.sh)", || {
-        run(Command::new("bash").arg(root().join("tests/build.sh")).current_dir(root()))
+    step(
+        "stand-in CUDA runtime and fake torch native library (tests/build.sh)",
+        || {
+            run(Command::new("bash")
+                .arg(root().join("tests/build.sh"))
+                .current_dir(root()))
+        },
+    )?;
+    step("real libcudart from PyPI (nvidia-cuda-runtime)", || {
+        venv("cudart", &[CUDART_PIN]).map(|_| ())
     })?;
-    step("real libcudart from PyPI (nvidia-cuda-runtime)", || venv("cudart", &[CUDART_PIN]).map(|_| ()))?;
     if torch {
-        step("real PyTorch on CPU (virtualenv, cached)", || venv("torch", &[TORCH_PIN]).map(|_| ()))?;
+        step("real PyTorch on CPU (virtualenv, cached)", || {
+            venv("torch", &[TORCH_PIN]).map(|_| ())
+        })?;
     }
     Ok(())
 }
@@ -81,21 +129,31 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
 pub fn pyenv_python(minor: &str) -> anyhow::Result<PathBuf> {
     let root = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".pyenv"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".pyenv")
+        });
     let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
         .with_context(|| format!("no pyenv at {}", root.display()))?
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
             p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.strip_prefix(minor).is_some_and(|rest| rest.starts_with('.') && rest[1..].chars().all(|c| c.is_ascii_digit()))
+                n.strip_prefix(minor).is_some_and(|rest| {
+                    rest.starts_with('.') && rest[1..].chars().all(|c| c.is_ascii_digit())
+                })
             })
         })
         .collect();
     found.sort();
-    let dir = found.pop().with_context(|| format!("pyenv has no CPython {minor}"))?;
+    let dir = found
+        .pop()
+        .with_context(|| format!("pyenv has no CPython {minor}"))?;
     let py = dir.join(format!("bin/python{minor}"));
-    if py.exists() { Ok(py) } else { bail!("{} is missing", py.display()) }
+    if py.exists() {
+        Ok(py)
+    } else {
+        bail!("{} is missing", py.display())
+    }
 }
 
 /// A cached virtualenv (from pyenv's CPython 3.11) with `packages`; rebuilt when the pins change.
@@ -108,10 +166,20 @@ fn venv(name: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
         return Ok(py);
     }
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.parent().expect("cache dir")).context("creating the cache directory")?;
-    run(Command::new(pyenv_python(TORCH_PYTHON)?).args(["-m", "venv"]).arg(&dir))?;
+    std::fs::create_dir_all(dir.parent().expect("cache dir"))
+        .context("creating the cache directory")?;
+    run(Command::new(pyenv_python(TORCH_PYTHON)?)
+        .args(["-m", "venv"])
+        .arg(&dir))?;
     let mut pip = Command::new(&py);
-    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(packages);
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ])
+    .args(packages);
     eprintln!("xtask setup: $ {} (first time only)", show(&pip));
     run(&mut pip)?;
     std::fs::write(&stamp, want).context("writing the venv stamp")?;
@@ -134,7 +202,10 @@ impl TestEnv {
 pub fn test_env() -> anyhow::Result<TestEnv> {
     let mut vars = vec![("TRACEML_TESTS_BUILD".to_owned(), root().join("tests/build"))];
     let cudart_py = cache_dir().join(format!("venv-cudart-py{TORCH_PYTHON}/bin/python"));
-    if let Some(lib) = find_file(&cache_dir().join(format!("venv-cudart-py{TORCH_PYTHON}")), "libcudart.so.13") {
+    if let Some(lib) = find_file(
+        &cache_dir().join(format!("venv-cudart-py{TORCH_PYTHON}")),
+        "libcudart.so.13",
+    ) {
         vars.push(("TRACEML_REAL_CUDART".into(), lib));
         vars.push(("TRACEML_CUDART_PYTHON".into(), cudart_py));
     }
@@ -164,4 +235,3 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
     }
     None
 }
-

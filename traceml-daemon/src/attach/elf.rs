@@ -8,13 +8,23 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not an ELF file we can read: {source}")]
-    Parse { path: PathBuf, source: object::Error },
+    Parse {
+        path: PathBuf,
+        source: object::Error,
+    },
     #[error("symbol {symbol} is not in {path}")]
     NoSymbol { symbol: String, path: PathBuf },
     #[error("symbol {symbol} at {addr:#x} in {path} is not inside a loadable segment")]
-    NotLoaded { symbol: String, addr: u64, path: PathBuf },
+    NotLoaded {
+        symbol: String,
+        addr: u64,
+        path: PathBuf,
+    },
     #[error(
         "cannot place a probe on {symbol} in {path}: its first instruction is LOCK-prefixed, which \
          the kernel refuses to probe"
@@ -51,14 +61,23 @@ const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
 impl ElfFile {
     pub fn open(path: &Path) -> Result<Self, ElfError> {
-        let data = std::fs::read(path).map_err(|source| ElfError::Read { path: path.into(), source })?;
-        let f = ElfFile { path: path.into(), data };
+        let data = std::fs::read(path).map_err(|source| ElfError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let f = ElfFile {
+            path: path.into(),
+            data,
+        };
         f.parse()?;
         Ok(f)
     }
 
     fn parse(&self) -> Result<object::File<'_>, ElfError> {
-        object::File::parse(&*self.data).map_err(|source| ElfError::Parse { path: self.path.clone(), source })
+        object::File::parse(&*self.data).map_err(|source| ElfError::Parse {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// The first defined function whose name satisfies `pred`, from the dynamic symbol table and
@@ -70,13 +89,20 @@ impl ElfFile {
             .chain(obj.symbols())
             .filter(|s| s.is_definition() && s.address() != 0)
             .find(|s| s.name().map(&pred).unwrap_or(false))
-            .map(|s| Symbol { name: s.name().unwrap_or_default().to_owned(), addr: s.address(), size: s.size() });
+            .map(|s| Symbol {
+                name: s.name().unwrap_or_default().to_owned(),
+                addr: s.address(),
+                size: s.size(),
+            });
         Ok(found)
     }
 
     /// The function named exactly `name`.
     pub fn symbol(&self, name: &str) -> Result<Symbol, ElfError> {
-        self.find(|n| n == name)?.ok_or_else(|| ElfError::NoSymbol { symbol: name.into(), path: self.path.clone() })
+        self.find(|n| n == name)?.ok_or_else(|| ElfError::NoSymbol {
+            symbol: name.into(),
+            path: self.path.clone(),
+        })
     }
 
     /// Translates a virtual address to a file offset through the loadable segments.
@@ -84,7 +110,8 @@ impl ElfFile {
         let obj = self.parse().ok()?;
         obj.segments().find_map(|seg| {
             let (off, size) = seg.file_range();
-            (addr >= seg.address() && addr < seg.address() + size).then(|| addr - seg.address() + off)
+            (addr >= seg.address() && addr < seg.address() + size)
+                .then(|| addr - seg.address() + off)
         })
     }
 
@@ -109,17 +136,26 @@ impl ElfFile {
     /// at ~10 µs a hit; past it the kernel emulates the next instruction), never on a LOCK-prefixed
     /// instruction (the kernel refuses those).
     pub fn probe_site(&self, sym: &Symbol) -> Result<ProbeSite, ElfError> {
-        let off = self.file_offset(sym.addr).ok_or_else(|| ElfError::NotLoaded {
-            symbol: sym.name.clone(),
-            addr: sym.addr,
-            path: self.path.clone(),
-        })?;
+        let off = self
+            .file_offset(sym.addr)
+            .ok_or_else(|| ElfError::NotLoaded {
+                symbol: sym.name.clone(),
+                addr: sym.addr,
+                path: self.path.clone(),
+            })?;
         let head = self.bytes_at(off, 16);
         let skipped = if head.starts_with(&ENDBR64) { 4 } else { 0 };
         if has_lock_prefix(&head[skipped as usize..]) {
-            return Err(ElfError::LockPrefixed { symbol: sym.name.clone(), path: self.path.clone() });
+            return Err(ElfError::LockPrefixed {
+                symbol: sym.name.clone(),
+                path: self.path.clone(),
+            });
         }
-        Ok(ProbeSite { symbol: sym.name.clone(), file_offset: off + skipped, skipped })
+        Ok(ProbeSite {
+            symbol: sym.name.clone(),
+            file_offset: off + skipped,
+            skipped,
+        })
     }
 
     /// Reads `len` bytes at a virtual address from the file's initialised data (e.g. a constant
@@ -164,7 +200,10 @@ mod tests {
     fn resolves_own_symbols_and_offsets() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let f = ElfFile::open(&exe).unwrap();
-        let sym = f.find(|n| n.contains("resolves_own_symbols_and_offsets")).unwrap().expect("own test fn");
+        let sym = f
+            .find(|n| n.contains("resolves_own_symbols_and_offsets"))
+            .unwrap()
+            .expect("own test fn");
         assert!(sym.addr != 0);
         let site = f.probe_site(&sym).unwrap();
         assert!(site.file_offset > 0);
@@ -174,11 +213,15 @@ mod tests {
     #[test]
     fn synthetic_elf_endbr_and_lock() {
         use object::write::{Object as WObject, StandardSection, Symbol as WSymbol, SymbolSection};
-        use object::{Architecture, BinaryFormat, Endianness, SymbolFlags, SymbolKind, SymbolScope};
+        use object::{
+            Architecture, BinaryFormat, Endianness, SymbolFlags, SymbolKind, SymbolScope,
+        };
         // Relocatable objects have no segments, so build the check on bytes directly instead.
         let mut obj = WObject::new(BinaryFormat::Elf, Architecture::X86_64, Endianness::Little);
         let text = obj.section_id(StandardSection::Text);
-        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xf0, 0x48, 0x83, 0x05, 0, 0, 0, 0, 1, 0xc3];
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0xf0, 0x48, 0x83, 0x05, 0, 0, 0, 0, 1, 0xc3,
+        ];
         let off = obj.append_section_data(text, &code, 16);
         obj.add_symbol(WSymbol {
             name: b"locked_fn".to_vec(),
@@ -192,7 +235,10 @@ mod tests {
         });
         let bytes = obj.write().unwrap();
         let parsed = object::File::parse(&*bytes).unwrap();
-        let s = parsed.symbols().find(|s| s.name() == Ok("locked_fn")).unwrap();
+        let s = parsed
+            .symbols()
+            .find(|s| s.name() == Ok("locked_fn"))
+            .unwrap();
         assert_eq!(s.size(), code.len() as u64);
         // endbr64 then a LOCK-prefixed add: the site past endbr64 must be refused.
         assert!(code.starts_with(&ENDBR64));

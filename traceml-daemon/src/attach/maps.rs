@@ -44,7 +44,9 @@ fn parse_line(line: &str) -> Option<Mapping> {
 
 /// Reads and parses `/proc/<pid>/maps`.
 pub fn read(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+    Ok(parse(&std::fs::read_to_string(format!(
+        "/proc/{pid}/maps"
+    ))?))
 }
 
 /// The distinct file paths, in first-mapped order.
@@ -61,7 +63,10 @@ pub fn files(maps: &[Mapping]) -> Vec<PathBuf> {
 /// The lowest address at which `path` is mapped with file offset 0 (the ELF load base before
 /// the first segment's virtual address is subtracted).
 pub fn base_of(maps: &[Mapping], path: &Path) -> Option<u64> {
-    maps.iter().filter(|m| m.path == path && m.offset == 0).map(|m| m.start).min()
+    maps.iter()
+        .filter(|m| m.path == path && m.offset == 0)
+        .map(|m| m.start)
+        .min()
 }
 
 /// What role a mapped file plays for us, by its file name.
@@ -137,10 +142,22 @@ mod tests {
 
     #[test]
     fn roles_by_name() {
-        assert_eq!(role_of(Path::new("/x/libcudart.so.13")), Some(Role::CudaRuntime));
-        assert_eq!(role_of(Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1")), Some(Role::CudaDriver));
-        assert_eq!(role_of(Path::new("/site/torch/lib/libtorch_python.so")), Some(Role::Torch));
-        assert_eq!(role_of(Path::new("/lib/libpython3.9.so.1.0")), Some(Role::Python));
+        assert_eq!(
+            role_of(Path::new("/x/libcudart.so.13")),
+            Some(Role::CudaRuntime)
+        );
+        assert_eq!(
+            role_of(Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1")),
+            Some(Role::CudaDriver)
+        );
+        assert_eq!(
+            role_of(Path::new("/site/torch/lib/libtorch_python.so")),
+            Some(Role::Torch)
+        );
+        assert_eq!(
+            role_of(Path::new("/lib/libpython3.9.so.1.0")),
+            Some(Role::Python)
+        );
         assert_eq!(role_of(Path::new("/lib/libc.so.6")), None);
     }
 }

@@ -3,7 +3,12 @@
 #[derive(Debug, thiserror::Error)]
 pub enum MemError {
     #[error("cannot read {len} bytes at {addr:#x} in process {pid}: {source}")]
-    Read { pid: u32, addr: u64, len: usize, source: std::io::Error },
+    Read {
+        pid: u32,
+        addr: u64,
+        len: usize,
+        source: std::io::Error,
+    },
     #[error("short read of {len} bytes at {addr:#x} in process {pid}")]
     Short { pid: u32, addr: u64, len: usize },
 }
@@ -24,16 +29,32 @@ impl TargetMemory {
     }
 
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
         // SAFETY: `local` describes `buf`, which outlives the call; the remote side is only read
         // by the kernel, which checks it.
-        let n = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let n =
+            unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
         if n < 0 {
-            return Err(MemError::Read { pid: self.pid, addr, len: buf.len(), source: std::io::Error::last_os_error() });
+            return Err(MemError::Read {
+                pid: self.pid,
+                addr,
+                len: buf.len(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         if n as usize != buf.len() {
-            return Err(MemError::Short { pid: self.pid, addr, len: buf.len() });
+            return Err(MemError::Short {
+                pid: self.pid,
+                addr,
+                len: buf.len(),
+            });
         }
         Ok(())
     }

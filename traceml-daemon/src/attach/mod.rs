@@ -43,7 +43,13 @@ pub struct ProbeSpec {
 }
 
 const fn spec(probe: ProbeId, entry: &'static str, exit: bool, matcher: Matcher) -> ProbeSpec {
-    ProbeSpec { probe, entry, exit, matcher, required: false }
+    ProbeSpec {
+        probe,
+        entry,
+        exit,
+        matcher,
+        required: false,
+    }
 }
 
 use Matcher::{Contains, Exact};
@@ -61,36 +67,151 @@ pub const PYTHON: &[ProbeSpec] = &[ProbeSpec {
 /// libcudart: launches (entry only), copies and syncs (entry + return; C API, never throws).
 /// `_ptsz`/`_ptds` are the per-thread-default-stream variants.
 pub const CUDA_RUNTIME: &[ProbeSpec] = &[
-    spec(P::CudaLaunchKernel, "launch", false, Exact("cudaLaunchKernel")),
-    spec(P::CudaLaunchKernel, "launch", false, Exact("cudaLaunchKernel_ptsz")),
-    spec(P::CudaLaunchKernelExC, "launch", false, Exact("cudaLaunchKernelExC")),
-    spec(P::CudaLaunchKernelExC, "launch", false, Exact("cudaLaunchKernelExC_ptsz")),
-    spec(P::CudaGraphLaunch, "launch", false, Exact("cudaGraphLaunch")),
-    spec(P::CudaGraphLaunch, "launch", false, Exact("cudaGraphLaunch_ptsz")),
+    spec(
+        P::CudaLaunchKernel,
+        "launch",
+        false,
+        Exact("cudaLaunchKernel"),
+    ),
+    spec(
+        P::CudaLaunchKernel,
+        "launch",
+        false,
+        Exact("cudaLaunchKernel_ptsz"),
+    ),
+    spec(
+        P::CudaLaunchKernelExC,
+        "launch",
+        false,
+        Exact("cudaLaunchKernelExC"),
+    ),
+    spec(
+        P::CudaLaunchKernelExC,
+        "launch",
+        false,
+        Exact("cudaLaunchKernelExC_ptsz"),
+    ),
+    spec(
+        P::CudaGraphLaunch,
+        "launch",
+        false,
+        Exact("cudaGraphLaunch"),
+    ),
+    spec(
+        P::CudaGraphLaunch,
+        "launch",
+        false,
+        Exact("cudaGraphLaunch_ptsz"),
+    ),
     spec(P::CudaMemcpy, "call_enter", true, Exact("cudaMemcpy")),
     spec(P::CudaMemcpy, "call_enter", true, Exact("cudaMemcpy_ptds")),
-    spec(P::CudaMemcpyAsync, "call_enter", true, Exact("cudaMemcpyAsync")),
-    spec(P::CudaMemcpyAsync, "call_enter", true, Exact("cudaMemcpyAsync_ptsz")),
-    spec(P::CudaStreamSynchronize, "call_enter", true, Exact("cudaStreamSynchronize")),
-    spec(P::CudaStreamSynchronize, "call_enter", true, Exact("cudaStreamSynchronize_ptsz")),
-    spec(P::CudaDeviceSynchronize, "call_enter", true, Exact("cudaDeviceSynchronize")),
-    spec(P::CudaEventSynchronize, "call_enter", true, Exact("cudaEventSynchronize")),
+    spec(
+        P::CudaMemcpyAsync,
+        "call_enter",
+        true,
+        Exact("cudaMemcpyAsync"),
+    ),
+    spec(
+        P::CudaMemcpyAsync,
+        "call_enter",
+        true,
+        Exact("cudaMemcpyAsync_ptsz"),
+    ),
+    spec(
+        P::CudaStreamSynchronize,
+        "call_enter",
+        true,
+        Exact("cudaStreamSynchronize"),
+    ),
+    spec(
+        P::CudaStreamSynchronize,
+        "call_enter",
+        true,
+        Exact("cudaStreamSynchronize_ptsz"),
+    ),
+    spec(
+        P::CudaDeviceSynchronize,
+        "call_enter",
+        true,
+        Exact("cudaDeviceSynchronize"),
+    ),
+    spec(
+        P::CudaEventSynchronize,
+        "call_enter",
+        true,
+        Exact("cudaEventSynchronize"),
+    ),
 ];
 
 /// libcuda (driver): what cuBLAS, cuDNN, NCCL and Triton use.
 pub const CUDA_DRIVER: &[ProbeSpec] = &[
     spec(P::CuLaunchKernel, "launch", false, Exact("cuLaunchKernel")),
-    spec(P::CuLaunchKernel, "launch", false, Exact("cuLaunchKernel_ptsz")),
-    spec(P::CuLaunchKernelEx, "launch", false, Exact("cuLaunchKernelEx")),
-    spec(P::CuLaunchKernelEx, "launch", false, Exact("cuLaunchKernelEx_ptsz")),
-    spec(P::CuStreamSynchronize, "call_enter", true, Exact("cuStreamSynchronize")),
-    spec(P::CuStreamSynchronize, "call_enter", true, Exact("cuStreamSynchronize_ptsz")),
-    spec(P::CuCtxSynchronize, "call_enter", true, Exact("cuCtxSynchronize")),
-    spec(P::CuEventSynchronize, "call_enter", true, Exact("cuEventSynchronize")),
-    spec(P::CuMemcpyHtoD, "call_enter", true, Exact("cuMemcpyHtoD_v2")),
-    spec(P::CuMemcpyDtoH, "call_enter", true, Exact("cuMemcpyDtoH_v2")),
-    spec(P::CuMemcpyHtoDAsync, "call_enter", true, Exact("cuMemcpyHtoDAsync_v2")),
-    spec(P::CuMemcpyDtoHAsync, "call_enter", true, Exact("cuMemcpyDtoHAsync_v2")),
+    spec(
+        P::CuLaunchKernel,
+        "launch",
+        false,
+        Exact("cuLaunchKernel_ptsz"),
+    ),
+    spec(
+        P::CuLaunchKernelEx,
+        "launch",
+        false,
+        Exact("cuLaunchKernelEx"),
+    ),
+    spec(
+        P::CuLaunchKernelEx,
+        "launch",
+        false,
+        Exact("cuLaunchKernelEx_ptsz"),
+    ),
+    spec(
+        P::CuStreamSynchronize,
+        "call_enter",
+        true,
+        Exact("cuStreamSynchronize"),
+    ),
+    spec(
+        P::CuStreamSynchronize,
+        "call_enter",
+        true,
+        Exact("cuStreamSynchronize_ptsz"),
+    ),
+    spec(
+        P::CuCtxSynchronize,
+        "call_enter",
+        true,
+        Exact("cuCtxSynchronize"),
+    ),
+    spec(
+        P::CuEventSynchronize,
+        "call_enter",
+        true,
+        Exact("cuEventSynchronize"),
+    ),
+    spec(
+        P::CuMemcpyHtoD,
+        "call_enter",
+        true,
+        Exact("cuMemcpyHtoD_v2"),
+    ),
+    spec(
+        P::CuMemcpyDtoH,
+        "call_enter",
+        true,
+        Exact("cuMemcpyDtoH_v2"),
+    ),
+    spec(
+        P::CuMemcpyHtoDAsync,
+        "call_enter",
+        true,
+        Exact("cuMemcpyHtoDAsync_v2"),
+    ),
+    spec(
+        P::CuMemcpyDtoHAsync,
+        "call_enter",
+        true,
+        Exact("cuMemcpyDtoHAsync_v2"),
+    ),
 ];
 
 /// torch's native entry points (checked in torch 2.15: `docs/torch-hooks.md`).
@@ -100,9 +221,24 @@ pub const CUDA_DRIVER: &[ProbeSpec] = &[
 /// `loss.backward()`; its body is wrapped in `HANDLE_TH_ERRORS`, which catches every C++
 /// exception (verified by forcing `Engine::execute` to throw), so a uretprobe on it is safe.
 pub const TORCH: &[ProbeSpec] = &[
-    spec(P::TorchRecordEnter, "record_enter", false, Contains("record_function_enter_new")),
-    spec(P::TorchRecordExit, "record_exit", false, Contains("record_function_exit_new")),
-    spec(P::TorchBackward, "call_enter", true, Contains("THPEngine_run_backward")),
+    spec(
+        P::TorchRecordEnter,
+        "record_enter",
+        false,
+        Contains("record_function_enter_new"),
+    ),
+    spec(
+        P::TorchRecordExit,
+        "record_exit",
+        false,
+        Contains("record_function_exit_new"),
+    ),
+    spec(
+        P::TorchBackward,
+        "call_enter",
+        true,
+        Contains("THPEngine_run_backward"),
+    ),
 ];
 
 pub fn specs(role: Role) -> &'static [ProbeSpec] {
@@ -121,7 +257,10 @@ pub enum AttachError {
     #[error("eBPF program {0} is missing from the object")]
     NoProgram(&'static str),
     #[error("cannot load eBPF program {name}: {source}")]
-    Program { name: &'static str, source: ProgramError },
+    Program {
+        name: &'static str,
+        source: ProgramError,
+    },
 }
 
 /// Probe settings fixed at load time.
@@ -163,7 +302,12 @@ impl Attacher {
             .map_max_entries("EVENTS", cfg.ring_bytes)
             .load(crate::EBPF_OBJECT)
             .map_err(AttachError::Load)?;
-        Ok(Attacher { ebpf, pid, loaded: BTreeSet::new(), files: BTreeSet::new() })
+        Ok(Attacher {
+            ebpf,
+            pid,
+            loaded: BTreeSet::new(),
+            files: BTreeSet::new(),
+        })
     }
 
     /// Whether probes were already placed in this file.
@@ -179,7 +323,8 @@ impl Attacher {
             .try_into()
             .map_err(|source| AttachError::Program { name, source })?;
         if !self.loaded.contains(name) {
-            prog.load().map_err(|source| AttachError::Program { name, source })?;
+            prog.load()
+                .map_err(|source| AttachError::Program { name, source })?;
             self.loaded.insert(name);
         }
         Ok(prog)
@@ -210,7 +355,9 @@ impl Attacher {
                 Ok(Some(s)) => s,
                 Ok(None) if !spec.required => continue,
                 Ok(None) => {
-                    report.failures.push(failure(spec, path, "symbol not found"));
+                    report
+                        .failures
+                        .push(failure(spec, path, "symbol not found"));
                     continue;
                 }
                 Err(e) => {
@@ -226,8 +373,12 @@ impl Attacher {
                 }
             };
             match self.place(spec, &host, site.file_offset) {
-                Ok(()) => report.attached.push(format!("{}+{}", sym.name, site.skipped)),
-                Err(e) => report.failures.push(failure(spec, path, &format!("{}: {e}", sym.name))),
+                Ok(()) => report
+                    .attached
+                    .push(format!("{}+{}", sym.name, site.skipped)),
+                Err(e) => report
+                    .failures
+                    .push(failure(spec, path, &format!("{}: {e}", sym.name))),
             }
         }
         Ok(report)
@@ -240,17 +391,24 @@ impl Attacher {
             cookie: Some(spec.probe as u64),
         };
         let entry = self.program(spec.entry).map_err(|e| e.to_string())?;
-        entry.attach(point(), host, UProbeScope::OneProcess(pid)).map_err(|e| error_chain(&e))?;
+        entry
+            .attach(point(), host, UProbeScope::OneProcess(pid))
+            .map_err(|e| error_chain(&e))?;
         if spec.exit {
             let exit = self.program("any_exit").map_err(|e| e.to_string())?;
-            exit.attach(point(), host, UProbeScope::OneProcess(pid)).map_err(|e| error_chain(&e))?;
+            exit.attach(point(), host, UProbeScope::OneProcess(pid))
+                .map_err(|e| error_chain(&e))?;
         }
         Ok(())
     }
 }
 
 fn failure(spec: &ProbeSpec, path: &Path, reason: &str) -> ProbeFailure {
-    ProbeFailure { probe: format!("{:?}", spec.probe), file: path.display().to_string(), reason: reason.into() }
+    ProbeFailure {
+        probe: format!("{:?}", spec.probe),
+        file: path.display().to_string(),
+        reason: reason.into(),
+    }
 }
 
 /// An error with its sources, on one line.

@@ -108,7 +108,11 @@ pub struct PythonTarget {
 /// namespaces, e.g. a target in a container).
 pub fn host_path(pid: u32, path: &Path) -> PathBuf {
     let inside = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
-    if inside.exists() { inside } else { path.to_path_buf() }
+    if inside.exists() {
+        inside
+    } else {
+        path.to_path_buf()
+    }
 }
 
 impl std::fmt::Debug for ElfFile {
@@ -129,38 +133,69 @@ pub fn find(pid: u32, mappings: &[Mapping]) -> Result<PythonTarget, PythonError>
     let mut looked = Vec::new();
     for path in candidates {
         looked.push(path.display().to_string());
-        let Ok(elf) = ElfFile::open(&host_path(pid, &path)) else { continue };
+        let Ok(elf) = ElfFile::open(&host_path(pid, &path)) else {
+            continue;
+        };
         if elf.find(|n| n == EVAL_SYMBOL)?.is_none() {
             continue;
         }
         let version = version_of(&elf, &path)?;
         let layout = frame_layout(version)?;
-        let base = maps::base_of(mappings, &path)
-            .ok_or_else(|| PythonError::Missing { what: "load address".into(), path: path.clone() })?;
+        let base = maps::base_of(mappings, &path).ok_or_else(|| PythonError::Missing {
+            what: "load address".into(),
+            path: path.clone(),
+        })?;
         let code_type = elf.symbol("PyCode_Type")?;
         let code_type_addr = base + code_type.addr - elf.first_segment_vaddr();
-        return Ok(PythonTarget { path, version, layout, elf, code_type_addr });
+        return Ok(PythonTarget {
+            path,
+            version,
+            layout,
+            elf,
+            code_type_addr,
+        });
     }
     Err(PythonError::NotPython {
         pid,
-        looked: if looked.is_empty() { "no python executable or libpython mapped".into() } else { looked.join(", ") },
+        looked: if looked.is_empty() {
+            "no python executable or libpython mapped".into()
+        } else {
+            looked.join(", ")
+        },
     })
 }
 
 /// The version: `Py_Version` (3.11+) from the file, else the `python3.X`/`libpython3.X` name.
 pub fn version_of(elf: &ElfFile, path: &Path) -> Result<Version, PythonError> {
-    if let Some(sym) = elf.find(|n| n == "Py_Version")? {
-        if let Some(b) = elf.read_at_vaddr(sym.addr, 4) {
-            let hex = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            return Ok(Version { major: hex >> 24, minor: (hex >> 16) & 0xff, micro: Some((hex >> 8) & 0xff) });
-        }
+    if let Some(sym) = elf.find(|n| n == "Py_Version")?
+        && let Some(b) = elf.read_at_vaddr(sym.addr, 4)
+    {
+        let hex = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        return Ok(Version {
+            major: hex >> 24,
+            minor: (hex >> 16) & 0xff,
+            micro: Some((hex >> 8) & 0xff),
+        });
     }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let rest = name.strip_prefix("libpython").or_else(|| name.strip_prefix("python")).unwrap_or("");
-    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
-    let mut it = digits.split('.').filter(|s| !s.is_empty()).map(|s| s.parse::<u32>());
+    let rest = name
+        .strip_prefix("libpython")
+        .or_else(|| name.strip_prefix("python"))
+        .unwrap_or("");
+    let digits: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let mut it = digits
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u32>());
     match (it.next(), it.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => Ok(Version { major, minor, micro: None }),
+        (Some(Ok(major)), Some(Ok(minor))) => Ok(Version {
+            major,
+            minor,
+            micro: None,
+        }),
         _ => Err(PythonError::UnknownVersion { path: path.into() }),
     }
 }
@@ -251,7 +286,12 @@ impl CodeReader {
         if !compact {
             return Ok(String::from("<non-compact str>"));
         }
-        let data = obj + if ascii { self.layout.ascii_header } else { self.layout.compact_header };
+        let data = obj
+            + if ascii {
+                self.layout.ascii_header
+            } else {
+                self.layout.compact_header
+            };
         let width = match kind {
             1 => 1,
             2 => 2,
@@ -262,7 +302,10 @@ impl CodeReader {
         mem.read(data, &mut buf)?;
         Ok(match width {
             1 => buf.iter().map(|&b| b as char).collect(),
-            2 => buf.chunks_exact(2).filter_map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32)).collect(),
+            2 => buf
+                .chunks_exact(2)
+                .filter_map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32))
+                .collect(),
             _ => buf
                 .chunks_exact(4)
                 .filter_map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
@@ -277,31 +320,51 @@ mod tests {
 
     #[test]
     fn layout_table() {
-        let v = |minor| Version { major: 3, minor, micro: None };
+        let v = |minor| Version {
+            major: 3,
+            minor,
+            micro: None,
+        };
         assert_eq!(frame_layout(v(9)).unwrap().code_offset, 32);
         assert_eq!(frame_layout(v(11)).unwrap().code_offset, 32);
         assert_eq!(frame_layout(v(12)).unwrap().code_offset, 0);
         assert_eq!(frame_layout(v(14)).unwrap().code_mask, !3);
         assert!(!frame_layout(v(10)).unwrap().has_qualname);
-        assert!(matches!(frame_layout(v(8)), Err(PythonError::Unsupported { .. })));
-        assert!(matches!(frame_layout(v(15)), Err(PythonError::Unsupported { .. })));
+        assert!(matches!(
+            frame_layout(v(8)),
+            Err(PythonError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            frame_layout(v(15)),
+            Err(PythonError::Unsupported { .. })
+        ));
     }
 
     /// Every pyenv interpreter on the machine: the evaluator symbol is found and the version read
     /// from the file matches the interpreter's own idea of it.
     #[test]
     fn versions_of_installed_interpreters() {
-        let Ok(dir) = std::fs::read_dir("/root/.pyenv/versions") else { return };
+        let Ok(dir) = std::fs::read_dir("/root/.pyenv/versions") else {
+            return;
+        };
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let mut parts = name.split('.').map(|p| p.parse::<u32>().ok());
-            let (Some(Some(3)), Some(Some(minor))) = (parts.next(), parts.next()) else { continue };
+            let (Some(Some(3)), Some(Some(minor))) = (parts.next(), parts.next()) else {
+                continue;
+            };
             if !(9..=14).contains(&minor) {
                 continue;
             }
             let lib = entry.path().join(format!("lib/libpython3.{minor}.so.1.0"));
-            let Ok(elf) = ElfFile::open(&lib) else { continue };
-            assert!(elf.find(|n| n == EVAL_SYMBOL).unwrap().is_some(), "{}", lib.display());
+            let Ok(elf) = ElfFile::open(&lib) else {
+                continue;
+            };
+            assert!(
+                elf.find(|n| n == EVAL_SYMBOL).unwrap().is_some(),
+                "{}",
+                lib.display()
+            );
             let v = version_of(&elf, &lib).unwrap();
             assert_eq!((v.major, v.minor), (3, minor), "{}", lib.display());
             if minor >= 11 {

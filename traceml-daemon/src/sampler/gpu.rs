@@ -35,32 +35,44 @@ impl GpuSampler {
     pub fn sample(&mut self, pid: u32) -> Option<Vec<GpuSample>> {
         let nvml = self.nvml.as_ref().ok()?;
         let count = nvml.device_count().ok()?;
-        let refresh_procs = self.ticks % 5 == 0;
+        let refresh_procs = self.ticks.is_multiple_of(5);
         self.ticks += 1;
         self.proc_mem.resize(count as usize, None);
         let mut out = Vec::new();
         for i in 0..count {
-            let Ok(dev) = nvml.device_by_index(i) else { continue };
+            let Ok(dev) = nvml.device_by_index(i) else {
+                continue;
+            };
             let mem = dev.memory_info().ok();
             if refresh_procs {
                 self.proc_mem[i as usize] = dev.running_compute_processes().ok().and_then(|ps| {
-                    ps.iter().find(|p| p.pid == pid).and_then(|p| match p.used_gpu_memory {
-                        UsedGpuMemory::Used(b) => Some(b),
-                        UsedGpuMemory::Unavailable => None,
-                    })
+                    ps.iter()
+                        .find(|p| p.pid == pid)
+                        .and_then(|p| match p.used_gpu_memory {
+                            UsedGpuMemory::Used(b) => Some(b),
+                            UsedGpuMemory::Unavailable => None,
+                        })
                 });
             }
             let process_util_pct = dev
                 .process_utilization_stats(self.last_util_ts)
                 .ok()
-                .and_then(|v| v.into_iter().filter(|s| s.pid == pid).map(|s| s.sm_util as f64).reduce(f64::max));
+                .and_then(|v| {
+                    v.into_iter()
+                        .filter(|s| s.pid == pid)
+                        .map(|s| s.sm_util as f64)
+                        .reduce(f64::max)
+                });
             out.push(GpuSample {
                 index: i,
                 name: dev.name().ok(),
                 util_pct: dev.utilization_rates().ok().map(|u| u.gpu as f64),
                 mem_used_bytes: mem.as_ref().map(|m| m.used),
                 mem_total_bytes: mem.as_ref().map(|m| m.total),
-                temp_c: dev.temperature(TemperatureSensor::Gpu).ok().map(|t| t as f64),
+                temp_c: dev
+                    .temperature(TemperatureSensor::Gpu)
+                    .ok()
+                    .map(|t| t as f64),
                 power_w: dev.power_usage().ok().map(|mw| mw as f64 / 1000.0),
                 power_limit_w: dev.enforced_power_limit().ok().map(|mw| mw as f64 / 1000.0),
                 process_mem_bytes: self.proc_mem[i as usize],

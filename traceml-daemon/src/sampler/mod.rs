@@ -15,7 +15,11 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(pid: u32) -> Self {
-        Sampler { pid, prev: None, gpu: gpu::GpuSampler::init() }
+        Sampler {
+            pid,
+            prev: None,
+            gpu: gpu::GpuSampler::init(),
+        }
     }
 
     /// Why GPU metrics are unavailable, when they are.

@@ -47,7 +47,10 @@ fn children(pid: u32) -> Vec<u32> {
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(s.split_ascii_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+                out.extend(
+                    s.split_ascii_whitespace()
+                        .filter_map(|c| c.parse::<u32>().ok()),
+                );
             }
         }
     }
@@ -64,14 +67,24 @@ fn read_stat(pid: u32) -> Option<Stat> {
 pub fn read_snapshot(pid: u32, ts: u64) -> Snapshot {
     Snapshot {
         ts,
-        cpu_busy_total: std::fs::read_to_string("/proc/stat").ok().and_then(|s| parse_cpu_line(&s)),
-        meminfo: std::fs::File::open("/proc/meminfo").ok().and_then(|f| Meminfo::from_read(f).ok()),
+        cpu_busy_total: std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| parse_cpu_line(&s)),
+        meminfo: std::fs::File::open("/proc/meminfo")
+            .ok()
+            .and_then(|f| Meminfo::from_read(f).ok()),
         target: read_stat(pid),
         children: children(pid).into_iter().filter_map(read_stat).collect(),
     }
 }
 
-fn process_sample(prev: Option<&Stat>, cur: &Stat, dt_s: f64, tps: u64, page: u64) -> ProcessSample {
+fn process_sample(
+    prev: Option<&Stat>,
+    cur: &Stat,
+    dt_s: f64,
+    tps: u64,
+    page: u64,
+) -> ProcessSample {
     let secs = |s: &Stat| (s.utime + s.stime) as f64 / tps as f64;
     ProcessSample {
         pid: cur.pid as u32,
@@ -88,27 +101,44 @@ fn process_sample(prev: Option<&Stat>, cur: &Stat, dt_s: f64, tps: u64, page: u6
 pub fn to_sample(prev: &Snapshot, cur: &Snapshot, tps: u64, page: u64) -> Sample {
     let dt_s = cur.ts.saturating_sub(prev.ts) as f64 / 1e9;
     let cpu_pct = match (prev.cpu_busy_total, cur.cpu_busy_total) {
-        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some((b1.saturating_sub(b0)) as f64 / (t1 - t0) as f64 * 100.0),
+        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+            Some((b1.saturating_sub(b0)) as f64 / (t1 - t0) as f64 * 100.0)
+        }
         _ => None,
     };
     let system = SystemSample {
         cpu_pct,
-        mem_used_bytes: cur.meminfo.as_ref().and_then(|m| m.mem_available.map(|a| m.mem_total.saturating_sub(a))),
+        mem_used_bytes: cur
+            .meminfo
+            .as_ref()
+            .and_then(|m| m.mem_available.map(|a| m.mem_total.saturating_sub(a))),
         mem_total_bytes: cur.meminfo.as_ref().map(|m| m.mem_total),
     };
     let process = cur.target.as_ref().map(|t| {
-        let p = prev.target.as_ref().filter(|p| p.pid == t.pid && p.starttime == t.starttime);
+        let p = prev
+            .target
+            .as_ref()
+            .filter(|p| p.pid == t.pid && p.starttime == t.starttime);
         process_sample(p, t, dt_s, tps, page)
     });
     let workers = cur
         .children
         .iter()
         .map(|c| {
-            let p = prev.children.iter().find(|p| p.pid == c.pid && p.starttime == c.starttime);
+            let p = prev
+                .children
+                .iter()
+                .find(|p| p.pid == c.pid && p.starttime == c.starttime);
             process_sample(p, c, dt_s, tps, page)
         })
         .collect();
-    Sample { ts: cur.ts, system, process, workers, gpus: None }
+    Sample {
+        ts: cur.ts,
+        system,
+        process,
+        workers,
+        gpus: None,
+    }
 }
 
 #[cfg(test)]
@@ -134,9 +164,8 @@ mod tests {
 
     #[test]
     fn sample_from_fixtures() {
-        let meminfo = Meminfo::from_read(
-            "MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:   20000000 kB\n".as_bytes(),
-        )
+        // A /proc/meminfo recorded on a development machine.
+        let meminfo = Meminfo::from_read(include_str!("fixtures/meminfo").as_bytes())
         .unwrap();
         let prev = Snapshot {
             ts: 0,
@@ -154,8 +183,8 @@ mod tests {
         };
         let s = to_sample(&prev, &cur, 100, 4096);
         assert_eq!(s.system.cpu_pct, Some(50.0));
-        assert_eq!(s.system.mem_total_bytes, Some(24_000_000 * 1024));
-        assert_eq!(s.system.mem_used_bytes, Some(4_000_000 * 1024));
+        assert_eq!(s.system.mem_total_bytes, Some(24_684_092 * 1024));
+        assert_eq!(s.system.mem_used_bytes, Some((24_684_092 - 23_947_440) * 1024));
         let p = s.process.unwrap();
         // 50 ticks at 100/s over 0.5 s = one full core
         assert_eq!(p.cpu_pct_one_core, Some(100.0));

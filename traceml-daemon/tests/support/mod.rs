@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use traceml_daemon::event::StreamItem;
 
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn daemon() -> PathBuf {
@@ -22,17 +25,26 @@ pub fn daemon() -> PathBuf {
 pub fn require_root() {
     // SAFETY: no preconditions.
     let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "the root tests load eBPF programs: run them as root (cargo xtask test)");
+    assert_eq!(
+        euid, 0,
+        "the root tests load eBPF programs: run them as root (cargo xtask test)"
+    );
 }
 
 pub fn tests_build() -> PathBuf {
-    std::env::var_os("TRACEML_TESTS_BUILD").map(PathBuf::from).unwrap_or_else(|| workspace().join("tests/build"))
+    std::env::var_os("TRACEML_TESTS_BUILD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("tests/build"))
 }
 
 /// The stand-in CUDA runtime built by tests/build.sh.
 pub fn fake_cudart() -> PathBuf {
     let p = tests_build().join("fakecuda/libcudart.so.12");
-    assert!(p.exists(), "{} is missing: run tests/build.sh (cargo xtask setup does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run tests/build.sh (cargo xtask setup does)",
+        p.display()
+    );
     p
 }
 
@@ -41,19 +53,24 @@ pub fn python(minor: u32) -> PathBuf {
     if let Some(p) = std::env::var_os(format!("TRACEML_PYTHON_3{minor}")) {
         return PathBuf::from(p);
     }
-    let root = std::env::var_os("PYENV_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
         .expect("pyenv versions")
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
             p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.strip_prefix(&format!("3.{minor}.")).is_some_and(|r| r.chars().all(|c| c.is_ascii_digit()))
+                n.strip_prefix(&format!("3.{minor}."))
+                    .is_some_and(|r| r.chars().all(|c| c.is_ascii_digit()))
             })
         })
         .collect();
     dirs.sort();
-    let dir = dirs.pop().unwrap_or_else(|| panic!("pyenv has no CPython 3.{minor}"));
+    let dir = dirs
+        .pop()
+        .unwrap_or_else(|| panic!("pyenv has no CPython 3.{minor}"));
     dir.join(format!("bin/python3.{minor}"))
 }
 
@@ -88,13 +105,26 @@ pub fn scratch(name: &str) -> PathBuf {
 pub fn spawn(mut cmd: Command, dir: &Path) -> Target {
     let ready = dir.join("ready");
     let _ = std::fs::remove_file(&ready);
-    cmd.arg("--ready").arg(&ready).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    cmd.arg("--ready")
+        .arg(&ready)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
     let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
     let mut first = String::new();
     stdout.read_line(&mut first).expect("workload stdout");
-    assert!(!first.is_empty(), "workload {cmd:?} exited before printing its start line");
-    Target { child, ready, stdout: Some(stdout), first_line: first }
+    assert!(
+        !first.is_empty(),
+        "workload {cmd:?} exited before printing its start line"
+    );
+    Target {
+        child,
+        ready,
+        stdout: Some(stdout),
+        first_line: first,
+    }
 }
 
 /// What one daemon run produced.
@@ -130,10 +160,16 @@ pub fn run_daemon(target: &mut Target, dir: &Path, extra: &[&str], timeout: Dura
         .spawn()
         .expect("start traceml-daemon");
     let out = wait_with_timeout(child, timeout);
-    let stdout = target.stdout.take().map(|s| s.lines().map_while(Result::ok).collect()).unwrap_or_default();
+    let stdout = target
+        .stdout
+        .take()
+        .map(|s| s.lines().map_while(Result::ok).collect())
+        .unwrap_or_default();
     let _ = target.child.wait();
     let items = if recording.exists() {
-        traceml_daemon::record::read(&recording).map(|r| r.items).unwrap_or_default()
+        traceml_daemon::record::read(&recording)
+            .map(|r| r.items)
+            .unwrap_or_default()
     } else {
         Vec::new()
     };
@@ -185,7 +221,11 @@ pub fn code_ptrs(items: &[StreamItem], qualname_suffix: &str, file_suffix: &str)
     items
         .iter()
         .filter_map(|i| match i {
-            StreamItem::Code(c) if c.qualname.ends_with(qualname_suffix) && c.filename.ends_with(file_suffix) => Some(c.ptr),
+            StreamItem::Code(c)
+                if c.qualname.ends_with(qualname_suffix) && c.filename.ends_with(file_suffix) =>
+            {
+                Some(c.ptr)
+            }
             _ => None,
         })
         .collect()
