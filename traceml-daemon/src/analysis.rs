@@ -62,10 +62,39 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
         step_samples: step_samples(steps),
     };
+    if target.is_some_and(|t| t.launch_count_only) {
+        count_mode_launches(&mut summary, items);
+    }
     let (primary, findings) = crate::diagnosis::diagnose(&summary);
     summary.primary_diagnosis = primary;
     summary.findings = findings;
     summary
+}
+
+/// `--launch-mode count`: no launch events, only the kernel's whole-run counters. Launches per
+/// phase are unknown (null) and launches per step is the run's average, said in a note.
+fn count_mode_launches(summary: &mut Summary, items: &[StreamItem]) {
+    let totals = items.iter().rev().find_map(|i| match i {
+        StreamItem::LaunchTotals(t) => Some(t),
+        _ => None,
+    });
+    for p in Phase::ALL {
+        summary.phases[p].launches_per_step = None;
+    }
+    let steps = summary.steps.count;
+    summary.cuda.launches_per_step = match totals {
+        Some(t) if summary.cuda.measured && steps > 0 => {
+            // Driver launches are counted once when the runtime made them.
+            let launches = if t.runtime > 0 { t.runtime } else { t.driver };
+            Some(launches as f64 / f64::from(steps))
+        }
+        _ => None,
+    };
+    summary.data_quality.notes.push(
+        "launches counted in the kernel (--launch-mode count): launches per step is a whole-run \
+         average and launches per phase are unknown"
+            .to_owned(),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -728,6 +757,7 @@ pub(crate) mod fixtures {
             mem_total_bytes: Some(64 << 30),
             hostname: "trainer-1".into(),
             daemon_version: "0.1.0".into(),
+            launch_count_only: false,
         })];
         if sc.cuda {
             for (path, role) in [

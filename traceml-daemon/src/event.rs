@@ -23,8 +23,19 @@ pub enum StreamItem {
     ProbeFailed(ProbeFailure),
     /// A library found in the target (at attach or later), with the probes placed in it.
     Library(LibraryInfo),
+    /// Kernel-side launch counters at the end of the run (all launches, both modes).
+    LaunchTotals(LaunchTotals),
     /// The end of the run.
     End(End),
+}
+
+/// Launches counted in the kernel over the whole run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaunchTotals {
+    /// `cudaLaunchKernel`, `cudaLaunchKernelExC`, `cudaGraphLaunch` (and `_ptsz`).
+    pub runtime: u64,
+    /// `cuLaunchKernel`, `cuLaunchKernelEx` (and `_ptsz`).
+    pub driver: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -46,6 +57,9 @@ pub struct TargetInfo {
     pub mem_total_bytes: Option<u64>,
     pub hostname: String,
     pub daemon_version: String,
+    /// `--launch-mode count`: launches are counted in the kernel only (no per-launch events).
+    #[serde(default)]
+    pub launch_count_only: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -16,7 +16,8 @@ use crate::attach::python::{self, CodeReader};
 use crate::attach::{self, AttachError, Attacher, LoadConfig, maps};
 use crate::classify;
 use crate::event::{
-    self, Class, CodeInfo, End, EndReason, Kind, LibraryInfo, Lost, StreamItem, TargetInfo,
+    self, Class, CodeInfo, End, EndReason, Kind, LaunchTotals, LibraryInfo, Lost, StreamItem,
+    TargetInfo,
 };
 use crate::sampler::Sampler;
 
@@ -347,6 +348,29 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     }
 }
 
+/// Sums the kernel's per-CPU launch counters (indexed by probe id).
+fn launch_totals(attacher: &Attacher) -> LaunchTotals {
+    use traceml_common::ProbeId as P;
+    let Some(m) = attacher.ebpf.map("LAUNCHES") else {
+        return LaunchTotals::default();
+    };
+    let Ok(counters) = PerCpuArray::<_, u64>::try_from(m) else {
+        return LaunchTotals::default();
+    };
+    let count = |p: P| -> u64 {
+        counters
+            .get(&(p as u32), 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
+    };
+    LaunchTotals {
+        runtime: count(P::CudaLaunchKernel)
+            + count(P::CudaLaunchKernelExC)
+            + count(P::CudaGraphLaunch),
+        driver: count(P::CuLaunchKernel) + count(P::CuLaunchKernelEx),
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
@@ -465,6 +489,7 @@ pub async fn run(
         mem_total_bytes: None,
         hostname: hostname(),
         daemon_version: env!("CARGO_PKG_VERSION").into(),
+        launch_count_only: !opts.launch_events,
     }))?;
 
     let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
@@ -543,6 +568,7 @@ pub async fn run(
             run.reinserted
         );
     }
+    run.emit(StreamItem::LaunchTotals(launch_totals(&k.attacher)))?;
     let lost = run.lost(&k);
     run.emit(StreamItem::Lost(lost))?;
     run.emit(StreamItem::End(End {

@@ -40,6 +40,8 @@ fn tolerance_ms(truth_ms: f64) -> f64 {
 
 struct Checked {
     failures: Vec<String>,
+    summary: serde_json::Value,
+    truth: serde_json::Value,
 }
 
 /// Runs one workload under the daemon and compares the summary with its truth file.
@@ -47,7 +49,7 @@ fn run_scenario(
     py: &Path,
     script: &Path,
     args: &[&str],
-    env: &[(&str, &str)],
+    daemon_args: &[&str],
     label: &str,
     full: bool,
 ) -> Checked {
@@ -55,15 +57,18 @@ fn run_scenario(
     let truth_path = dir.join("truth.json");
     let mut cmd = Command::new(py);
     cmd.arg(script).arg("--truth").arg(&truth_path).args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
     let mut target = spawn(cmd, &dir);
-    let out = run_daemon(&mut target, &dir, &["--quiet"], Duration::from_secs(120));
+    let mut extra = vec!["--quiet"];
+    extra.extend_from_slice(daemon_args);
+    let out = run_daemon(&mut target, &dir, &extra, Duration::from_secs(120));
     let mut failures = Vec::new();
     if !out.status.success() {
         failures.push(format!("{label}: daemon failed: {}", out.stderr));
-        return Checked { failures };
+        return Checked {
+            failures,
+            summary: out.summary,
+            truth: serde_json::Value::Null,
+        };
     }
     let truth: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&truth_path).unwrap_or_else(|e| panic!("{label}: truth: {e}")),
@@ -96,7 +101,31 @@ fn run_scenario(
             ));
         }
     }
-    if !full {
+    if full {
+        // The stand-in runtime counts what each step did: per-step means must match.
+        let truth_mean = |k: &str| {
+            let v: Vec<f64> = truth["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|st| st[k].as_f64().unwrap())
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        for (field, key) in [
+            ("h2d_bytes_per_step", "bytes_h2d"),
+            ("d2h_bytes_per_step", "bytes_d2h"),
+            ("launches_per_step", "launches"),
+            ("syncs_per_step", "syncs"),
+        ] {
+            let want = truth_mean(key);
+            let got = s["cuda"][field].as_f64().unwrap_or(f64::NAN);
+            let within = (got - want).abs() <= want.abs() * 0.005 + 1e-9;
+            if !within {
+                failures.push(format!("{label}: cuda.{field} {got}, truth {want}"));
+            }
+        }
+    } else {
         // Real torch: the model phases must be seen (present and non-zero).
         for phase in ["forward", "backward", "optimizer"] {
             let got_ms = s["phases"][phase]["median_ms"].as_f64().unwrap_or(0.0);
@@ -105,7 +134,11 @@ fn run_scenario(
             }
         }
     }
-    Checked { failures }
+    Checked {
+        failures,
+        summary: out.summary,
+        truth,
+    }
 }
 
 fn scenario_script(name: &str) -> std::path::PathBuf {
@@ -201,4 +234,51 @@ fn real_pytorch_cpu() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// `--launch-mode count`: launches are only counted in the kernel. The verdict and phases are
+/// unchanged, launches per phase are unknown (null, never 0) and launches per step is the run's
+/// average (the workload launches nothing outside its steps, so it equals the truth).
+#[test]
+fn launch_count_mode() {
+    require_root();
+    let _ = fake_cudart();
+    let c = run_scenario(
+        &python(11),
+        &scenario_script("compute_bound"),
+        &[],
+        &["--launch-mode", "count"],
+        "count-mode",
+        false,
+    );
+    let mut failures: Vec<String> = c
+        .failures
+        .into_iter()
+        .filter(|f| !f.contains("not seen"))
+        .collect();
+    let s = &c.summary;
+    for phase in PHASES {
+        if !s["phases"][phase]["launches_per_step"].is_null() {
+            failures.push(format!(
+                "{phase}: launches per phase must be null in count mode"
+            ));
+        }
+    }
+    let steps = c.truth["steps"].as_array().unwrap();
+    let truth_launches: f64 = steps
+        .iter()
+        .map(|st| st["launches"].as_f64().unwrap())
+        .sum::<f64>()
+        / steps.len() as f64;
+    let got = s["cuda"]["launches_per_step"].as_f64().unwrap_or(f64::NAN);
+    // The whole-run average also holds the launches of the final partial step and the set-up.
+    let within = (got - truth_launches).abs() <= truth_launches * 0.1;
+    if !within {
+        failures.push(format!("launches per step {got}, truth {truth_launches}"));
+    }
+    let notes = s["data_quality"]["notes"].to_string();
+    if !notes.contains("launch-mode count") {
+        failures.push(format!("no count-mode note: {notes}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
