@@ -189,6 +189,8 @@ struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
     undecodable: u64,
     /// Code classes written to the kernel again (a first write did not land).
     reinserted: u64,
+    /// Events of uninteresting code objects dropped before they reached the stream.
+    ignored_events: u64,
     /// Drained events not yet turned into stream items.
     backlog: std::collections::VecDeque<RawEvent>,
     /// Classified code objects whose `Code` item is not in the stream yet.
@@ -259,6 +261,23 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             }
             match event::decode(&raw) {
                 Ok(ev) => {
+                    let code = match ev.kind {
+                        Kind::PyEnter { code, .. } | Kind::PyExit { code, .. } => Some(code),
+                        _ => None,
+                    };
+                    // Calls the kernel reported before the class was known, of code objects
+                    // that turned out uninteresting, carry nothing: keep them out of the stream
+                    // (and the recording).
+                    if let Some(code) = code
+                        && self
+                            .known
+                            .get(&code)
+                            .is_some_and(|&(class, _)| class == Class::Ignore)
+                    {
+                        self.unannounced.remove(&code);
+                        self.ignored_events += 1;
+                        continue;
+                    }
                     if let Kind::PyEnter { code, .. } = ev.kind
                         && let Some(info) = self.unannounced.remove(&code)
                     {
@@ -466,6 +485,7 @@ pub async fn run(
         seq_gaps: 0,
         undecodable: 0,
         reinserted: 0,
+        ignored_events: 0,
         backlog: std::collections::VecDeque::new(),
         unannounced: HashMap::new(),
         python_path: py.path.clone(),
@@ -562,6 +582,10 @@ pub async fn run(
             }
         }
     }
+    tracing::info!(
+        "{} calls of uninteresting code objects reported before classification were dropped",
+        run.ignored_events
+    );
     if run.reinserted > 0 {
         tracing::info!(
             "{} code classes written to the kernel again",

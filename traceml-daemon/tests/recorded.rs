@@ -1,0 +1,115 @@
+//! Tests on recorded runs (tests/fixtures/recordings, made by tests/fixtures/record.sh from the
+//! ground-truth scenarios): no root needed. Each recording is replayed into a summary and its
+//! card and JSON are compared with reviewed snapshots; the replayed phases are checked against
+//! the run's truth file; and compare is checked on real pairs: an input-bound run against its
+//! fix must be an IMPROVEMENT that names input_wait.
+use std::path::PathBuf;
+
+use traceml_daemon::compare::{self, CompareVerdict as Verdict};
+use traceml_daemon::summary::Summary;
+use traceml_daemon::{analysis, record, render};
+
+const SCENARIOS: [&str; 7] = [
+    "input_bound_single",
+    "input_bound_fixed",
+    "input_bound_workers",
+    "h2d_bound",
+    "compute_bound",
+    "residual_heavy",
+    "balanced",
+];
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/recordings")
+}
+
+fn summary(name: &str) -> Summary {
+    let rec = record::read(&fixtures().join(format!("{name}.jsonl.gz"))).expect("recording");
+    assert!(!rec.truncated_tail, "{name}: complete recording");
+    analysis::analyze(&rec.items)
+}
+
+fn truth(name: &str) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(fixtures().join(format!("{name}.truth.json"))).expect("truth");
+    serde_json::from_str(&text).expect("truth json")
+}
+
+#[test]
+fn cards_and_json_of_recorded_runs() {
+    for name in SCENARIOS {
+        let s = summary(name);
+        let mut card = Vec::new();
+        render::render_card(&s, &mut card, false).unwrap();
+        insta::assert_snapshot!(format!("card_{name}"), String::from_utf8(card).unwrap());
+        let mut json = Vec::new();
+        render::render_json(&s, &mut json).unwrap();
+        let json = String::from_utf8(json).unwrap();
+        // The JSON reads back to the same summary.
+        let back = Summary::from_json(&json).unwrap();
+        insta::assert_snapshot!(format!("json_{name}"), json);
+        assert_eq!(back.steps.count, s.steps.count, "{name}");
+    }
+}
+
+/// The replayed summaries agree with what each workload says it did: steps exact, phase
+/// medians within max(2 ms, 5 %).
+#[test]
+fn recorded_runs_match_their_truth() {
+    let mut failures = Vec::new();
+    for name in SCENARIOS {
+        let s = summary(name);
+        let t = truth(name);
+        if u64::from(s.steps.count) != t["step_count"].as_u64().unwrap() {
+            failures.push(format!(
+                "{name}: {} steps, truth {}",
+                s.steps.count, t["step_count"]
+            ));
+        }
+        for p in traceml_daemon::engine::Phase::ALL {
+            let want = t["median_phases_ns"][p.name()].as_f64().unwrap() / 1e6;
+            let got = s.phases[p].median_ms.unwrap_or(f64::NAN);
+            let tol = (want * 0.05).max(2.0);
+            let within = (got - want).abs() <= tol;
+            if !within {
+                failures.push(format!(
+                    "{name}: {} {got:.2} ms, truth {want:.2} ms",
+                    p.name()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn input_bound_run_against_its_fix_is_an_improvement_naming_input_wait() {
+    let before = summary("input_bound_single");
+    let after = summary("input_bound_fixed");
+    let c = compare::compare(&before, &after);
+    assert_eq!(c.verdict, Verdict::Improvement, "{c:?}");
+    assert!(
+        c.reason.contains("input_wait"),
+        "the reason names the input phase: {}",
+        c.reason
+    );
+    assert_eq!(compare::exit_code(&c), 0);
+    let mut text = Vec::new();
+    compare::render_compare_text(&c, &mut text).unwrap();
+    insta::assert_snapshot!(
+        "compare_input_bound_vs_fixed",
+        String::from_utf8(text).unwrap()
+    );
+
+    // The other way round it is a regression, and the exit status says so.
+    let c = compare::compare(&after, &before);
+    assert_eq!(c.verdict, Verdict::Regression, "{c:?}");
+    assert_eq!(compare::exit_code(&c), 1);
+}
+
+#[test]
+fn a_run_against_itself_is_equivalent() {
+    let s = summary("balanced");
+    let c = compare::compare(&s, &s);
+    assert_eq!(c.verdict, Verdict::Equivalent, "{c:?}");
+}
