@@ -23,13 +23,13 @@ pub fn analyze(items: &[StreamItem]) -> Summary {
 /// Builds the summary of a run from the engine's output and the stream it came from.
 pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
     let target = items.iter().find_map(|i| match i {
-        StreamItem::Target(t) => Some(t),
+        StreamItem::Target(t) => Some(&**t),
         _ => None,
     });
     let samples: Vec<&Sample> = items
         .iter()
         .filter_map(|i| match i {
-            StreamItem::Sample(s) => Some(s),
+            StreamItem::Sample(s) => Some(&**s),
             _ => None,
         })
         .collect();
@@ -740,7 +740,7 @@ pub(crate) mod fixtures {
             t += dur;
         }
         let end = t + 100_000_000;
-        let mut items = vec![StreamItem::Target(TargetInfo {
+        let mut items = vec![StreamItem::Target(Box::new(TargetInfo {
             pid: 4242,
             comm: "python".into(),
             cmdline: vec![
@@ -758,18 +758,18 @@ pub(crate) mod fixtures {
             hostname: "trainer-1".into(),
             daemon_version: "0.1.0".into(),
             launch_count_only: false,
-        })];
+        }))];
         if sc.cuda {
             for (path, role) in [
                 ("/venv/nvidia/cuda_runtime/lib/libcudart.so.12", "cudart"),
                 ("/usr/lib/libcuda.so.1", "cuda_driver"),
             ] {
-                items.push(StreamItem::Library(LibraryInfo {
+                items.push(StreamItem::Library(Box::new(LibraryInfo {
                     path: path.into(),
                     role: role.into(),
                     probes: vec![],
                     ts: attach,
-                }));
+                })));
             }
         }
         // One sample every 500 ms.
@@ -779,7 +779,7 @@ pub(crate) mod fixtures {
             let frac = (ts - attach) as f64 / (end - attach) as f64;
             let steps_done = (frac * sc.steps as f64) as u64;
             let rss = (2u64 << 30) + steps_done * sc.rss_growth;
-            items.push(StreamItem::Sample(Sample {
+            items.push(StreamItem::Sample(Box::new(Sample {
                 ts,
                 system: SystemSample {
                     cpu_pct: Some(40.0 + 10.0 * rng.next()),
@@ -816,7 +816,7 @@ pub(crate) mod fixtures {
                         process_util_pct: None,
                     }]
                 }),
-            }));
+            })));
             ts += 500_000_000;
             k += 1;
         }

@@ -5,24 +5,25 @@
 use serde::{Deserialize, Serialize};
 use traceml_common::{CodeClass, EventKind, FLAG_RAISED, NAME_BYTES, ProbeId, RawEvent};
 
-/// One item of the event stream.
+/// One item of the event stream. Rare, large variants are boxed so a stream of millions of
+/// events stays compact in memory (an item is 56 bytes).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum StreamItem {
     /// Facts about the target, written once at attach.
-    Target(TargetInfo),
+    Target(Box<TargetInfo>),
     /// A code object resolved in userspace (qualname, file, class).
-    Code(CodeInfo),
+    Code(Box<CodeInfo>),
     /// A probe event.
     Event(Event),
     /// A periodic /proc + NVML sample.
-    Sample(crate::sample::Sample),
+    Sample(Box<crate::sample::Sample>),
     /// Events known to be lost (kernel counters or sequence gaps), cumulative per reason.
     Lost(Lost),
     /// A probe that could not be attached, and why.
-    ProbeFailed(ProbeFailure),
+    ProbeFailed(Box<ProbeFailure>),
     /// A library found in the target (at attach or later), with the probes placed in it.
-    Library(LibraryInfo),
+    Library(Box<LibraryInfo>),
     /// Kernel-side launch counters at the end of the run (all launches, both modes).
     LaunchTotals(LaunchTotals),
     /// The end of the run.

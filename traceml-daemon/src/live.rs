@@ -281,7 +281,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                     if let Kind::PyEnter { code, .. } = ev.kind
                         && let Some(info) = self.unannounced.remove(&code)
                     {
-                        self.emit(StreamItem::Code(info))?;
+                        self.emit(StreamItem::Code(Box::new(info)))?;
                     }
                     self.emit(StreamItem::Event(ev))?;
                 }
@@ -329,7 +329,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             let report = k.attacher.attach_file(&path, role)?;
             for f in report.failures {
                 tracing::warn!("probe {} in {} not attached: {}", f.probe, f.file, f.reason);
-                self.emit(StreamItem::ProbeFailed(f))?;
+                self.emit(StreamItem::ProbeFailed(Box::new(f)))?;
             }
             if !report.attached.is_empty() || role != maps::Role::Torch {
                 tracing::info!(
@@ -338,12 +338,12 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                     role.name(),
                     report.attached.len()
                 );
-                self.emit(StreamItem::Library(LibraryInfo {
+                self.emit(StreamItem::Library(Box::new(LibraryInfo {
                     path: path.display().to_string(),
                     role: role.name().into(),
                     probes: report.attached,
                     ts: monotonic_ns(),
-                }))?;
+                })))?;
             }
         }
         Ok(())
@@ -492,7 +492,7 @@ pub async fn run(
         python_base: maps::base_of(&mappings, &py.path),
     };
     let attach_ts = monotonic_ns();
-    run.emit(StreamItem::Target(TargetInfo {
+    run.emit(StreamItem::Target(Box::new(TargetInfo {
         pid,
         comm,
         cmdline,
@@ -510,7 +510,7 @@ pub async fn run(
         hostname: hostname(),
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         launch_count_only: !opts.launch_events,
-    }))?;
+    })))?;
 
     let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
     if report.attached.is_empty() {
@@ -533,12 +533,12 @@ pub async fn run(
             py.path.display()
         )));
     }
-    run.emit(StreamItem::Library(LibraryInfo {
+    run.emit(StreamItem::Library(Box::new(LibraryInfo {
         path: py.path.display().to_string(),
         role: "python".into(),
         probes: report.attached,
         ts: monotonic_ns(),
-    }))?;
+    })))?;
     run.rescan(&mut k, &mappings)?;
     if let Some(f) = &opts.ready_file {
         std::fs::write(f, "attached\n")
@@ -646,7 +646,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             }
             _ = sample.tick() => {
                 if let Some(s) = sampler.tick(monotonic_ns()) {
-                    run.emit(StreamItem::Sample(s))?;
+                    run.emit(StreamItem::Sample(Box::new(s)))?;
                 }
             }
             _ = sigint.recv() => return Ok(EndReason::Interrupted),

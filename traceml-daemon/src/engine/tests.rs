@@ -31,13 +31,13 @@ impl Trace {
             (BWD, Class::Backward),
             (OTHER, Class::Ignore),
         ] {
-            self.items.push(StreamItem::Code(CodeInfo {
+            self.items.push(StreamItem::Code(Box::new(CodeInfo {
                 address: ptr,
                 ptr,
                 qualname: format!("q{ptr:x}"),
                 filename: "f.py".into(),
                 class,
-            }));
+            })));
         }
         self
     }
