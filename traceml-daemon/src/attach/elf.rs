@@ -135,7 +135,12 @@ impl ElfFile {
     /// Decides where to put a probe on `sym`: past an `endbr64` (a probe on it is single-stepped
     /// at ~10 µs a hit; past it the kernel emulates the next instruction), never on a LOCK-prefixed
     /// instruction (the kernel refuses those).
-    pub fn probe_site(&self, sym: &Symbol) -> Result<ProbeSite, ElfError> {
+    ///
+    /// With `movable`, for probes that read neither arguments nor the stack, the probe may also
+    /// move down the function's straight-line start to the first instruction the kernel emulates
+    /// (push, jmp, jcc, call): every call still passes it, and a single-stepped first instruction
+    /// (`mov (%rdi),%rdi` in torch's `record_function_exit_new`) costs ~20 µs a hit.
+    pub fn probe_site(&self, sym: &Symbol, movable: bool) -> Result<ProbeSite, ElfError> {
         let off = self
             .file_offset(sym.addr)
             .ok_or_else(|| ElfError::NotLoaded {
@@ -143,8 +148,11 @@ impl ElfFile {
                 addr: sym.addr,
                 path: self.path.clone(),
             })?;
-        let head = self.bytes_at(off, 16);
-        let skipped = if head.starts_with(&ENDBR64) { 4 } else { 0 };
+        let head = self.bytes_at(off, 64);
+        let mut skipped = if head.starts_with(&ENDBR64) { 4 } else { 0 };
+        if movable && let Some(at) = first_emulated(&head[skipped as usize..], sym.addr + skipped) {
+            skipped += at;
+        }
         if has_lock_prefix(&head[skipped as usize..]) {
             return Err(ElfError::LockPrefixed {
                 symbol: sym.name.clone(),
@@ -167,6 +175,44 @@ impl ElfFile {
     }
 }
 
+/// Offset of the first instruction the kernel's x86 uprobes emulate (push of a register, jmp,
+/// jcc, call), if it is reached from the start through straight-line code only (no other
+/// control flow before it) within the first few instructions.
+fn first_emulated(code: &[u8], ip: u64) -> Option<u64> {
+    use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Mnemonic};
+    let mut dec = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut at = 0u64;
+    for _ in 0..8 {
+        if !dec.can_decode() {
+            return None;
+        }
+        let insn = dec.decode();
+        if insn.code() == Code::INVALID {
+            return None;
+        }
+        let emulated = match insn.flow_control() {
+            FlowControl::UnconditionalBranch
+            | FlowControl::ConditionalBranch
+            | FlowControl::Call => {
+                // Only the relative forms are emulated; indirect ones are single-stepped.
+                !insn.is_jmp_near_indirect() && !insn.is_call_near_indirect() && !insn.is_jmp_far()
+            }
+            FlowControl::Next => {
+                insn.mnemonic() == Mnemonic::Push && insn.op0_register() != iced_x86::Register::None
+            }
+            _ => return None,
+        };
+        if emulated {
+            return (at > 0).then_some(at);
+        }
+        if insn.has_lock_prefix() || insn.flow_control() != FlowControl::Next {
+            return None;
+        }
+        at += insn.len() as u64;
+    }
+    None
+}
+
 /// True when the instruction starting at `code` carries a LOCK (0xF0) prefix among its legacy
 /// prefixes.
 fn has_lock_prefix(code: &[u8]) -> bool {
@@ -187,6 +233,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn movable_probes_go_to_the_first_emulated_instruction() {
+        // torch 2.15's record_function_exit_new: mov (%rdi),%rdi; add $0x10,%rdi; jmp rel32
+        let real = [0x48, 0x8b, 0x3f, 0x48, 0x83, 0xc7, 0x10, 0xe9, 0, 0, 0, 0];
+        assert_eq!(first_emulated(&real, 0x1000), Some(7));
+        // the stand-in: mov (%rdi),%rdi; test %rdi,%rdi; je +0x18
+        let fake = [0x48, 0x8b, 0x3f, 0x48, 0x85, 0xff, 0x74, 0x18];
+        assert_eq!(first_emulated(&fake, 0x1000), Some(6));
+        // already on a push: stay
+        assert_eq!(first_emulated(&[0x55, 0x48, 0x89, 0xe5], 0x1000), None);
+        // a ret before any emulated instruction: do not move
+        assert_eq!(first_emulated(&[0x48, 0x8b, 0x3f, 0xc3], 0x1000), None);
+        // an indirect jump is single-stepped anyway: do not move past straight-line code to it
+        assert_eq!(
+            first_emulated(&[0x48, 0x8b, 0x3f, 0xff, 0xe0], 0x1000),
+            None
+        );
+    }
+
+    #[test]
     fn lock_prefix_detection() {
         assert!(has_lock_prefix(&[0xf0, 0x48, 0x83, 0x05]));
         assert!(has_lock_prefix(&[0x66, 0xf0, 0x0f, 0xb1]));
@@ -205,7 +270,7 @@ mod tests {
             .unwrap()
             .expect("own test fn");
         assert!(sym.addr != 0);
-        let site = f.probe_site(&sym).unwrap();
+        let site = f.probe_site(&sym, false).unwrap();
         assert!(site.file_offset > 0);
         assert!(f.symbol("definitely_not_a_symbol_here").is_err());
     }

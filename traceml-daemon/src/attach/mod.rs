@@ -40,6 +40,10 @@ pub struct ProbeSpec {
     pub matcher: Matcher,
     /// A missing symbol is a failure to report (otherwise the variant is just absent).
     pub required: bool,
+    /// The entry program reads neither arguments nor the stack, so the probe may sit on the
+    /// first emulated instruction of the function's straight-line start (see
+    /// [`elf::ElfFile::probe_site`]).
+    pub movable: bool,
 }
 
 const fn spec(probe: ProbeId, entry: &'static str, exit: bool, matcher: Matcher) -> ProbeSpec {
@@ -49,6 +53,7 @@ const fn spec(probe: ProbeId, entry: &'static str, exit: bool, matcher: Matcher)
         exit,
         matcher,
         required: false,
+        movable: false,
     }
 }
 
@@ -62,6 +67,7 @@ pub const PYTHON: &[ProbeSpec] = &[ProbeSpec {
     exit: true,
     matcher: Exact(python::EVAL_SYMBOL),
     required: true,
+    movable: false,
 }];
 
 /// libcudart: launches (entry only), copies and syncs (entry + return; C API, never throws).
@@ -227,12 +233,14 @@ pub const TORCH: &[ProbeSpec] = &[
         false,
         Contains("record_function_enter_new"),
     ),
-    spec(
-        P::TorchRecordExit,
-        "record_exit",
-        false,
-        Contains("record_function_exit_new"),
-    ),
+    ProbeSpec {
+        probe: P::TorchRecordExit,
+        entry: "record_exit",
+        exit: false,
+        matcher: Contains("record_function_exit_new"),
+        required: false,
+        movable: true,
+    },
     spec(
         P::TorchBackward,
         "call_enter",
@@ -365,7 +373,7 @@ impl Attacher {
                     continue;
                 }
             };
-            let site = match file.probe_site(&sym) {
+            let site = match file.probe_site(&sym, spec.movable) {
                 Ok(s) => s,
                 Err(e) => {
                     report.failures.push(failure(spec, path, &e.to_string()));
