@@ -76,6 +76,7 @@ impl LiveError {
     /// Distinct exit codes: 3 for target problems, 4 for privileges/kernel, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
+            LiveError::NotPython(python::PythonError::Unreadable { .. }) => 4,
             LiveError::NoSuchProcess(_) | LiveError::NotPython(_) | LiveError::Memory(_) => 3,
             LiveError::Privileges(_) | LiveError::Kernel(_) => 4,
             _ => 1,

@@ -20,6 +20,11 @@ pub enum PythonError {
         "process {pid} does not look like Python: no mapped file holds {EVAL_SYMBOL} (looked in {looked})"
     )]
     NotPython { pid: u32, looked: String },
+    #[error(
+        "cannot read {path} (permission denied): the daemon needs read access to the target's \
+         files (root, or CAP_DAC_READ_SEARCH)"
+    )]
+    Unreadable { path: PathBuf },
     #[error("cannot tell the Python version of {path}")]
     UnknownVersion { path: PathBuf },
     #[error("Python {major}.{minor} is not supported (3.9 to 3.14 are)")]
@@ -133,8 +138,14 @@ pub fn find(pid: u32, mappings: &[Mapping]) -> Result<PythonTarget, PythonError>
     let mut looked = Vec::new();
     for path in candidates {
         looked.push(path.display().to_string());
-        let Ok(elf) = ElfFile::open(&host_path(pid, &path)) else {
-            continue;
+        let elf = match ElfFile::open(&host_path(pid, &path)) {
+            Ok(elf) => elf,
+            Err(ElfError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                return Err(PythonError::Unreadable { path });
+            }
+            Err(_) => continue,
         };
         if elf.find(|n| n == EVAL_SYMBOL)?.is_none() {
             continue;
