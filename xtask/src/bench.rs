@@ -18,6 +18,9 @@ use anyhow::{Context as _, bail};
 use crate::{root, run, setup};
 
 type Kv = BTreeMap<String, String>;
+/// TraceML comparison row: (scenario, expected, our verdict, TraceML's verdict, our added %,
+/// TraceML's added %, TraceML's step ms, truth step ms).
+type Cmp = (String, String, String, String, f64, f64, f64, f64);
 
 const PHASES: [&str; 7] = [
     "input_wait",
@@ -52,9 +55,9 @@ const FULL: Plan = Plan {
 
 const QUICK: Plan = Plan {
     pairs: 3,
-    storm_n: 50_000,
+    storm_n: 30_000,
     storm_reps: 3,
-    realistic: &[20, 100],
+    realistic: &[20],
     realistic_steps: [(20, 40), (100, 12), (500, 4)],
     footprint_steps: 200,
     traceml_scenarios: &["balanced"],
@@ -238,8 +241,9 @@ impl Ctx {
         let dpid = d.0.as_ref().unwrap().id();
         let summary = out.join("final_summary.json");
         let mut s = DaemonStats::default();
-        let (mut ready_at, mut exit_at): (Option<(Instant, f64)>, Option<(Instant, f64)>) =
-            (None, None);
+        // (when, daemon CPU seconds then)
+        let mut ready_at: Option<(Instant, f64)> = None;
+        let mut exit_at: Option<(Instant, f64)> = None;
         let mut last = (0.0, 0u64, 0u64);
         let mut last_sample = Instant::now() - Duration::from_secs(1);
         let status = loop {
@@ -255,13 +259,18 @@ impl Ctx {
                 last = proc_sample(dpid, self.clk_tck).unwrap_or(last);
                 ready_at = Some((Instant::now(), last.0));
             }
-            if exit_at.is_none() {
-                if target.0.as_mut().unwrap().try_wait()?.is_some() {
-                    last = proc_sample(dpid, self.clk_tck).unwrap_or(last);
-                    exit_at = Some((Instant::now(), last.0));
+            match exit_at {
+                None => {
+                    if target.0.as_mut().unwrap().try_wait()?.is_some() {
+                        last = proc_sample(dpid, self.clk_tck).unwrap_or(last);
+                        exit_at = Some((Instant::now(), last.0));
+                    }
                 }
-            } else if s.verdict_s.is_none() && summary.exists() {
-                s.verdict_s = Some(exit_at.unwrap().0.elapsed().as_secs_f64());
+                Some((at, _)) => {
+                    if s.verdict_s.is_none() && summary.exists() {
+                        s.verdict_s = Some(at.elapsed().as_secs_f64());
+                    }
+                }
             }
             if let Some(st) = d.0.as_mut().unwrap().try_wait()? {
                 d.0 = None;
@@ -473,6 +482,9 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
     // 1b + 5. Real PyTorch on CPU: plain, daemon attached, TraceML (`traceml run`), alternating.
     let mut side = String::new();
     let mut side_overhead = String::new();
+    // (scenario, expected, our verdict, TraceML's verdict, our added %, TraceML's added %,
+    // TraceML's step ms, truth step ms)
+    let mut cmp: Vec<Cmp> = Vec::new();
     if let Some(tp) = ctx.torch_py.clone() {
         for &sc in plan.traceml_scenarios {
             let args = vec![
@@ -571,6 +583,29 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
             }
             let t = truth.unwrap_or_default();
             let o = ours.unwrap_or_default();
+            cmp.push((
+                sc.to_owned(),
+                t.get("expected")
+                    .cloned()
+                    .unwrap_or_default()
+                    .to_uppercase(),
+                o.get("verdict").cloned().unwrap_or_default(),
+                theirs
+                    .as_ref()
+                    .and_then(|s| s.get("verdict").cloned())
+                    .unwrap_or_default(),
+                (m - 1.0) * 100.0,
+                if rc.is_empty() {
+                    f64::NAN
+                } else {
+                    (med(&rc) - 1.0) * 100.0
+                },
+                theirs
+                    .as_ref()
+                    .and_then(|s| f(s, "step_mean_ms"))
+                    .unwrap_or(f64::NAN),
+                f(&t, "step_median_ms").unwrap_or(f64::NAN),
+            ));
             let _ = writeln!(
                 side,
                 "\n**`{sc}`** (expected `{}`)\n",
@@ -685,12 +720,19 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
         ),
     ];
     for (mode, what, extra, hits) in modes {
+        // Each launch queues an operation on the stand-in's device thread, which drains slowly on
+        // two busy cores: fewer launches keep the run short (the loop itself is timed alone).
+        let n = if mode == "launch" {
+            plan.storm_n / 5
+        } else {
+            plan.storm_n
+        };
         let args = vec![
             format!("{bench_dir}/storm.py"),
             "--mode".into(),
             mode.into(),
             "--n".into(),
-            plan.storm_n.to_string(),
+            n.to_string(),
             "--reps".into(),
             plan.storm_reps.to_string(),
         ];
@@ -711,10 +753,7 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
             diffs.push(nb - na);
             base.push(na);
             let d = b.daemon.unwrap();
-            evs.push(
-                f(&d.summary, "events").unwrap_or(0.0)
-                    / (plan.storm_n as f64 * plan.storm_reps as f64),
-            );
+            evs.push(f(&d.summary, "events").unwrap_or(0.0) / (n as f64 * plan.storm_reps as f64));
             lost.push(f(&d.summary, "lost_ratio").unwrap_or(0.0));
         }
         let (m, lo, hi) = mmm(&diffs);
@@ -813,6 +852,12 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
                 ],
             ));
         }
+    }
+    if quick {
+        // Development run: one scenario of each kind.
+        scen.retain(|(n, _, _)| {
+            ["input_bound_single", "compute_bound", "real_balanced"].contains(&n.as_str())
+        });
     }
     for (name, py, args) in scen {
         eprintln!("xtask bench: accuracy {name}");
@@ -924,7 +969,7 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
          - Step time comes from the workload's own clocks (its truth file: median over steps). \
          Overhead = median over pairs of (B median step / A median step); min and max over pairs \
          show the noise. Per-hit cost = B − A in ns per call of a storm loop (median of {} \
-         repetitions of {} calls within a run, then median/min/max over pairs).\n\
+         repetitions of {} calls within a run, a fifth of that for launches, then median/min/max over pairs).\n\
          - Footprint: `/proc/<daemon>/stat` (utime+stime) sampled every 20 ms, from probes live to \
          target exit, as % of one core; peak RSS = `VmHWM`.\n\
          - Time to attach: daemon start → ready file written (probes live). Time to verdict: the \
@@ -1130,6 +1175,61 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
     md.push_str(&side_overhead);
     let _ = writeln!(md, "\nPhase shares (first round):");
     md.push_str(&side);
+    if !cmp.is_empty() && ctx.traceml.is_ok() {
+        let canon = |v: &str| match v {
+            "NO_CLEAR_PERFORMANCE_BOTTLENECK" => "BALANCED".to_owned(),
+            v => v.to_owned(),
+        };
+        let ours_right = cmp.iter().filter(|c| c.2 == c.1).count();
+        let theirs_right = cmp.iter().filter(|c| canon(&c.3) == c.1).count();
+        let _ = writeln!(md, "\n### Where each is ahead\n");
+        let _ = writeln!(
+            md,
+            "- Verdicts against the expected one: traceml-daemon {ours_right} of {n}, TraceML {theirs_right} of {n} \
+             (TraceML's `NO_CLEAR_PERFORMANCE_BOTTLENECK` counted as balanced).",
+            n = cmp.len()
+        );
+        for c in cmp.iter().filter(|c| canon(&c.3) != c.1) {
+            let _ = writeln!(
+                md,
+                "- `{}`: TraceML says {} with a {:.2} ms step while the script's clocks say {:.2} ms: its step \
+                 is the DataLoader fetch plus the `trace_step` block, so time the loop spends after that \
+                 block (here the residual sleep, where a log or checkpoint call would sit) is not in its step.",
+                c.0, c.3, c.6, c.7
+            );
+        }
+        let lower: Vec<&str> = cmp
+            .iter()
+            .filter(|c| c.5 < c.4)
+            .map(|c| c.0.as_str())
+            .collect();
+        let _ = writeln!(
+            md,
+            "- Added step time (median of rounds): {}. TraceML's in-process hooks cost less than the \
+             daemon's probes on: {}. Both are at the noise level of this machine on some rows; read \
+             min/max above.",
+            cmp.iter()
+                .map(|c| format!("`{}` daemon {:+.2} % / TraceML {:+.2} %", c.0, c.4, c.5))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if lower.is_empty() {
+                "none".to_owned()
+            } else {
+                lower.join(", ")
+            }
+        );
+        let _ = writeln!(
+            md,
+            "- TraceML is ahead by design on: no root, no eBPF and no uprobe-capable Linux kernel \
+             needed (anything that runs Python); per-step GPU memory (allocated/reserved) through \
+             torch; multi-rank (DDP) straggler diagnosis; trainer integrations (Hugging Face, \
+             Lightning, …), live CLI/dashboard views, HTML report, W&B/MLflow export and a CI \
+             regression gate. None of those are measured here (no GPU, one process).\n\
+             - traceml-daemon is ahead on: no change to the script and no restart (attach by pid), \
+             phases measured from the whole loop rather than a traced block, per-call CUDA launch, \
+             copy and sync attribution at the runtime (GPU-side numbers: not yet validated on a GPU)."
+        );
+    }
     md.push_str(NOTES);
     std::fs::write(root.join("BENCHMARKS.md"), &md).context("writing BENCHMARKS.md")?;
     eprintln!(
@@ -1155,6 +1255,13 @@ const NOTES: &str = "
   cores that makes its A/B difference noisy (see min/max).
 - Peak RSS (`VmHWM`) counts file-backed pages the daemon maps or reads (ELF symbol tables of \
   `libtorch_cpu.so` are hundreds of MB); the anon column is its own heap.
+- The daemon keeps every stream item in memory until the target exits (`items` in \
+  `traceml-daemon/src/main.rs`), so its heap grows with the run: compare the long run's anon RSS \
+  with the short runs'. The real-torch rows add the ELF data of `libtorch_cpu.so`, read whole \
+  (`attach/elf.rs`).
+- Time to verdict: with `TRACEML_LOG=debug`, about 2 s pass between the live loop's final drain \
+  (its probe statistics line) and `run ended`, i.e. after the loop returns and before the summary \
+  is built; the summary waits for that teardown.
 - TraceML runs the script under `torch.distributed.run` with an aggregator process, so its \
   process wall time includes that start-up; step times are from the script's own clocks in all \
   three columns.
