@@ -49,13 +49,18 @@ enum Cmd {
 }
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 /// Runs a command, echoing it; fails with the command line when it fails.
 pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     eprintln!("xtask: $ {}", show(cmd));
-    let status = cmd.status().with_context(|| format!("cannot start {}", show(cmd)))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {}", show(cmd)))?;
     if !status.success() {
         bail!("`{}` failed ({status})", show(cmd));
     }
@@ -95,21 +100,33 @@ fn demo() -> anyhow::Result<()> {
     let root = root();
     // The dev profile shares its build with `cargo xtask test` and builds in about half the time;
     // the eBPF object is always built optimised.
-    run(Command::new("cargo").args(["build", "-p", "traceml-daemon"]).current_dir(&root))?;
+    run(Command::new("cargo")
+        .args(["build", "-p", "traceml-daemon"])
+        .current_dir(&root))?;
     let daemon = root.join("target/debug/traceml-daemon");
     let ready = std::env::temp_dir().join(format!("traceml-demo-ready-{}", std::process::id()));
     let _ = std::fs::remove_file(&ready);
     let python = setup::pyenv_python("3.11").context("the demo runs on pyenv's CPython 3.11")?;
     eprintln!("xtask: starting the demo training run (input-bound by construction)");
     let mut cmd = Command::new(&python);
-    cmd.arg(root.join("tests/workloads/demo_train.py")).arg("--ready").arg(&ready).current_dir(&root);
+    cmd.arg(root.join("tests/workloads/demo_train.py"))
+        .arg("--ready")
+        .arg(&ready)
+        .current_dir(&root);
     env.apply(&mut cmd);
-    let child = Workload(cmd.stdout(Stdio::inherit()).spawn().context("starting the demo workload")?);
+    let child = Workload(
+        cmd.stdout(Stdio::inherit())
+            .spawn()
+            .context("starting the demo workload")?,
+    );
     let pid = child.0.id();
     // Attach after the workload has started, as a user would.
     std::thread::sleep(Duration::from_millis(500));
     let out = root.join("traceml-logs/demo");
-    eprintln!("xtask: $ sudo traceml-daemon --pid {pid} --output {}", out.display());
+    eprintln!(
+        "xtask: $ sudo traceml-daemon --pid {pid} --output {}",
+        out.display()
+    );
     let t = Instant::now();
     let status = Command::new(&daemon)
         .args(["--pid", &pid.to_string(), "--output"])
@@ -122,7 +139,11 @@ fn demo() -> anyhow::Result<()> {
     if !status.success() {
         bail!("traceml-daemon failed ({status})");
     }
-    eprintln!("xtask: demo done in {:.1} s; summary in {}", t.elapsed().as_secs_f64(), out.display());
+    eprintln!(
+        "xtask: demo done in {:.1} s; summary in {}",
+        t.elapsed().as_secs_f64(),
+        out.display()
+    );
     Ok(())
 }
 
@@ -130,13 +151,23 @@ fn test(torch: bool, rest: &[String]) -> anyhow::Result<()> {
     setup::all(torch)?;
     let env = setup::test_env()?;
     let root = root();
-    run(Command::new("cargo").args(["fmt", "--all", "--check"]).current_dir(&root))?;
-    run(Command::new("cargo").args(["clippy", "--all-targets", "--", "-D", "warnings"]).current_dir(&root))?;
+    run(Command::new("cargo")
+        .args(["fmt", "--all", "--check"])
+        .current_dir(&root))?;
+    run(Command::new("cargo")
+        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+        .current_dir(&root))?;
     // Unit tests (no root) in parallel, then the root tests that attach real probes one at a
     // time: they measure time, and two cores are easily oversubscribed.
-    run(Command::new("cargo").args(["test", "--lib", "--bins"]).args(rest).current_dir(&root))?;
+    run(Command::new("cargo")
+        .args(["test", "--lib", "--bins"])
+        .args(rest)
+        .current_dir(&root))?;
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "traceml-daemon", "--tests"]).args(rest).args(["--", "--test-threads=1"]).current_dir(&root);
+    cmd.args(["test", "-p", "traceml-daemon", "--tests"])
+        .args(rest)
+        .args(["--", "--test-threads=1"])
+        .current_dir(&root);
     env.apply(&mut cmd);
     if !torch {
         cmd.env("TRACEML_SKIP_TORCH", "1");
