@@ -229,12 +229,13 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
         ));
     }
     if let Some(d) = args.duration
-        && !(d.is_finite() && d > 0.0) {
-            return Err(Failure::new(
-                2,
-                "--duration must be a positive number of seconds",
-            ));
-        }
+        && !(d.is_finite() && d > 0.0)
+    {
+        return Err(Failure::new(
+            2,
+            "--duration must be a positive number of seconds",
+        ));
+    }
     let mut opts = live::Options::new(pid);
     opts.ready_file = args.ready_file.clone();
     opts.duration = args.duration.map(Duration::from_secs_f64);

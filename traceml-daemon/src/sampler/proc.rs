@@ -165,8 +165,7 @@ mod tests {
     #[test]
     fn sample_from_fixtures() {
         // A /proc/meminfo recorded on a development machine.
-        let meminfo = Meminfo::from_read(include_str!("fixtures/meminfo").as_bytes())
-        .unwrap();
+        let meminfo = Meminfo::from_read(include_str!("fixtures/meminfo").as_bytes()).unwrap();
         let prev = Snapshot {
             ts: 0,
             cpu_busy_total: Some((100, 1000)),
@@ -184,7 +183,10 @@ mod tests {
         let s = to_sample(&prev, &cur, 100, 4096);
         assert_eq!(s.system.cpu_pct, Some(50.0));
         assert_eq!(s.system.mem_total_bytes, Some(24_684_092 * 1024));
-        assert_eq!(s.system.mem_used_bytes, Some((24_684_092 - 23_947_440) * 1024));
+        assert_eq!(
+            s.system.mem_used_bytes,
+            Some((24_684_092 - 23_947_440) * 1024)
+        );
         let p = s.process.unwrap();
         // 50 ticks at 100/s over 0.5 s = one full core
         assert_eq!(p.cpu_pct_one_core, Some(100.0));
