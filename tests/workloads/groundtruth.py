@@ -97,11 +97,6 @@ def run(name, overrides, argv_args=None):
     cfg.update(overrides)
     a = argv_args or parse(name, cfg)
     cfg["steps"] = a.steps
-    print(json.dumps({"pid": os.getpid(), "scenario": name, "python": sys.version.split()[0],
-                      "executable": sys.executable}), flush=True)
-    if BANNER:
-        print(BANNER, flush=True)
-
     import torch
     torch.cuda.set_bandwidth(cfg["bandwidth"])
     model = make_model(cfg).cuda()
@@ -110,6 +105,12 @@ def run(name, overrides, argv_args=None):
                           launches=cfg["opt_launches"], kernel_ns=cfg["kernel_ns"])
     loader = torch.utils.data.DataLoader(make_dataset(cfg), batch_size=cfg["batch_size"],
                                          num_workers=cfg["num_workers"], pin_memory=cfg["pinned"])
+    # The start line goes out once torch is imported and its libraries are loaded: the harness
+    # attaches then, to a process that has started, as a user attaches to a running job.
+    print(json.dumps({"pid": os.getpid(), "scenario": name, "python": sys.version.split()[0],
+                      "executable": sys.executable}), flush=True)
+    if BANNER:
+        print(BANNER, flush=True)
     wait_ready(a.ready)
 
     now = time.monotonic_ns  # CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns

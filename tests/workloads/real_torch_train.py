@@ -40,9 +40,6 @@ def main():
     if a.steps:
         cfg["steps"] = a.steps
     cfg["num_workers"] = a.workers
-    print(json.dumps({"pid": os.getpid(), "scenario": "real_" + a.scenario, "python": sys.version.split()[0],
-                      "executable": sys.executable}), flush=True)
-
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
@@ -74,6 +71,10 @@ def main():
     opt.step()
     opt.zero_grad()
 
+    # The start line goes out once torch is imported and the model is built: the harness attaches
+    # then, to a process that has started, as a user attaches to a running job.
+    print(json.dumps({"pid": os.getpid(), "scenario": "real_" + a.scenario, "python": sys.version.split()[0],
+                      "executable": sys.executable}), flush=True)
     while a.ready and not os.path.exists(a.ready):
         time.sleep(0.01)
 

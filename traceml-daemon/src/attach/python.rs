@@ -275,27 +275,62 @@ pub struct CodeNames {
 
 impl CodeReader {
     /// Reads one code object; `None` when the pointer is not a live code object (freed, or a
-    /// non-code executable in 3.13+ shim frames).
+    /// non-code executable in 3.13+ shim frames). Three reads in the common case (the code
+    /// object's head, then each string's header with its first bytes): importing torch hands
+    /// the daemon tens of thousands of new code objects within seconds.
     pub fn read(&self, mem: &TargetMemory, code: u64) -> Result<Option<CodeNames>, MemError> {
-        let ob_type = mem.read_u64(code + 8)?;
+        let name_off = self.offsets.qualname.unwrap_or(self.offsets.name);
+        let head_len = (name_off.max(self.offsets.filename) + 8) as usize;
+        let mut head = vec![0u8; head_len];
+        let field = |head: &[u8], off: u64| {
+            let o = off as usize;
+            u64::from_le_bytes(head[o..o + 8].try_into().expect("8 bytes"))
+        };
+        let (ob_type, name_ptr, file_ptr) = match mem.read(code, &mut head) {
+            Ok(()) => (
+                field(&head, 8),
+                field(&head, name_off),
+                field(&head, self.offsets.filename),
+            ),
+            // The object may end near an unmapped page: read field by field.
+            Err(_) => (
+                mem.read_u64(code + 8)?,
+                mem.read_u64(code + name_off)?,
+                mem.read_u64(code + self.offsets.filename)?,
+            ),
+        };
         if ob_type != self.code_type_addr {
             return Ok(None);
         }
-        let name_off = self.offsets.qualname.unwrap_or(self.offsets.name);
-        let qualname = self.read_str(mem, mem.read_u64(code + name_off)?)?;
-        let filename = self.read_str(mem, mem.read_u64(code + self.offsets.filename)?)?;
+        let qualname = self.read_str(mem, name_ptr)?;
+        let filename = self.read_str(mem, file_ptr)?;
         Ok(Some(CodeNames { qualname, filename }))
     }
 
     /// Reads a compact `str` object (the only kind code objects hold).
     fn read_str(&self, mem: &TargetMemory, obj: u64) -> Result<String, MemError> {
-        let len = mem.read_u64(obj + 16)?.min(4096) as usize;
-        let state = mem.read_u32(obj + 32)?;
+        // Header and the first bytes of an ASCII string in one read when possible.
+        const INLINE: usize = 128;
+        let header = self.layout.ascii_header as usize;
+        let mut buf = vec![0u8; header + INLINE];
+        let whole = mem.read(obj, &mut buf).is_ok();
+        if !whole {
+            buf.truncate(header);
+            mem.read(obj, &mut buf)?;
+        }
+        let len = (u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes")).min(4096)) as usize;
+        let state = u32::from_le_bytes(buf[32..36].try_into().expect("4 bytes"));
         let kind = (state >> 2) & 7;
         let compact = (state >> 5) & 1 == 1;
         let ascii = (state >> 6) & 1 == 1;
         if !compact {
             return Ok(String::from("<non-compact str>"));
+        }
+        if ascii && whole && len <= INLINE {
+            return Ok(buf[header..header + len]
+                .iter()
+                .map(|&b| b as char)
+                .collect());
         }
         let data = obj
             + if ascii {
