@@ -12,6 +12,8 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// Real PyTorch for the CPU end-to-end tests (PyPI's wheel; CUDA libraries are installed but
 /// unused without a GPU).
 const TORCH_PIN: &str = "torch==2.15.0";
+/// torch warns at import without numpy.
+const NUMPY_PIN: &str = "numpy<3";
 const CUDART_PIN: &str = "nvidia-cuda-runtime==13.2.86";
 const TORCH_PYTHON: &str = "3.11";
 
@@ -119,7 +121,7 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
     })?;
     if torch {
         step("real PyTorch on CPU (virtualenv, cached)", || {
-            venv("torch", &[TORCH_PIN]).map(|_| ())
+            venv("torch", &[TORCH_PIN, NUMPY_PIN]).map(|_| ())
         })?;
     }
     Ok(())
