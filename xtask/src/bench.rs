@@ -351,7 +351,14 @@ fn torch_python() -> Option<PathBuf> {
     ]
     .into_iter()
     .flatten()
-    .find(|p| p.exists())
+    // A venv being rebuilt by `cargo xtask setup` exists without torch for a while.
+    .find(|p| {
+        Command::new(p)
+            .args(["-c", "import torch"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 /// TraceML in its own venv; torch comes from the torch venv through a .pth file, so the same
