@@ -251,6 +251,7 @@ impl Ctx {
                 if let Some(x) = proc_sample(dpid, self.clk_tck) {
                     last = x;
                     s.anon_kb = s.anon_kb.max(x.2);
+                    s.hwm_kb = s.hwm_kb.max(x.1);
                 }
                 last_sample = Instant::now();
             }
@@ -293,7 +294,8 @@ impl Ctx {
             s.steady_cpu_s = ec - rc;
             s.attach_cpu_s = rc;
         }
-        s.hwm_kb = last.1;
+        // A zombie's status has no VmHWM: keep the largest value seen.
+        s.hwm_kb = s.hwm_kb.max(last.1);
         s.summary_bytes = std::fs::metadata(&summary).map(|m| m.len()).unwrap_or(0);
         s.recording_bytes = std::fs::metadata(&rec).map(|m| m.len()).unwrap_or(0);
         s.summary = self.json("summary", &summary)?;
