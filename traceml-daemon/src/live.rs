@@ -368,6 +368,24 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     }
 }
 
+/// An fd that becomes readable when the kernel wakes the ring buffer's consumer.
+fn ring_readiness(
+    ring: &RingBuf<MapData>,
+) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, LiveError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: dup of a valid, open fd; the new fd is owned by the OwnedFd.
+    let dup = unsafe { libc::dup(ring.as_raw_fd()) };
+    if dup < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(LiveError::Kernel(format!("dup of the ring buffer fd: {e}")));
+    }
+    // SAFETY: `dup` is a fresh fd nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(dup) };
+    // SAFETY: the OwnedFd stays open, with the same fd, for the AsyncFd's whole life (it owns it).
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| LiveError::Kernel(format!("watching the ring buffer: {e}")))
+}
+
 /// Sums the kernel's per-CPU launch counters (indexed by probe id).
 fn launch_totals(attacher: &Attacher) -> LaunchTotals {
     use traceml_common::ProbeId as P;
@@ -618,6 +636,10 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     for i in [&mut poll, &mut rescan, &mut sample] {
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
+    // Readiness of the ring buffer (a duplicate of its fd: the `RingBuf` itself is drained
+    // through `k`). The kernel wakes us for events of unclassified code objects only; the rest
+    // waits for the 10 ms poll.
+    let ready = ring_readiness(&k.ring)?;
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(|e| LiveError::Kernel(e.to_string()))?;
     let mut sigterm =
@@ -629,6 +651,12 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             _ = poll.tick() => {
                 run.drain(k);
                 run.process(Some(Duration::from_millis(20)))?;
+            }
+            guard = ready.readable() => {
+                if let Ok(mut guard) = guard {
+                    guard.clear_ready();
+                }
+                run.drain(k);
             }
             _ = rescan.tick() => {
                 if process_gone(pid, start) {

@@ -23,6 +23,7 @@ use traceml_common::{
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_F_NO_PREALLOC: u32 = 1;
 /// A code object userspace has not classified yet is reported for every call during its first
 /// PENDING_GRACE_NS (userspace classifies within a poll or two, and a fast loop's first calls
@@ -97,6 +98,13 @@ fn lose(reason: LossReason) {
 /// Reserves and fills one event; the caller may set `args`/`flags` through `fill`.
 #[inline(always)]
 fn emit(kind: EventKind, probe: u32, fill: impl FnOnce(&mut RawEvent)) {
+    emit_with(kind, probe, BPF_RB_NO_WAKEUP, fill)
+}
+
+/// [`emit`] with explicit submit flags: events userspace must see at once (a code object it has
+/// not classified) wake it; all others wait for its next poll.
+#[inline(always)]
+fn emit_with(kind: EventKind, probe: u32, submit: u64, fill: impl FnOnce(&mut RawEvent)) {
     let seq = match SEQ.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         Some(p) => unsafe {
@@ -122,7 +130,7 @@ fn emit(kind: EventKind, probe: u32, fill: impl FnOnce(&mut RawEvent)) {
     ev.cpu = unsafe { bpf_get_smp_processor_id() };
     fill(&mut ev);
     entry.write(ev);
-    entry.submit(BPF_RB_NO_WAKEUP);
+    entry.submit(submit);
 }
 
 #[inline(always)]
@@ -282,7 +290,14 @@ fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
         return None;
     }
     let depth = st.len as u64;
-    emit(EventKind::PyEnter, ProbeId::PyEval as u32, |e| {
+    // Userspace reads the names of a new code object from the target's memory: wake it now,
+    // while the object (and the process) still exist.
+    let submit = if class == CodeClass::Pending as u32 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    emit_with(EventKind::PyEnter, ProbeId::PyEval as u32, submit, |e| {
         e.args = [code, class as u64, depth, code_addr, frame];
     });
     Some(())
