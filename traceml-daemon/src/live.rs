@@ -618,6 +618,10 @@ pub async fn run(
         ts: monotonic_ns(),
         reason,
     }))?;
+    // Detaching hundreds of uprobes takes the kernel seconds (one RCU grace period per probe).
+    // Do it off the path to the verdict: the summary is written meanwhile, and the kernel
+    // releases whatever is left when the daemon exits.
+    std::thread::spawn(move || drop(k));
     Ok(reason)
 }
 

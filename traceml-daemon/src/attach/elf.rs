@@ -35,7 +35,9 @@ pub enum ElfError {
 /// A loaded ELF file (the whole file in memory; read once per file).
 pub struct ElfFile {
     pub path: PathBuf,
-    data: Vec<u8>,
+    /// The file, mapped read-only: only the pages we touch (headers, symbol tables, a few bytes
+    /// of code) are read, which matters for libtorch_cpu.so (~500 MB).
+    data: memmap2::Mmap,
 }
 
 /// A resolved function.
@@ -61,7 +63,15 @@ const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
 impl ElfFile {
     pub fn open(path: &Path) -> Result<Self, ElfError> {
-        let data = std::fs::read(path).map_err(|source| ElfError::Read {
+        let read = |source| ElfError::Read {
+            path: path.into(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(read)?;
+        // SAFETY: a read-only private mapping. The mapped library could be replaced on disk while
+        // we read it; writers replace such files (new inode) rather than write into them, and the
+        // target maps the same inode.
+        let data = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ElfError::Read {
             path: path.into(),
             source,
         })?;
