@@ -1270,13 +1270,12 @@ const NOTES: &str = "
   cores that makes its A/B difference noisy (see min/max).
 - Peak RSS (`VmHWM`) counts file-backed pages the daemon maps or reads (ELF symbol tables of \
   `libtorch_cpu.so` are hundreds of MB); the anon column is its own heap.
-- The daemon keeps every stream item in memory until the target exits (`items` in \
+- The daemon keeps every stream item (56 bytes each) in memory until the target exits (`items` in \
   `traceml-daemon/src/main.rs`), so its heap grows with the run: compare the long run's anon RSS \
-  with the short runs'. The real-torch rows add the ELF data of `libtorch_cpu.so`, read whole \
-  (`attach/elf.rs`).
-- Time to verdict: with `TRACEML_LOG=debug`, about 2 s pass between the live loop's final drain \
-  (its probe statistics line) and `run ended`, i.e. after the loop returns and before the summary \
-  is built; the summary waits for that teardown.
+  with the short runs'. ELF files are memory-mapped (`attach/elf.rs`): the pages of \
+  `libtorch_cpu.so`'s symbol tables it reads count in VmHWM as file-backed, not in the anon column.
+- Time to verdict: the probes are detached on a background thread after the stream's last item, \
+  so the summary no longer waits for the kernel's teardown of hundreds of uprobes (~2 s).
 - TraceML runs the script under `torch.distributed.run` with an aggregator process, so its \
   process wall time includes that start-up; step times are from the script's own clocks in all \
   three columns.
