@@ -254,7 +254,14 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     /// event), for at most `budget`, so the loop keeps draining, rescanning and sampling.
     fn process(&mut self, budget: Option<Duration>) -> Result<(), LiveError> {
         let start = std::time::Instant::now();
+        let mut done = 0u32;
         while let Some(raw) = self.backlog.pop_front() {
+            // The clock is read every 64 events only.
+            done += 1;
+            if done.is_multiple_of(64) && budget.is_some_and(|b| start.elapsed() >= b) {
+                self.backlog.push_front(raw);
+                break;
+            }
             if let Some(last) = self.last_seq.insert(raw.cpu, raw.seq)
                 && raw.seq > last + 1
             {
@@ -287,10 +294,6 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                     self.emit(StreamItem::Event(ev))?;
                 }
                 Err(_) => self.undecodable += 1,
-            }
-            if budget.is_some_and(|b| start.elapsed() >= b) && self.backlog.len().is_multiple_of(64)
-            {
-                break;
             }
         }
         Ok(())
