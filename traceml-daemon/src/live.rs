@@ -354,12 +354,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     }
 
     fn lost(&self, k: &Kernel) -> Lost {
-        let count = |r: LossReason| -> u64 {
-            k.loss
-                .get(&(r as u32), 0)
-                .map(|v| v.iter().sum())
-                .unwrap_or(0)
-        };
+        let count = |r: LossReason| percpu_sum(&k.loss, r as u32);
         let ring_full = count(LossReason::RingFull);
         Lost {
             ring_full,
@@ -389,6 +384,11 @@ fn ring_readiness(
         .map_err(|e| LiveError::Kernel(format!("watching the ring buffer: {e}")))
 }
 
+/// One slot of a per-CPU counter array, summed over CPUs (0 when unreadable).
+fn percpu_sum<T: std::borrow::Borrow<MapData>>(map: &PerCpuArray<T, u64>, index: u32) -> u64 {
+    map.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0)
+}
+
 /// Sums the kernel's per-CPU launch counters (indexed by probe id).
 fn launch_totals(attacher: &Attacher) -> LaunchTotals {
     use traceml_common::ProbeId as P;
@@ -398,12 +398,7 @@ fn launch_totals(attacher: &Attacher) -> LaunchTotals {
     let Ok(counters) = PerCpuArray::<_, u64>::try_from(m) else {
         return LaunchTotals::default();
     };
-    let count = |p: P| -> u64 {
-        counters
-            .get(&(p as u32), 0)
-            .map(|v| v.iter().sum())
-            .unwrap_or(0)
-    };
+    let count = |p: P| percpu_sum(&counters, p as u32);
     LaunchTotals {
         runtime: count(P::CudaLaunchKernel)
             + count(P::CudaLaunchKernelExC)
@@ -585,7 +580,7 @@ pub async fn run(
             && let Ok(stats) = PerCpuArray::<_, u64>::try_from(m)
         {
             let v: Vec<u64> = (0..traceml_common::STATS_LEN)
-                .map(|i| stats.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0))
+                .map(|i| percpu_sum(&stats, i))
                 .collect();
             tracing::debug!(
                 "probe stats [py_enter, ignored, pending capped, call_enter, exit]: {v:?}"

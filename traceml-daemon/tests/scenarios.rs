@@ -38,6 +38,16 @@ fn tolerance_ms(truth_ms: f64) -> f64 {
     (truth_ms * 0.05).max(2.0)
 }
 
+/// Mean over the truth file's steps of one per-step counter.
+fn truth_step_mean(truth: &serde_json::Value, key: &str) -> f64 {
+    let steps = truth["steps"].as_array().expect("truth steps");
+    steps
+        .iter()
+        .map(|st| st[key].as_f64().expect("numeric counter"))
+        .sum::<f64>()
+        / steps.len() as f64
+}
+
 struct Checked {
     failures: Vec<String>,
     summary: serde_json::Value,
@@ -103,22 +113,13 @@ fn run_scenario(
     }
     if full {
         // The stand-in runtime counts what each step did: per-step means must match.
-        let truth_mean = |k: &str| {
-            let v: Vec<f64> = truth["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|st| st[k].as_f64().unwrap())
-                .collect();
-            v.iter().sum::<f64>() / v.len() as f64
-        };
         for (field, key) in [
             ("h2d_bytes_per_step", "bytes_h2d"),
             ("d2h_bytes_per_step", "bytes_d2h"),
             ("launches_per_step", "launches"),
             ("syncs_per_step", "syncs"),
         ] {
-            let want = truth_mean(key);
+            let want = truth_step_mean(&truth, key);
             let got = s["cuda"][field].as_f64().unwrap_or(f64::NAN);
             let within = (got - want).abs() <= want.abs() * 0.005 + 1e-9;
             if !within {
@@ -264,12 +265,7 @@ fn launch_count_mode() {
             ));
         }
     }
-    let steps = c.truth["steps"].as_array().unwrap();
-    let truth_launches: f64 = steps
-        .iter()
-        .map(|st| st["launches"].as_f64().unwrap())
-        .sum::<f64>()
-        / steps.len() as f64;
+    let truth_launches = truth_step_mean(&c.truth, "launches");
     let got = s["cuda"]["launches_per_step"].as_f64().unwrap_or(f64::NAN);
     // The whole-run average also holds the launches of the final partial step and the set-up.
     let within = (got - truth_launches).abs() <= truth_launches * 0.1;
