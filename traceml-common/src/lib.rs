@@ -60,7 +60,7 @@ pub const FLAG_TRUNCATED: u32 = 2;
 pub enum EventKind {
     /// A frame of a tracked code object entered `_PyEval_EvalFrameDefault`.
     /// args: [code identity (address ^ rotl(name address, 32)), class (see [`CodeClass`]),
-    /// open tracked calls, code object address, frame address].
+    /// open tracked calls, code object address, `PyThreadState*` of the calling thread].
     PyEnter = 1,
     /// That frame returned. args: [code identity, class, depth, return value, 0]; flags:
     /// [`FLAG_RAISED`].
@@ -242,8 +242,21 @@ pub enum Stat {
     CallEnter = 3,
     /// `any_exit` ran.
     Exit = 4,
+    /// `record_enter` ran.
+    RecordEnter = 5,
+    /// `record_exit` ran.
+    RecordExit = 6,
 }
-pub const STATS_LEN: u32 = 5;
+pub const STATS_LEN: u32 = 7;
+
+/// Indexes of the `CONFIG` array: settings userspace changes while the probes run.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Config {
+    /// 1: every kernel launch is an event; 0: launches are only counted.
+    LaunchEvents = 0,
+}
+pub const CONFIG_LEN: u32 = 4;
 
 /// Per-thread state the eBPF side keeps: a small stack of the open calls it reported (tracked
 /// Python frames and native calls with an exit probe). Each entry holds the stack pointer at entry,

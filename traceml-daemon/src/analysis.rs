@@ -4,14 +4,15 @@
 //!
 //! Pure: no clock, no I/O. A metric that was never measured stays `None`, never 0; non-finite
 //! sample values are ignored.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::engine::{EngineOutput, Phase, Step};
 use crate::event::{EndReason, StreamItem, TargetInfo};
 use crate::sample::Sample;
+use crate::stats::{finite, mean, median, median_u64, quantile};
 use crate::summary::{
-    CudaStats, DataQuality, GpuDeviceStats, GpuStats, LostCounts, MemoryStats, PhaseStats, Phases,
-    ProbeFailed, ProcessStats, RunInfo, SCHEMA_VERSION, StepMs, StepSamples, StepsInfo, Summary,
+    CudaStats, DaemonOverhead, DataQuality, GpuDeviceStats, GpuStats, LostCounts, MemoryStats, PhaseStats, Phases,
+    ProbeFailed, ProbeHits, ProbeSetChange, ProcessStats, RunInfo, SCHEMA_VERSION, StepMs, StepSamples, StepsInfo, Summary,
     SystemStats, TargetSummary, WorkerState, WorkerStats,
 };
 
@@ -60,15 +61,110 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         gpu: gpu_stats(&samples),
         memory: memory_stats(steps, &samples),
         data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
+        daemon_overhead: daemon_overhead(steps, items, target),
         step_samples: step_samples(steps),
     };
-    if target.is_some_and(|t| t.launch_count_only) {
+    let switched_to_count = items
+        .iter()
+        .any(|i| matches!(i, StreamItem::ProbeSet(p) if !p.launch_events));
+    if target.is_some_and(|t| t.launch_count_only) || switched_to_count {
         count_mode_launches(&mut summary, items);
     }
+    add_top_functions(&mut summary, engine, items);
     let (primary, findings) = crate::diagnosis::diagnose(&summary);
     summary.primary_diagnosis = primary;
     summary.findings = findings;
     summary
+}
+
+/// Names the functions inside each phase from the stack samples the engine placed.
+fn add_top_functions(summary: &mut Summary, engine: &EngineOutput, items: &[StreamItem]) {
+    if engine.samples.is_empty() {
+        return;
+    }
+    let funcs: HashMap<u32, crate::event::FuncInfo> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Func(f) => Some((f.id, (**f).clone())),
+            _ => None,
+        })
+        .collect();
+    let profile = crate::profile::profile(&engine.samples, &funcs);
+    for p in Phase::ALL {
+        let stats = &mut summary.phases[p];
+        stats.stack_samples = profile.samples[p.index()];
+        stats.top_functions = profile.top[p.index()].clone();
+    }
+}
+
+/// The daemon's estimated cost from the probe counters and the probe-set changes in the stream.
+fn daemon_overhead(
+    steps: &[Step],
+    items: &[StreamItem],
+    target: Option<&TargetInfo>,
+) -> Option<DaemonOverhead> {
+    use crate::event::{ProbeSet, ProbeStats};
+    let stats: Vec<ProbeStats> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::ProbeStats(s) => Some(*s),
+            _ => None,
+        })
+        .collect();
+    if stats.is_empty() {
+        return None;
+    }
+    let sets: Vec<ProbeSet> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::ProbeSet(p) => Some((**p).clone()),
+            _ => None,
+        })
+        .collect();
+    let initial_events = !target.is_some_and(|t| t.launch_count_only);
+    let est = crate::overhead::estimate(&stats, &sets, initial_events);
+    let median_step_ms = median(&steps.iter().map(|s| ns_to_ms(duration_ns(s))).collect::<Vec<_>>());
+    let steady_steps = steps
+        .iter()
+        .filter(|s| s.start_ns >= est.steady_from_ns)
+        .count();
+    let per_step = |ns: f64, n: usize| (n > 0).then(|| ns / n as f64 / 1e3);
+    let pct = |us: Option<f64>| {
+        us.zip(median_step_ms)
+            .filter(|&(_, m)| m > 0.0)
+            .map(|(us, m)| us / (m * 1e3) * 100.0)
+    };
+    let hits = |h: &ProbeStats, n: usize| {
+        let f = |v: u64| (n > 0).then(|| v as f64 / n as f64);
+        ProbeHits {
+            python: f(h.py_enter),
+            returns: f(h.exit),
+            native_calls: f(h.call_enter),
+            record_function: f(h.record),
+            launches: f(h.launch),
+        }
+    };
+    let attach = target.map(|t| t.attach_ts_ns).unwrap_or(0);
+    let estimated = per_step(est.added_ns, steps.len());
+    let steady = per_step(est.steady_added_ns, steady_steps);
+    Some(DaemonOverhead {
+        budget_pct: target.and_then(|t| t.overhead_budget_pct),
+        estimated_us_per_step: estimated,
+        estimated_pct_of_step: pct(estimated),
+        steady_us_per_step: steady,
+        steady_pct_of_step: pct(steady),
+        hits_per_step: hits(&est.hits, steps.len()),
+        steady_hits_per_step: hits(&est.steady_hits, steady_steps),
+        probe_sets: sets
+            .iter()
+            .map(|p| ProbeSetChange {
+                at_s: p.ts.saturating_sub(attach) as f64 / 1e9,
+                python: p.python,
+                launch_events: p.launch_events,
+                reason: p.reason.clone(),
+            })
+            .collect(),
+    })
 }
 
 /// `--launch-mode count`: no launch events, only the kernel's whole-run counters. Launches per
@@ -95,49 +191,6 @@ fn count_mode_launches(summary: &mut Summary, items: &[StreamItem]) {
          average and launches per phase are unknown"
             .to_owned(),
     );
-}
-
-// ---------------------------------------------------------------------------------------------
-// Statistics helpers (shared with diagnosis and compare).
-
-/// `Some(x)` when `x` is finite.
-pub(crate) fn finite(x: f64) -> Option<f64> {
-    x.is_finite().then_some(x)
-}
-
-/// Mean of the finite values; `None` when there are none.
-pub(crate) fn mean(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let (mut sum, mut n) = (0.0, 0u64);
-    for x in xs.into_iter().filter(|x| x.is_finite()) {
-        sum += x;
-        n += 1;
-    }
-    if n == 0 { None } else { finite(sum / n as f64) }
-}
-
-/// Linear-interpolated quantile `q` (0–1) of the finite values; `None` when there are none.
-pub(crate) fn quantile(xs: &[f64], q: f64) -> Option<f64> {
-    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    finite(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
-}
-
-pub(crate) fn median(xs: &[f64]) -> Option<f64> {
-    quantile(xs, 0.5)
-}
-
-fn median_u64(xs: &[u64]) -> Option<u64> {
-    let mut v = xs.to_vec();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_unstable();
-    Some(v[v.len() / 2])
 }
 
 fn ns_to_ms(ns: u64) -> f64 {
@@ -238,6 +291,8 @@ fn phase_stats(steps: &[Step], cuda_measured: bool) -> Phases<PhaseStats> {
             } else {
                 None
             },
+
+            ..PhaseStats::default()
         }
     })
 }
@@ -758,6 +813,7 @@ pub(crate) mod fixtures {
             hostname: "trainer-1".into(),
             daemon_version: "0.1.0".into(),
             launch_count_only: false,
+            overhead_budget_pct: None,
         }))];
         if sc.cuda {
             for (path, role) in [
@@ -846,6 +902,7 @@ pub(crate) mod fixtures {
             unmatched_events: 0,
             reordered_events: 0,
             partial_steps_dropped: 1,
+            samples: Vec::new(),
         };
         (engine, items)
     }
@@ -861,15 +918,6 @@ mod tests {
     use super::fixtures::*;
     use super::*;
     use crate::summary::DiagnosisKind;
-
-    #[test]
-    fn quantiles_interpolate_and_skip_nan() {
-        let xs = [1.0, 2.0, f64::NAN, 3.0, 4.0];
-        assert_eq!(median(&xs), Some(2.5));
-        assert!((quantile(&xs, 0.9).unwrap() - 3.7).abs() < 1e-9);
-        assert_eq!(median(&[]), None);
-        assert_eq!(mean([f64::NAN, f64::INFINITY]), None);
-    }
 
     #[test]
     fn empty_stream_gives_nulls_not_zeros() {
@@ -953,7 +1001,7 @@ mod tests {
             steps: 1000,
             ..Scenario::default()
         });
-        let json = s.to_json();
+        let json = crate::render::to_json(&s);
         assert!(
             json.len() <= 50_000,
             "summary of 1000 steps is {} bytes",
@@ -1003,6 +1051,6 @@ mod tests {
         let s = summarize(&e, &[]);
         assert_eq!(s.steps.count, 2);
         assert_eq!(s.phases.forward.share, None);
-        let _ = s.to_json();
+        let _ = crate::render::to_json(&s);
     }
 }

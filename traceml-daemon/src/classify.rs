@@ -19,13 +19,16 @@ pub enum RecordClass {
     DataLoaderNext,
     /// `Optimizer.step#<Optimizer>.step`: the optimizer update (with its pre/post hooks).
     OptimizerStep,
+    /// `Optimizer.zero_grad#<Optimizer>.zero_grad`: gradient reset. Not a phase of its own: it
+    /// carves its time out of the forward span (it is bookkeeping, counted as residual).
+    ZeroGrad,
 }
 
 /// Record name prefix torch uses in `_BaseDataLoaderIter.__next__`.
 pub const RECORD_DATALOADER: &str = "enumerate(DataLoader)#";
 /// Record name prefix torch uses in `Optimizer.profile_hook_step`.
 pub const RECORD_OPTIMIZER_STEP: &str = "Optimizer.step#";
-/// Record name prefix torch uses in `Optimizer.zero_grad` (deliberately not classified).
+/// Record name prefix torch uses in `Optimizer.zero_grad`.
 pub const RECORD_OPTIMIZER_ZERO_GRAD: &str = "Optimizer.zero_grad#";
 
 const DATALOADER_PY: &[&str] = &["torch", "utils", "data", "dataloader.py"];
@@ -95,6 +98,8 @@ pub fn classify_record(name: &str) -> Option<RecordClass> {
         Some(RecordClass::DataLoaderNext)
     } else if name.starts_with(RECORD_OPTIMIZER_STEP) {
         Some(RecordClass::OptimizerStep)
+    } else if name.starts_with(RECORD_OPTIMIZER_ZERO_GRAD) {
+        Some(RecordClass::ZeroGrad)
     } else {
         None
     }
@@ -281,7 +286,10 @@ mod tests {
             classify_record(&"Optimizer.step#MyVeryLongCustomOptimizerName.step"[..40]),
             Some(RecordClass::OptimizerStep)
         );
-        assert_eq!(classify_record("Optimizer.zero_grad#SGD.zero_grad"), None);
+        assert_eq!(
+            classify_record("Optimizer.zero_grad#SGD.zero_grad"),
+            Some(RecordClass::ZeroGrad)
+        );
         assert_eq!(classify_record("ProfilerStep#3"), None);
         assert_eq!(classify_record("## forward ##"), None);
         assert_eq!(classify_record(""), None);

@@ -1,6 +1,7 @@
 //! Comparison of two runs' summaries (A = before, B = after): deltas of step time, each phase,
 //! memory and utilization, and a verdict (`IMPROVEMENT`, `REGRESSION`, `MIXED`, `EQUIVALENT`,
-//! `INCONCLUSIVE`) with its reason; text and JSON renderings and the exit status.
+//! `INCONCLUSIVE`) with its reason, and the exit status. Its text and JSON renderings are in
+//! [`crate::render::compare`].
 //!
 //! A time difference counts only when it is both statistically clear on the per-step
 //! distributions (two-sided Mann-Whitney U, normal approximation with tie correction,
@@ -9,15 +10,12 @@
 //! Steps of one run are not independent (warm-up, drifts), which makes the test optimistic: the
 //! effect-size floor is what keeps small drifts out. Memory peaks have no distribution: they count
 //! when they move by ≥ [`MEM_MIN_FRACTION`] and ≥ [`MEM_MIN_BYTES`].
-use std::io::{self, Write};
-
 use serde::{Deserialize, Serialize};
 
-use crate::analysis::median;
-use crate::diagnosis::{bytes_bin, ms};
 use crate::engine::Phase;
-use crate::render::{Painter, WIDTH, wrap};
+use crate::stats::{mann_whitney_p, median};
 use crate::summary::{Phases, Summary};
+use crate::units::{bytes_bin, ms, p_value};
 
 /// Significance level of the rank test.
 pub const ALPHA: f64 = 0.01;
@@ -307,14 +305,6 @@ fn describe(d: &TimeDelta) -> String {
     format!("{} → {}{pctx}", ms(d.a_median_ms), ms(d.b_median_ms))
 }
 
-fn p_text(p: Option<f64>) -> String {
-    match p {
-        None => "—".to_owned(),
-        Some(p) if p < 0.001 => "<0.001".to_owned(),
-        Some(p) => format!("{p:.3}"),
-    }
-}
-
 fn judge(
     a: &Summary,
     b: &Summary,
@@ -379,7 +369,7 @@ fn judge(
     let step_text = format!(
         "step median {} (p {})",
         describe(step),
-        p_text(step.p_value)
+        p_value(step.p_value)
     );
     match (step.change, mem.change) {
         (Change::Better, Change::Worse) => (V::Mixed, format!("{step_text}, but {}", mem_text())),
@@ -431,220 +421,10 @@ fn judge(
     }
 }
 
-/// Writes the comparison as text (≤ 100 columns).
-pub fn render_compare_text(c: &Comparison, w: &mut impl Write) -> io::Result<()> {
-    render_compare(c, w, false)
-}
-
-/// Writes the comparison as text, with ANSI color when `color`.
-pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Result<()> {
-    let p = Painter(color);
-    let mut out: Vec<String> = Vec::new();
-    out.push(p.bold("traceml-daemon compare"));
-    for (name, r) in [("A", &c.a), ("B", &c.b)] {
-        let pid = r.pid.map(|p| format!("pid {p} · ")).unwrap_or_default();
-        let line = format!(
-            "{name}  {pid}{} steps · {} · {}",
-            r.steps,
-            r.diagnosis.replace('_', "-"),
-            r.cmdline.join(" ")
-        );
-        out.push(line.chars().take(WIDTH).collect());
-    }
-    out.push("═".repeat(WIDTH));
-    let v = c.verdict.as_str();
-    let painted = match c.verdict {
-        CompareVerdict::Improvement => p.green(v),
-        CompareVerdict::Regression => p.red(v),
-        _ => p.yellow(v),
-    };
-    out.push(format!("{}  {painted}", p.bold("VERDICT")));
-    for line in wrap(&c.reason, WIDTH - 9) {
-        out.push(format!("         {line}"));
-    }
-    out.push("─".repeat(WIDTH));
-    out.push(format!(
-        "{:<22}{:>11}{:>11}{:>20}{:>10}   change",
-        "", "A median", "B median", "delta", "p"
-    ));
-    let row = |name: String, d: &TimeDelta| {
-        let delta = match (d.delta_ms, d.delta_pct) {
-            (Some(x), Some(pc)) => format!("{:+.2} ms ({pc:+.0}%)", x),
-            (Some(x), None) => format!("{:+.2} ms", x),
-            _ => "—".to_owned(),
-        };
-        format!(
-            "{name:<22}{:>11}{:>11}{delta:>20}{:>10}   {}",
-            ms(d.a_median_ms),
-            ms(d.b_median_ms),
-            p_text(d.p_value),
-            change_word(d.change, "faster", "slower")
-        )
-    };
-    out.push(row("step".to_owned(), &c.step_ms));
-    for (i, (phase, d)) in c.phases.iter().enumerate() {
-        let branch = if i + 1 == Phase::ALL.len() {
-            "└─"
-        } else {
-            "├─"
-        };
-        out.push(row(format!("{branch} {}", phase.name()), d));
-    }
-    out.push("─".repeat(WIDTH));
-    out.push(format!("{:<22}{:>11}{:>11}{:>20}", "", "A", "B", "delta"));
-    let vrow = |name: &str, v: &ValueDelta, f: &dyn Fn(f64) -> String| {
-        let delta = match (v.delta, v.delta_pct) {
-            (Some(d), Some(pc)) => format!(
-                "{}{} ({pc:+.0}%)",
-                if d >= 0.0 { "+" } else { "−" },
-                f(d.abs())
-            ),
-            (Some(d), None) => format!("{}{}", if d >= 0.0 { "+" } else { "-" }, f(d.abs())),
-            _ => "—".to_owned(),
-        };
-        let o = |x: Option<f64>| x.map(f).unwrap_or_else(|| "—".to_owned());
-        format!("{name:<22}{:>11}{:>11}{delta:>20}", o(v.a), o(v.b))
-    };
-    let bytes = |x: f64| bytes_bin(x as u64);
-    let pctf = |x: f64| format!("{x:.0}%");
-    out.push(vrow("host RSS peak", &c.memory.rss_bytes_max, &bytes));
-    out.push(vrow(
-        "GPU memory peak",
-        &c.memory.gpu_process_mem_bytes_max,
-        &bytes,
-    ));
-    out.push(vrow(
-        "GPU util mean",
-        &c.utilization.gpu_util_pct_mean,
-        &pctf,
-    ));
-    out.push(vrow(
-        "process CPU (1 core)",
-        &c.utilization.process_cpu_pct_one_core_mean,
-        &pctf,
-    ));
-    out.push(vrow(
-        "worker CPU (1 core)",
-        &c.utilization.workers_cpu_pct_one_core_mean,
-        &pctf,
-    ));
-    out.push(vrow(
-        "system CPU",
-        &c.utilization.system_cpu_pct_mean,
-        &pctf,
-    ));
-    for n in &c.notes {
-        for line in wrap(&format!("note: {n}"), WIDTH) {
-            out.push(p.dim(&line));
-        }
-    }
-    for line in out {
-        writeln!(w, "{}", line.trim_end())?;
-    }
-    Ok(())
-}
-
-/// Writes the comparison as pretty JSON.
-pub fn render_compare_json(c: &Comparison, w: &mut impl Write) -> io::Result<()> {
-    crate::render::render_json(c, w)
-}
-
-fn change_word(c: Change, better: &'static str, worse: &'static str) -> &'static str {
-    match c {
-        Change::Better => better,
-        Change::Worse => worse,
-        Change::Same => "same",
-        Change::Unknown => "—",
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Statistics.
-
-/// Two-sided p-value of the Mann-Whitney U test (normal approximation with tie correction and
-/// continuity correction); `None` when either sample has no finite values. Identical constant
-/// samples give 1.
-pub fn mann_whitney_p(a: &[f64], b: &[f64]) -> Option<f64> {
-    let a: Vec<f64> = a.iter().copied().filter(|x| x.is_finite()).collect();
-    let b: Vec<f64> = b.iter().copied().filter(|x| x.is_finite()).collect();
-    if a.is_empty() || b.is_empty() {
-        return None;
-    }
-    let (n1, n2) = (a.len() as f64, b.len() as f64);
-    let mut all: Vec<(f64, bool)> = a
-        .iter()
-        .map(|&x| (x, true))
-        .chain(b.iter().map(|&x| (x, false)))
-        .collect();
-    all.sort_by(|x, y| x.0.total_cmp(&y.0));
-    let n = all.len();
-    let (mut r1, mut ties) = (0.0, 0.0);
-    let mut i = 0;
-    while i < n {
-        let mut j = i;
-        while j + 1 < n && all[j + 1].0 == all[i].0 {
-            j += 1;
-        }
-        // Ranks i+1..=j+1 share their average.
-        let rank = (i + j) as f64 / 2.0 + 1.0;
-        let t = (j - i + 1) as f64;
-        ties += t * t * t - t;
-        r1 += rank * all[i..=j].iter().filter(|x| x.1).count() as f64;
-        i = j + 1;
-    }
-    let u1 = r1 - n1 * (n1 + 1.0) / 2.0;
-    let mu = n1 * n2 / 2.0;
-    let nf = n as f64;
-    let var = n1 * n2 / 12.0 * ((nf + 1.0) - ties / (nf * (nf - 1.0)).max(1.0));
-    if var <= 0.0 || !var.is_finite() {
-        return Some(1.0);
-    }
-    let z = ((u1 - mu).abs() - 0.5).max(0.0) / var.sqrt();
-    Some(erfc(z / std::f64::consts::SQRT_2).clamp(0.0, 1.0))
-}
-
-/// Complementary error function (Numerical Recipes' `erfcc`, relative error < 1.2e-7).
-fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t
-        * (-z * z - 1.265_512_23
-            + t * (1.000_023_68
-                + t * (0.374_091_96
-                    + t * (0.096_784_18
-                        + t * (-0.186_288_06
-                            + t * (0.278_868_07
-                                + t * (-1.135_203_98
-                                    + t * (1.488_515_87
-                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
-            .exp();
-    if x >= 0.0 { r } else { 2.0 - r }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::analysis::fixtures::{self, Scenario};
-
-    fn text(c: &Comparison) -> String {
-        let mut v = Vec::new();
-        render_compare_text(c, &mut v).unwrap();
-        String::from_utf8(v).unwrap()
-    }
-
-    #[test]
-    fn erfc_and_mann_whitney() {
-        assert!((erfc(0.0) - 1.0).abs() < 1e-6);
-        assert!((erfc(1.0) - 0.157_299_2).abs() < 1e-6);
-        assert!((erfc(-1.0) - 1.842_700_8).abs() < 1e-6);
-        let a: Vec<f64> = (0..50).map(f64::from).collect();
-        assert!(mann_whitney_p(&a, &a).unwrap() > 0.9);
-        let b: Vec<f64> = (100..150).map(f64::from).collect();
-        assert!(mann_whitney_p(&a, &b).unwrap() < 1e-6);
-        assert_eq!(mann_whitney_p(&[1.0; 20], &[1.0; 20]), Some(1.0));
-        assert_eq!(mann_whitney_p(&[], &[1.0]), None);
-        assert_eq!(mann_whitney_p(&[f64::NAN], &[1.0]), None);
-    }
 
     #[test]
     fn input_bound_vs_fix_is_improvement_naming_input() {
@@ -656,11 +436,6 @@ mod tests {
         assert_eq!(c.phases.input_wait.change, Change::Better);
         assert_eq!(c.phases.forward.change, Change::Same);
         assert_eq!(exit_code(&c), 0);
-        let t = text(&c);
-        for line in t.lines() {
-            assert!(line.chars().count() <= WIDTH, "{line}");
-        }
-        insta::assert_snapshot!("compare_input_fix", t);
         // And the other way round.
         let back = compare(&b, &a);
         assert_eq!(back.verdict, CompareVerdict::Regression, "{}", back.reason);
@@ -757,23 +532,5 @@ mod tests {
         let empty = crate::analysis::summarize(&Default::default(), &[]);
         let r = compare(&empty, &empty);
         assert_eq!(r.verdict, CompareVerdict::Inconclusive);
-        let _ = text(&r);
-    }
-
-    #[test]
-    fn json_round_trip() {
-        let c = compare(
-            &fixtures::summary(&fixtures::input_bound()),
-            &fixtures::summary(&fixtures::input_fixed()),
-        );
-        let mut v = Vec::new();
-        render_compare_json(&c, &mut v).unwrap();
-        let back: Comparison = serde_json::from_slice(&v).unwrap();
-        assert_eq!(back.verdict, c.verdict);
-        assert!(
-            String::from_utf8(v)
-                .unwrap()
-                .contains("\"verdict\": \"IMPROVEMENT\"")
-        );
     }
 }

@@ -19,6 +19,7 @@
 //! finding and the primary "why" says when it was lowered.
 use crate::engine::{Boundary, Phase};
 use crate::summary::{Confidence, DiagnosisKind, Finding, Severity, Summary, WorkerState};
+use crate::units::{bytes_bin, bytes_dec, ms, pct};
 
 /// Steps needed for any step-based finding.
 pub const MIN_STEPS: u32 = 5;
@@ -213,57 +214,6 @@ fn compute_share(s: &Summary) -> Option<f64> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Formatting helpers (also used by the card).
-
-/// "62%" (or "0.4%" below 1 %).
-pub(crate) fn pct(share: f64) -> String {
-    let p = share * 100.0;
-    if p > 0.0 && p < 1.0 {
-        format!("{p:.1}%")
-    } else {
-        format!("{p:.0}%")
-    }
-}
-
-/// "74.1 ms", "1.25 s", "—".
-pub(crate) fn ms(x: Option<f64>) -> String {
-    match x {
-        None => "—".to_owned(),
-        Some(v) if v >= 10_000.0 => format!("{:.1} s", v / 1000.0),
-        Some(v) if v >= 100.0 => format!("{v:.0} ms"),
-        Some(v) if v >= 10.0 => format!("{v:.1} ms"),
-        Some(v) => format!("{v:.2} ms"),
-    }
-}
-
-/// "6.3 MB", "512 KB", "3.2 GiB" style: decimal units for transfers.
-pub(crate) fn bytes_dec(b: f64) -> String {
-    if b >= 1e9 {
-        format!("{:.1} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
-    } else if b >= 1e3 {
-        format!("{:.0} KB", b / 1e3)
-    } else {
-        format!("{b:.0} B")
-    }
-}
-
-/// Binary units for memory sizes.
-pub(crate) fn bytes_bin(b: u64) -> String {
-    let b = b as f64;
-    const GI: f64 = (1u64 << 30) as f64;
-    const MI: f64 = (1u64 << 20) as f64;
-    if b >= GI {
-        format!("{:.1} GiB", b / GI)
-    } else if b >= MI {
-        format!("{:.0} MiB", b / MI)
-    } else {
-        format!("{:.0} KiB", b / 1024.0)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Rules.
 
 /// `INPUT_BOUND`, `H2D_BOUND`, `RESIDUAL_HEAVY`: one non-compute phase takes too much step time.
@@ -407,10 +357,22 @@ fn h2d_next(s: &Summary, why: &mut String) -> String {
 
 fn residual_next(s: &Summary, why: &mut String) -> String {
     why.push_str(": time on the training thread outside data loading, copies, forward, backward, optimizer and GPU waits");
+    let code = code_in(s, Phase::Residual);
+    if let Some(code) = &code {
+        why.push_str(&format!(" (stack samples: {code})"));
+    }
     let mut next = String::from(
         "look at what the loop does between those phases: per-step logging and metrics, checkpointing, \
          CPU-side bookkeeping or sleeps; do it every N steps or on another thread",
     );
+    if let Some(top) = s.phases[Phase::Residual].top_functions.first() {
+        next = format!(
+            "start with {}:{} ({:.0}% of the residual's samples); {next}",
+            crate::profile::short_file(&top.file),
+            short_function(&top.function),
+            top.share * 100.0
+        );
+    }
     if s.cuda.syncs_per_step.is_some_and(|x| x >= 5.0) {
         next.push_str(&format!(
             " ({:.0} blocking syncs per step: avoid .item()/.cpu() in the loop)",
@@ -418,6 +380,41 @@ fn residual_next(s: &Summary, why: &mut String) -> String {
         ));
     }
     next
+}
+
+/// "41% transformers/trainer.py:Trainer._maybe_log_save_evaluate, 22% …": the functions that
+/// hold the phase's stack samples (at most three), or `None` without samples.
+pub fn code_in(s: &Summary, phase: Phase) -> Option<String> {
+    let top = &s.phases[phase].top_functions;
+    if top.is_empty() {
+        return None;
+    }
+    Some(
+        top.iter()
+            .take(3)
+            .map(|t| {
+                format!(
+                    "{:.0}% {}:{}",
+                    t.share * 100.0,
+                    crate::profile::short_file(&t.file),
+                    short_function(&t.function)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
+}
+
+/// A qualified name cut to its last 48 characters (`<locals>` chains of decorators and closures
+/// run long), marked with `…` when cut.
+fn short_function(f: &str) -> String {
+    const MAX: usize = 48;
+    let n = f.chars().count();
+    if n <= MAX {
+        return f.to_owned();
+    }
+    let tail: String = f.chars().skip(n - (MAX - 1)).collect();
+    format!("…{tail}")
 }
 
 fn opt_pct(p: Option<f64>) -> String {

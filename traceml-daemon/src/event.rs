@@ -26,6 +26,14 @@ pub enum StreamItem {
     Library(Box<LibraryInfo>),
     /// Kernel-side launch counters at the end of the run (all launches, both modes).
     LaunchTotals(LaunchTotals),
+    /// The probe set changed (the overhead governor armed or detached probes).
+    ProbeSet(Box<ProbeSet>),
+    /// Cumulative probe hit counters, read from the kernel about once a second.
+    ProbeStats(ProbeStats),
+    /// A Python function seen in a stack sample, named once (samples refer to it by `id`).
+    Func(Box<FuncInfo>),
+    /// A Python stack sample of one thread (outermost frame first).
+    Stack(Box<StackSample>),
     /// The end of the run.
     End(End),
 }
@@ -37,6 +45,53 @@ pub struct LaunchTotals {
     pub runtime: u64,
     /// `cuLaunchKernel`, `cuLaunchKernelEx` (and `_ptsz`).
     pub driver: u64,
+}
+
+/// Which probes run from `ts` on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbeSet {
+    pub ts: u64,
+    /// The frame-evaluator probe (`_PyEval_EvalFrameDefault` entry and return) is armed.
+    pub python: bool,
+    /// Every kernel launch is an event (otherwise launches are only counted in the kernel).
+    pub launch_events: bool,
+    /// Why the governor chose this set, for the report.
+    pub reason: String,
+}
+
+/// Probe hits since attach, summed over CPUs (the kernel's `STATS` and `LAUNCHES` counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeStats {
+    pub ts: u64,
+    /// Frame-evaluator entries (every C→Python call while the probe is armed).
+    pub py_enter: u64,
+    /// Return-probe hits (frame-evaluator returns and native calls with an exit probe).
+    pub exit: u64,
+    /// Entries of native calls with an exit probe (copies, syncs, backward).
+    pub call_enter: u64,
+    /// `record_function` entries and exits.
+    pub record: u64,
+    /// Kernel launches seen (both modes).
+    pub launch: u64,
+}
+
+/// A Python function named in stack samples.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FuncInfo {
+    pub id: u32,
+    /// Qualified name where the interpreter has one (3.11+), else the name.
+    pub function: String,
+    pub file: String,
+    /// First line of the function's code object.
+    pub line: u32,
+}
+
+/// One sample of a thread's Python stack: [`FuncInfo`] ids, outermost first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackSample {
+    pub ts: u64,
+    pub tid: u32,
+    pub frames: Vec<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -61,6 +116,9 @@ pub struct TargetInfo {
     /// `--launch-mode count`: launches are counted in the kernel only (no per-launch events).
     #[serde(default)]
     pub launch_count_only: bool,
+    /// `--overhead-budget`, percent of step time.
+    #[serde(default)]
+    pub overhead_budget_pct: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -17,11 +17,16 @@ pub mod diagnosis;
 pub mod engine;
 pub mod event;
 pub mod live;
+pub mod overhead;
+pub mod profile;
 pub mod record;
 pub mod render;
 pub mod sample;
 pub mod sampler;
+pub mod stats;
 pub mod summary;
+pub mod text;
+pub mod units;
 
 /// The compiled eBPF object, built by `build.rs`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/traceml"));

@@ -12,13 +12,15 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use traceml_common::{CodeClass, LossReason, RawEvent};
 
 use crate::attach::memory::TargetMemory;
+use crate::attach::pystack::StackReader;
 use crate::attach::python::{self, CodeReader};
 use crate::attach::{self, AttachError, Attacher, LoadConfig, maps};
-use crate::classify;
+use crate::classify::{self, RecordClass};
 use crate::event::{
-    self, Class, CodeInfo, End, EndReason, Kind, LaunchTotals, LibraryInfo, Lost, StreamItem,
-    TargetInfo,
+    self, Api, Class, CodeInfo, End, EndReason, FuncInfo, Kind, LaunchTotals, LibraryInfo, Lost,
+    ProbeSet, ProbeStats, StackSample, StreamItem, TargetInfo,
 };
+use crate::overhead::{Governor, GovernorConfig, Markers, Policy, Tick};
 use crate::sampler::Sampler;
 
 /// Options of a live run (validated CLI).
@@ -34,6 +36,12 @@ pub struct Options {
     pub sample_interval: Duration,
     /// How often `/proc/<pid>/maps` is re-read for new libraries (must stay under 1 s).
     pub rescan_interval: Duration,
+    /// How the overhead governor may choose probes.
+    pub policy: Policy,
+    /// The governor's budget, a fraction of step time.
+    pub overhead_budget: f64,
+    /// Python stack samples of the training thread per second (0: none).
+    pub stack_rate: u32,
 }
 
 impl Options {
@@ -46,6 +54,9 @@ impl Options {
             ring_bytes: 8 << 20,
             sample_interval: Duration::from_millis(500),
             rescan_interval: Duration::from_millis(250),
+            policy: Policy::Auto,
+            overhead_budget: 0.005,
+            stack_rate: 100,
         }
     }
 }
@@ -198,6 +209,17 @@ struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
     unannounced: HashMap<u64, CodeInfo>,
     python_path: PathBuf,
     python_base: Option<u64>,
+    /// Each thread's `PyThreadState*`, learned from the frame-evaluator probe's events.
+    tstates: HashMap<u32, u64>,
+    /// Step markers decoded since the governor's last tick.
+    markers: Markers,
+    /// Per thread: (DataLoader records, optimizer records, backward calls) since attach, to
+    /// find the training thread while running.
+    thread_markers: HashMap<u32, (u64, u64, u64)>,
+    stacks: Option<StackReader>,
+    /// Stack sample functions named so far.
+    funcs: HashMap<(std::sync::Arc<str>, std::sync::Arc<str>, u32), u32>,
+    stack_errors: u64,
 }
 
 impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
@@ -223,6 +245,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         for i in first..self.backlog.len() {
             let raw = self.backlog[i];
             if raw.kind == traceml_common::EventKind::PyEnter as u32 {
+                self.tstates.insert(raw.tid, raw.args[4]);
                 self.classify(k, &raw);
             }
         }
@@ -291,12 +314,89 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                     {
                         self.emit(StreamItem::Code(Box::new(info)))?;
                     }
+                    self.count_marker(ev.tid, &ev.kind);
                     self.emit(StreamItem::Event(ev))?;
                 }
                 Err(_) => self.undecodable += 1,
             }
         }
         Ok(())
+    }
+
+    /// Counts the step markers the governor and the stack sampler go by.
+    fn count_marker(&mut self, tid: u32, kind: &Kind) {
+        let t = self.thread_markers.entry(tid).or_default();
+        match kind {
+            Kind::RecordEnter { name } => match classify::classify_record(name) {
+                Some(RecordClass::DataLoaderNext) => {
+                    self.markers.dataloader += 1;
+                    t.0 += 1;
+                }
+                Some(RecordClass::OptimizerStep) => {
+                    self.markers.optimizer += 1;
+                    t.1 += 1;
+                }
+                _ => {}
+            },
+            Kind::CallEnter {
+                api: Api::TorchBackward,
+                ..
+            } => {
+                self.markers.backward += 1;
+                t.2 += 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// The thread that looks like the training thread so far (most DataLoader records, then
+    /// optimizer steps, then backward passes), with its `PyThreadState*` when known.
+    fn training_thread(&self) -> Option<(u32, Option<u64>)> {
+        self.thread_markers
+            .iter()
+            .filter(|(_, m)| **m != (0, 0, 0))
+            .max_by_key(|(tid, m)| (**m, std::cmp::Reverse(**tid)))
+            .map(|(&tid, _)| (tid, self.tstates.get(&tid).copied()))
+    }
+
+    /// Samples the training thread's Python stack (one `process_vm_readv` per frame).
+    fn sample_stack(&mut self) -> Result<(), LiveError> {
+        let Some((tid, Some(tstate))) = self.training_thread() else {
+            return Ok(());
+        };
+        let Some(reader) = self.stacks.as_mut() else {
+            return Ok(());
+        };
+        let ts = monotonic_ns();
+        let stack = match reader.read(&self.mem, tstate) {
+            Ok(s) => s,
+            Err(e) => {
+                // The target runs on while we read: a torn read is expected now and then.
+                self.stack_errors += 1;
+                tracing::debug!("stack sample of thread {tid}: {e}");
+                return Ok(());
+            }
+        };
+        let mut frames = Vec::with_capacity(stack.frames.len());
+        for f in stack.frames {
+            let key = (f.function, f.file, f.line);
+            let next = self.funcs.len() as u32;
+            let id = match self.funcs.get(&key) {
+                Some(&id) => id,
+                None => {
+                    self.funcs.insert(key.clone(), next);
+                    self.emit(StreamItem::Func(Box::new(FuncInfo {
+                        id: next,
+                        function: key.0.to_string(),
+                        file: key.1.to_string(),
+                        line: key.2,
+                    })))?;
+                    next
+                }
+            };
+            frames.push(id);
+        }
+        self.emit(StreamItem::Stack(Box::new(StackSample { ts, tid, frames })))
     }
 
     /// Reads and classifies the code object at `address`, known to events as `id`.
@@ -387,6 +487,28 @@ fn ring_readiness(
 /// One slot of a per-CPU counter array, summed over CPUs (0 when unreadable).
 fn percpu_sum<T: std::borrow::Borrow<MapData>>(map: &PerCpuArray<T, u64>, index: u32) -> u64 {
     map.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0)
+}
+
+/// The kernel's probe hit counters now.
+fn probe_stats(attacher: &Attacher) -> ProbeStats {
+    use traceml_common::Stat;
+    let ts = monotonic_ns();
+    let mut out = ProbeStats {
+        ts,
+        ..ProbeStats::default()
+    };
+    if let Some(m) = attacher.ebpf.map("STATS")
+        && let Ok(stats) = PerCpuArray::<_, u64>::try_from(m)
+    {
+        let get = |s: Stat| percpu_sum(&stats, s as u32);
+        out.py_enter = get(Stat::PyEnter);
+        out.exit = get(Stat::Exit);
+        out.call_enter = get(Stat::CallEnter);
+        out.record = get(Stat::RecordEnter) + get(Stat::RecordExit);
+    }
+    let t = launch_totals(attacher);
+    out.launch = t.runtime + t.driver;
+    out
 }
 
 /// Sums the kernel's per-CPU launch counters (indexed by probe id).
@@ -507,7 +629,19 @@ pub async fn run(
         unannounced: HashMap::new(),
         python_path: py.path.clone(),
         python_base: maps::base_of(&mappings, &py.path),
+        tstates: HashMap::new(),
+        markers: Markers::default(),
+        thread_markers: HashMap::new(),
+        stacks: None,
+        funcs: HashMap::new(),
+        stack_errors: 0,
     };
+    if opts.stack_rate > 0 {
+        match StackReader::from_target(&py, &run.mem) {
+            Ok(r) => run.stacks = Some(r),
+            Err(e) => tracing::warn!("no Python stack samples: {e}"),
+        }
+    }
     let attach_ts = monotonic_ns();
     run.emit(StreamItem::Target(Box::new(TargetInfo {
         pid,
@@ -527,6 +661,7 @@ pub async fn run(
         hostname: hostname(),
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         launch_count_only: !opts.launch_events,
+        overhead_budget_pct: Some(opts.overhead_budget * 100.0),
     })))?;
 
     let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
@@ -571,7 +706,28 @@ pub async fn run(
         tracing::info!("GPU metrics unavailable: {why}");
     }
     let _ = sampler.tick(monotonic_ns());
-    let reason = event_loop(&mut run, &mut k, &mut sampler, start).await?;
+    let python = Governor::initial(opts.policy);
+    let mut governor = Governor::new(
+        GovernorConfig::new(opts.policy, opts.overhead_budget),
+        monotonic_ns(),
+        python,
+        opts.launch_events,
+    );
+    if !python {
+        k.attacher.set_python(false).map_err(LiveError::Kernel)?;
+    }
+    run.emit(StreamItem::ProbeStats(probe_stats(&k.attacher)))?;
+    run.emit(StreamItem::ProbeSet(Box::new(ProbeSet {
+        ts: monotonic_ns(),
+        python,
+        launch_events: opts.launch_events,
+        reason: match opts.policy {
+            Policy::Auto => "attach: every probe, to learn the loop".into(),
+            Policy::Full => "--probe-set full: every probe for the whole run".into(),
+            Policy::Markers => "--probe-set markers: no frame-evaluator probe".into(),
+        },
+    })))?;
+    let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, start).await?;
     // Final drain: what the kernel wrote before we stopped.
     run.drain(&mut k);
     run.process(None)?;
@@ -609,6 +765,10 @@ pub async fn run(
             run.reinserted
         );
     }
+    run.emit(StreamItem::ProbeStats(probe_stats(&k.attacher)))?;
+    if run.stack_errors > 0 {
+        tracing::info!("{} stack samples could not be read", run.stack_errors);
+    }
     run.emit(StreamItem::LaunchTotals(launch_totals(&k.attacher)))?;
     let lost = run.lost(&k);
     run.emit(StreamItem::Lost(lost))?;
@@ -623,10 +783,34 @@ pub async fn run(
     Ok(reason)
 }
 
+/// Carries out a governor decision and records it in the stream.
+fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
+    run: &mut Run<'_, F>,
+    k: &mut Kernel,
+    d: crate::overhead::Decision,
+) -> Result<(), LiveError> {
+    let mut reason = d.reason;
+    if let Err(e) = k.attacher.set_python(d.python) {
+        tracing::warn!("cannot switch the frame-evaluator probe: {e}");
+        reason.push_str(&format!(" (failed: {e})"));
+    }
+    if let Err(e) = k.attacher.set_launch_events(d.launch_events) {
+        tracing::warn!("cannot switch the launch mode: {e}");
+    }
+    tracing::info!("probe set: {reason}");
+    run.emit(StreamItem::ProbeSet(Box::new(ProbeSet {
+        ts: monotonic_ns(),
+        python: k.attacher.python_armed(),
+        launch_events: d.launch_events,
+        reason,
+    })))
+}
+
 async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     run: &mut Run<'_, F>,
     k: &mut Kernel,
     sampler: &mut Sampler,
+    governor: &mut Governor,
     start: Option<u64>,
 ) -> Result<EndReason, LiveError> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -635,7 +819,9 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let mut poll = interval(Duration::from_millis(10));
     let mut rescan = interval(run.opts.rescan_interval);
     let mut sample = interval(run.opts.sample_interval);
-    for i in [&mut poll, &mut rescan, &mut sample] {
+    let mut govern = interval(Duration::from_secs(1));
+    let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
+    for i in [&mut poll, &mut rescan, &mut sample, &mut govern, &mut stack] {
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
     // Readiness of the ring buffer (a duplicate of its fd: the `RingBuf` itself is drained
@@ -646,6 +832,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
         signal(SignalKind::interrupt()).map_err(|e| LiveError::Kernel(e.to_string()))?;
     let mut sigterm =
         signal(SignalKind::terminate()).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| LiveError::Kernel(e.to_string()))?;
     let deadline = run.opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut last_lost = Lost::default();
     loop {
@@ -680,8 +867,31 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                     run.emit(StreamItem::Sample(Box::new(s)))?;
                 }
             }
+            _ = stack.tick(), if run.opts.stack_rate > 0 && run.stacks.is_some() => {
+                run.sample_stack()?;
+            }
+            _ = govern.tick() => {
+                // Markers are counted as events are processed: bring them up to date first.
+                run.drain(k);
+                run.process(Some(Duration::from_millis(20)))?;
+                let stats = probe_stats(&k.attacher);
+                run.emit(StreamItem::ProbeStats(stats))?;
+                let tick = Tick {
+                    now: stats.ts,
+                    stats,
+                    markers: std::mem::take(&mut run.markers),
+                    stacks_ready: run.stacks.is_none()
+                        || run.training_thread().is_some_and(|(_, t)| t.is_some()),
+                };
+                if let Some(d) = governor.tick(tick) {
+                    apply(run, k, d)?;
+                }
+            }
             _ = sigint.recv() => return Ok(EndReason::Interrupted),
             _ = sigterm.recv() => return Ok(EndReason::Terminated),
+            // A daemon started from a terminal that closes (or by a supervisor's reload) ends
+            // like on SIGTERM, with its summary.
+            _ = sighup.recv() => return Ok(EndReason::Terminated),
             _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
                 return Ok(EndReason::DurationElapsed);
             }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use traceml_daemon::event::{End, EndReason, StreamItem};
+use traceml_daemon::overhead::Policy;
 use traceml_daemon::{analysis, compare, live, record, render, summary::Summary};
 
 const AFTER_HELP: &str = "\
@@ -52,6 +53,19 @@ struct AttachArgs {
     /// Ring buffer size in MiB (power of two).
     #[arg(long, default_value_t = 8)]
     ring_mib: u32,
+    /// Which probes run: `auto` learns the loop with every probe, then keeps the daemon's
+    /// estimated cost under --overhead-budget (the frame-evaluator probe is detached once
+    /// torch's markers delimit the steps); `full` keeps every probe; `markers` never arms the
+    /// frame-evaluator probe.
+    #[arg(long, value_enum, default_value_t = Policy::Auto)]
+    probe_set: Policy,
+    /// The daemon's budget on the target, in percent of step time (the governor's target).
+    #[arg(long, default_value_t = 0.5)]
+    overhead_budget: f64,
+    /// Python stack samples of the training thread per second (names the code inside each
+    /// phase); 0 turns them off.
+    #[arg(long, default_value_t = 100)]
+    stack_rate: u32,
     #[command(flatten)]
     common: Common,
 }
@@ -241,6 +255,21 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     opts.duration = args.duration.map(Duration::from_secs_f64);
     opts.launch_events = matches!(args.launch_mode, LaunchMode::Events);
     opts.ring_bytes = args.ring_mib << 20;
+    if !(args.overhead_budget.is_finite() && args.overhead_budget > 0.0) {
+        return Err(Failure::new(
+            2,
+            "--overhead-budget must be a positive percentage",
+        ));
+    }
+    if args.stack_rate > 1000 {
+        return Err(Failure::new(
+            2,
+            "--stack-rate must be at most 1000 per second",
+        ));
+    }
+    opts.policy = args.probe_set;
+    opts.overhead_budget = args.overhead_budget / 100.0;
+    opts.stack_rate = args.stack_rate;
 
     live::preflight(pid).map_err(|e| Failure::new(e.exit_code() as u8, &e))?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -353,8 +382,8 @@ fn run_compare(a: &Path, b: &Path, format: Format, common: &Common) -> Result<u8
     let cmp = compare::compare(&sa, &sb);
     let mut out = std::io::stdout().lock();
     match format {
-        Format::Text => compare::render_compare(&cmp, &mut out, use_color(common.color)),
-        Format::Json => compare::render_compare_json(&cmp, &mut out),
+        Format::Text => render::render_compare(&cmp, &mut out, use_color(common.color)),
+        Format::Json => render::render_compare_json(&cmp, &mut out),
     }
     .context("printing the comparison")?;
     Ok(compare::exit_code(&cmp))

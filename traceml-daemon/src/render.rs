@@ -1,13 +1,24 @@
-//! Renderers of a [`Summary`]: the verdict card (text, ≤ 100 columns, ANSI color only on request)
-//! and pretty JSON (arrays of numbers kept on one line so per-step samples stay compact). They
-//! write to any `impl Write`; nothing here reads a clock or the terminal.
+//! Presentation: renderers of the [`Summary`] model and of a [`crate::compare::Comparison`]. This
+//! file is the verdict card (text, ≤ 100 columns, ANSI color only on request); [`json`] writes
+//! pretty JSON (arrays of numbers kept on one line so per-step samples stay compact) and
+//! [`compare`] the comparison of two runs. They write to any `impl Write`; nothing here reads a
+//! clock or the terminal.
+//!
+//! Presentation sits on top: it reads the model (and the rules' constants), nothing below it
+//! imports it.
 use std::io::{self, Write};
 
-use serde::Serialize;
-
-use crate::diagnosis::{COMPUTE_PHASES, bytes_bin, bytes_dec, ms, pct};
+use crate::diagnosis::COMPUTE_PHASES;
 use crate::engine::Phase;
 use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
+use crate::text::wrap;
+use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
+
+pub mod compare;
+pub mod json;
+
+pub use compare::{render_compare, render_compare_json, render_compare_text};
+pub use json::{render_json, to_json};
 
 /// Widest line of the card, in columns.
 pub const WIDTH: usize = 100;
@@ -56,98 +67,14 @@ pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<(
             }
         }
     }
+    code(s, &mut out);
     out.push("─".repeat(WIDTH));
     data_quality(s, &p, &mut out);
+    overhead(s, &mut out);
     for line in out {
         writeln!(w, "{}", line.trim_end())?;
     }
     Ok(())
-}
-
-/// Writes pretty JSON with arrays of numbers (and nulls) on one line, then a newline.
-///
-/// Fractional numbers are rounded (4 decimals from 1 up, 6 significant digits below) so the file
-/// shows no float noise and reads back to the same text.
-pub fn render_json<T: Serialize>(value: &T, w: &mut impl Write) -> io::Result<()> {
-    let pretty = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
-    let rounded: Vec<String> = pretty.lines().map(round_line).collect();
-    w.write_all(collapse_number_arrays(&rounded.join("\n")).as_bytes())?;
-    w.write_all(b"\n")
-}
-
-/// Rounds a fractional number: 4 decimals from 1 up, 6 significant digits below.
-fn round_number(x: f64) -> f64 {
-    if !x.is_finite() || x == 0.0 {
-        x
-    } else if x.abs() >= 1.0 {
-        (x * 1e4).round() / 1e4
-    } else {
-        let scale = 10f64.powi(5 - x.abs().log10().floor() as i32);
-        (x * scale).round() / scale
-    }
-}
-
-/// One line of pretty JSON with its number value (a field's or an array element's) rounded.
-/// Only fractional numbers change; strings are never touched.
-fn round_line(line: &str) -> String {
-    let body = line.trim_end_matches(',');
-    let comma = &line[body.len()..];
-    let trimmed = body.trim_start();
-    // `"key": value` (our keys are plain identifiers) or a bare array element.
-    let (head, value) = if trimmed.starts_with('"') {
-        match body.find("\": ") {
-            Some(i) => body.split_at(i + 3),
-            None => return line.to_owned(),
-        }
-    } else {
-        body.split_at(body.len() - trimmed.len())
-    };
-    let fractional = value.contains(['.', 'e', 'E']);
-    match value.parse::<f64>() {
-        Ok(x) if fractional && x.is_finite() => {
-            let r = serde_json::to_string(&round_number(x)).unwrap_or_else(|_| value.to_owned());
-            format!("{head}{r}{comma}")
-        }
-        _ => line.to_owned(),
-    }
-}
-
-/// Joins the lines of pretty-printed arrays whose elements are all numbers or nulls.
-fn collapse_number_arrays(pretty: &str) -> String {
-    let lines: Vec<&str> = pretty.lines().collect();
-    let scalar = |l: &str| {
-        let t = l.trim().trim_end_matches(',');
-        t == "null" || (!t.is_empty() && t.parse::<f64>().is_ok())
-    };
-    let mut out = String::with_capacity(pretty.len());
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        if line.ends_with('[') {
-            let mut j = i + 1;
-            while j < lines.len() && scalar(lines[j]) {
-                j += 1;
-            }
-            let close = lines.get(j).map(|l| l.trim());
-            if j > i + 1 && matches!(close, Some("]") | Some("],")) {
-                out.push_str(line);
-                let items: Vec<&str> = lines[i + 1..j]
-                    .iter()
-                    .map(|l| l.trim().trim_end_matches(','))
-                    .collect();
-                out.push_str(&items.join(","));
-                out.push_str(close.unwrap_or("]"));
-                out.push('\n');
-                i = j + 1;
-                continue;
-            }
-        }
-        out.push_str(line);
-        out.push('\n');
-        i += 1;
-    }
-    out.pop();
-    out
 }
 
 /// ANSI styling, or none.
@@ -185,46 +112,11 @@ impl Painter {
     }
 }
 
-/// Greedy word wrap to `width` columns (a word longer than the width gets its own line).
-pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut cur = String::new();
-    for word in text.split_whitespace() {
-        let need = cur.chars().count() + usize::from(!cur.is_empty()) + word.chars().count();
-        if !cur.is_empty() && need > width {
-            lines.push(std::mem::take(&mut cur));
-        }
-        if !cur.is_empty() {
-            cur.push(' ');
-        }
-        cur.push_str(word);
-    }
-    if !cur.is_empty() || lines.is_empty() {
-        lines.push(cur);
-    }
-    lines
-}
-
 /// `label` in the label column, then `text` wrapped with a hanging indent.
 fn labeled(out: &mut Vec<String>, label: &str, text: &str) {
     for (i, line) in wrap(text, WIDTH - LABEL).into_iter().enumerate() {
         let l = if i == 0 { label } else { "" };
         out.push(format!("{l:<LABEL$}{line}"));
-    }
-}
-
-/// "2 m 03 s", "20.6 s", "1 h 02 m".
-pub(crate) fn duration(secs: f64) -> String {
-    if !secs.is_finite() || secs < 0.0 {
-        return "—".to_owned();
-    }
-    let s = secs.round() as u64;
-    if secs < 60.0 {
-        format!("{secs:.1} s")
-    } else if s < 3600 {
-        format!("{} m {:02} s", s / 60, s % 60)
-    } else {
-        format!("{} h {:02} m", s / 3600, (s % 3600) / 60)
     }
 }
 
@@ -553,6 +445,74 @@ fn system(s: &Summary, p: &Painter, out: &mut Vec<String>) {
     }
 }
 
+/// Where the time goes in code: the residual and the primary finding's phase, from the stack
+/// samples (nothing without them).
+fn code(s: &Summary, out: &mut Vec<String>) {
+    let mut phases = vec![Phase::Residual];
+    if let Some(p) = s.primary_diagnosis.phase
+        && p != Phase::Residual
+    {
+        phases.insert(0, p);
+    }
+    let lines: Vec<String> = phases
+        .into_iter()
+        .filter_map(|p| {
+            let code = crate::diagnosis::code_in(s, p)?;
+            Some(format!("{} {}/step: {code}", p.name(), ms(s.phases[p].median_ms)))
+        })
+        .collect();
+    if lines.is_empty() {
+        return;
+    }
+    out.push("─".repeat(WIDTH));
+    for (i, l) in lines.iter().enumerate() {
+        labeled(out, if i == 0 { "CODE" } else { "" }, l);
+    }
+}
+
+/// The daemon's own cost and the probe set that ran.
+fn overhead(s: &Summary, out: &mut Vec<String>) {
+    let Some(o) = &s.daemon_overhead else {
+        return;
+    };
+    let set = match o.probe_sets.last() {
+        Some(last) if !last.python && o.probe_sets.len() > 1 => format!(
+            "torch markers + CUDA probes (frame-evaluator probe detached at {:.1} s)",
+            last.at_s
+        ),
+        Some(last) if !last.python => "torch markers + CUDA probes".to_owned(),
+        Some(_) => "every probe, frame evaluator included".to_owned(),
+        None => "unknown".to_owned(),
+    };
+    let launches = if o.probe_sets.last().is_some_and(|l| !l.launch_events) {
+        " · launches counted only"
+    } else {
+        ""
+    };
+    let cost = match (o.steady_us_per_step, o.steady_pct_of_step) {
+        (Some(us), Some(pct)) => format!("est. {us:.0} µs/step ({pct:.2}% of step)"),
+        (Some(us), None) => format!("est. {us:.0} µs/step"),
+        _ => "estimate unavailable (no steps)".to_owned(),
+    };
+    let budget = o
+        .budget_pct
+        .map(|b| format!("; budget {b}%"))
+        .unwrap_or_default();
+    let whole = match o.estimated_pct_of_step {
+        Some(p) if o.probe_sets.len() > 1 => format!("; {p:.2}% over the whole run"),
+        _ => String::new(),
+    };
+    for (i, line) in wrap(
+        &format!("{set}{launches} · {cost}{budget}{whole}"),
+        WIDTH - 14,
+    )
+    .into_iter()
+    .enumerate()
+    {
+        out.push(format!("{:14}{line}", if i == 0 { "DAEMON COST" } else { "" }));
+    }
+}
+
 fn data_quality(s: &Summary, p: &Painter, out: &mut Vec<String>) {
     let q = &s.data_quality;
     let mut parts = Vec::new();
@@ -718,41 +678,12 @@ mod tests {
             steps: 12,
             ..fixtures::input_bound()
         });
-        let json = s.to_json();
+        let json = to_json(&s);
         assert!(json.contains("\"step_ms\": ["));
         insta::assert_snapshot!("json_input_bound", json);
         let back = Summary::from_json(&json).unwrap();
-        assert_eq!(back.to_json(), json);
+        assert_eq!(to_json(&back), json);
         assert_eq!(back.primary_diagnosis.why, s.primary_diagnosis.why);
         assert_eq!(back.step_samples, s.step_samples);
-    }
-
-    #[test]
-    fn rounding_touches_numbers_only() {
-        assert_eq!(round_line("  \"a\": 1.23456789,"), "  \"a\": 1.2346,");
-        assert_eq!(round_line("    0.000123456789"), "    0.000123457");
-        assert_eq!(
-            round_line("  \"s\": \"x\": 1.23456789\","),
-            "  \"s\": \"x\": 1.23456789\","
-        );
-        assert_eq!(round_line("  \"n\": 12345678901,"), "  \"n\": 12345678901,");
-        assert_eq!(round_line("  \"f\": 2.0"), "  \"f\": 2.0");
-    }
-
-    #[test]
-    fn collapse_keeps_strings_and_objects() {
-        let v = serde_json::json!({"a": [1, 2.5, null], "b": ["x", "1"], "c": [{"d": 1}], "e": []});
-        let out = collapse_number_arrays(&serde_json::to_string_pretty(&v).unwrap());
-        assert!(out.contains("\"a\": [1,2.5,null]"), "{out}");
-        assert!(out.contains("\"x\",\n"), "{out}");
-        let back: serde_json::Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(back, v);
-    }
-
-    #[test]
-    fn wrap_respects_width() {
-        assert_eq!(wrap("a bb ccc dddd", 6), vec!["a bb", "ccc", "dddd"]);
-        assert_eq!(wrap("", 10), vec![""]);
-        assert_eq!(wrap("toolongword x", 4), vec!["toolongword", "x"]);
     }
 }

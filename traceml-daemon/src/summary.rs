@@ -38,8 +38,58 @@ pub struct Summary {
     pub gpu: Option<GpuStats>,
     pub memory: MemoryStats,
     pub data_quality: DataQuality,
+    /// The daemon's own estimated cost on the target and the probe sets that ran; `null` for
+    /// streams recorded before the overhead governor (no probe counters in them).
+    #[serde(default)]
+    pub daemon_overhead: Option<DaemonOverhead>,
     /// Per-step distributions (decimated) for `compare`.
     pub step_samples: StepSamples,
+}
+
+/// The daemon's estimated added time on the target (probe hits × measured per-hit cost, see
+/// `overhead::COSTS`) and the probe sets the governor chose.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DaemonOverhead {
+    /// The governor's budget, percent of step time (`null` when the stream does not say).
+    pub budget_pct: Option<f64>,
+    /// Over the whole run (the learning period with every probe included).
+    pub estimated_us_per_step: Option<f64>,
+    pub estimated_pct_of_step: Option<f64>,
+    /// Since the last probe-set change: what the job pays from then on.
+    pub steady_us_per_step: Option<f64>,
+    pub steady_pct_of_step: Option<f64>,
+    /// Probe hits per step over the whole run, by probe.
+    pub hits_per_step: ProbeHits,
+    /// Probe hits per step since the last probe-set change.
+    pub steady_hits_per_step: ProbeHits,
+    /// Probe-set changes in order (the first is the set at attach).
+    pub probe_sets: Vec<ProbeSetChange>,
+}
+
+/// Hits per step of each probe.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbeHits {
+    /// `_PyEval_EvalFrameDefault` entries (every C→Python call while armed).
+    pub python: Option<f64>,
+    /// Return probes (frame-evaluator returns and native calls with an exit probe).
+    pub returns: Option<f64>,
+    /// Native calls with an exit probe (copies, syncs, backward).
+    pub native_calls: Option<f64>,
+    /// `record_function` entries and exits.
+    pub record_function: Option<f64>,
+    pub launches: Option<f64>,
+}
+
+/// One probe-set change.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbeSetChange {
+    /// Seconds since attach.
+    pub at_s: f64,
+    /// The frame-evaluator probe was armed.
+    pub python: bool,
+    /// Every kernel launch was an event (else counted only).
+    pub launch_events: bool,
+    pub reason: String,
 }
 
 /// The process that was measured.
@@ -248,6 +298,14 @@ pub struct PhaseStats {
     pub share: Option<f64>,
     /// Mean kernel launches per step in this phase (`null` when no CUDA library was probed).
     pub launches_per_step: Option<f64>,
+    /// The functions that hold most of the phase's stack samples (see `profile`): in
+    /// `residual` what the training loop called, elsewhere the innermost Python frame. Empty
+    /// without stack samples.
+    #[serde(default)]
+    pub top_functions: Vec<crate::profile::TopFunction>,
+    /// Stack samples that fell in this phase.
+    #[serde(default)]
+    pub stack_samples: u64,
 }
 
 /// Host-side CUDA activity per step (`null` when no CUDA library was probed or no steps).
@@ -535,14 +593,6 @@ impl Summary {
         }
         serde_json::from_value(value).map_err(|e| SummaryError::Invalid(e.to_string()))
     }
-
-    /// Pretty JSON, with arrays of numbers kept on one line (see [`crate::render::render_json`]).
-    pub fn to_json(&self) -> String {
-        let mut out = Vec::new();
-        // Writing into a Vec cannot fail.
-        let _ = crate::render::render_json(self, &mut out);
-        String::from_utf8_lossy(&out).into_owned()
-    }
 }
 
 /// serde_json's message without its " at line L column C" suffix (we print them separately).
@@ -558,19 +608,19 @@ fn strip_position(e: &serde_json::Error) -> String {
 mod tests {
     use super::*;
     use crate::analysis::fixtures;
+    use crate::render::to_json;
 
     fn json() -> String {
-        fixtures::summary(&fixtures::Scenario {
+        to_json(&fixtures::summary(&fixtures::Scenario {
             steps: 30,
             ..fixtures::Scenario::default()
-        })
-        .to_json()
+        }))
     }
 
     #[test]
     fn reads_back_what_it_writes() {
         let j = json();
-        assert_eq!(Summary::from_json(&j).unwrap().to_json(), j);
+        assert_eq!(to_json(&Summary::from_json(&j).unwrap()), j);
     }
 
     #[test]
@@ -613,7 +663,7 @@ mod tests {
     #[test]
     fn never_measured_is_null() {
         let s = crate::analysis::summarize(&Default::default(), &[]);
-        let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&to_json(&s)).unwrap();
         assert!(v["gpu"].is_null());
         assert!(v["step_ms"]["median"].is_null());
         assert!(v["phases"]["input_wait"]["share"].is_null());

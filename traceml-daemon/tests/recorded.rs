@@ -95,7 +95,7 @@ fn input_bound_run_against_its_fix_is_an_improvement_naming_input_wait() {
     );
     assert_eq!(compare::exit_code(&c), 0);
     let mut text = Vec::new();
-    compare::render_compare_text(&c, &mut text).unwrap();
+    render::render_compare_text(&c, &mut text).unwrap();
     insta::assert_snapshot!(
         "compare_input_bound_vs_fixed",
         String::from_utf8(text).unwrap()

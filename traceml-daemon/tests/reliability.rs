@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use support::*;
 use traceml_daemon::event::{Api, EndReason, Kind, StreamItem};
+use traceml_daemon::render::to_json;
 use traceml_daemon::summary::{Confidence, Summary};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -982,8 +983,8 @@ fn fuzz_seed_corpus_goes_through_both_parsers() {
         };
         if let Ok(s) = Summary::from_json(text) {
             assert_eq!(
-                Summary::from_json(&s.to_json()).unwrap().to_json(),
-                s.to_json(),
+                to_json(&Summary::from_json(&to_json(&s)).unwrap()),
+                to_json(&s),
                 "{}",
                 p.display()
             );

@@ -14,12 +14,12 @@ use aya_ebpf::{
         bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
 };
 use traceml_common::{
-    CodeClass, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS, LossReason, NAME_BYTES,
-    Pending, ProbeId, RawEvent, STATS_LEN, Stat, TRACK_STACK, ThreadState,
+    CONFIG_LEN, CodeClass, Config, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS,
+    LossReason, NAME_BYTES, Pending, ProbeId, RawEvent, STATS_LEN, Stat, TRACK_STACK, ThreadState,
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -42,9 +42,6 @@ static CODE_PTR_MASK: u64 = u64::MAX;
 /// Offset of `co_name` in the code object (from `PyCode_Type.tp_members`); 0 to skip.
 #[unsafe(no_mangle)]
 static CODE_NAME_OFFSET: u64 = 0;
-/// 1: every kernel launch is an event; 0: launches are only counted (`LAUNCHES`).
-#[unsafe(no_mangle)]
-static LAUNCH_EVENTS: u32 = 1;
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
@@ -71,6 +68,10 @@ static LOSS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_REASONS, 0);
 /// Per-CPU probe statistics, indexed by [`Stat`] (hits and why they emitted nothing).
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS_LEN, 0);
+/// Settings userspace may change while probes run (the overhead governor), indexed by
+/// [`Config`]: 1 in `LaunchEvents` makes every kernel launch an event, 0 only counts it.
+#[map]
+static CONFIG: Array<u32> = Array::with_max_entries(CONFIG_LEN, 0);
 /// Per-CPU launch counters (both modes), indexed by probe id.
 #[map]
 static LAUNCHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(64, 0);
@@ -217,6 +218,7 @@ pub fn py_enter(ctx: ProbeContext) -> u32 {
 
 fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
     bump(&STATS, Stat::PyEnter as u32);
+    let tstate: u64 = ctx.arg(0)?;
     let frame: u64 = ctx.arg(1)?;
     let at = frame.wrapping_add(global(&FRAME_CODE_OFFSET));
     // SAFETY: reading the target's memory through the checked helper.
@@ -298,7 +300,7 @@ fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
         BPF_RB_NO_WAKEUP
     };
     emit_with(EventKind::PyEnter, ProbeId::PyEval as u32, submit, |e| {
-        e.args = [code, class as u64, depth, code_addr, frame];
+        e.args = [code, class as u64, depth, code_addr, tstate];
     });
     Some(())
 }
@@ -377,7 +379,10 @@ fn try_any_exit(ctx: &RetProbeContext) -> Option<()> {
 pub fn launch(ctx: ProbeContext) -> u32 {
     let probe = cookie(&ctx);
     bump(&LAUNCHES, probe);
-    if global(&LAUNCH_EVENTS) != 0 {
+    if CONFIG
+        .get(Config::LaunchEvents as u32)
+        .is_some_and(|&v| v != 0)
+    {
         let f: u64 = ctx.arg(0).unwrap_or(0);
         let stream: u64 = ctx.arg(5).unwrap_or(0);
         emit(EventKind::Launch, probe, |e| e.args = [f, stream, 0, 0, 0]);
@@ -392,6 +397,7 @@ pub fn launch(ctx: ProbeContext) -> u32 {
 /// NUL-terminated characters.
 #[uprobe]
 pub fn record_enter(ctx: ProbeContext) -> u32 {
+    bump(&STATS, Stat::RecordEnter as u32);
     let probe = cookie(&ctx);
     let s: u64 = ctx.arg(1).unwrap_or(0);
     // SAFETY: checked read of the target's memory.
@@ -424,6 +430,7 @@ pub fn record_enter(ctx: ProbeContext) -> u32 {
 /// `record_function_exit*`: closes the innermost open record of the thread.
 #[uprobe]
 pub fn record_exit(ctx: ProbeContext) -> u32 {
+    bump(&STATS, Stat::RecordExit as u32);
     emit(EventKind::RecordExit, cookie(&ctx), |_| {});
     0
 }

@@ -39,12 +39,23 @@ enum Cmd {
         #[arg(last = true)]
         rest: Vec<String>,
     },
+    /// The prepared GPU check (tests/gpu/gpu_check.sh): with --prepare, build the release daemon
+    /// into .gpu/ here (to carry to the GPU machine); without, run the check on this machine
+    /// (it must have a GPU, CUDA PyTorch and .gpu/traceml-daemon). Results go to $OUT.
+    GpuCheck {
+        #[arg(long)]
+        prepare: bool,
+    },
     /// Measure overhead, footprint, attach/verdict times and accuracy (and TraceML side by side)
     /// on this machine; (re)writes BENCHMARKS.md. Not part of `test`.
     Bench {
         /// A short run for development (~3 min): fewer pairs, smaller storms, fewer workloads.
         #[arg(long)]
         quick: bool,
+        /// Only the in-process overhead section (daemon attached and detached in windows of one
+        /// long run of each workload; dev build), spliced into the existing BENCHMARKS.md.
+        #[arg(long)]
+        inprocess_only: bool,
     },
 }
 
@@ -81,8 +92,12 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Setup { torch } => setup::all(torch),
         Cmd::Demo => demo(),
+        Cmd::GpuCheck { prepare } => gpu_check(prepare),
         Cmd::Test { no_torch, rest } => test(!no_torch, &rest),
-        Cmd::Bench { quick } => bench::bench(quick),
+        Cmd::Bench {
+            quick,
+            inprocess_only,
+        } => bench::bench(quick, inprocess_only),
     }
 }
 
@@ -145,6 +160,31 @@ fn demo() -> anyhow::Result<()> {
         out.display()
     );
     Ok(())
+}
+
+fn gpu_check(prepare: bool) -> anyhow::Result<()> {
+    let root = root();
+    if prepare {
+        setup::all(false)?;
+        run(Command::new("cargo")
+            .args(["build", "--release", "-p", "traceml-daemon"])
+            .current_dir(&root))?;
+        let dir = root.join(".gpu");
+        std::fs::create_dir_all(&dir).context("creating .gpu/")?;
+        std::fs::copy(
+            root.join("target/release/traceml-daemon"),
+            dir.join("traceml-daemon"),
+        )
+        .context("copying the release daemon into .gpu/")?;
+        eprintln!(
+            "xtask: .gpu/traceml-daemon ready; on the GPU machine run `bash tests/gpu/gpu_check.sh` \
+             (carry .gpu)"
+        );
+        return Ok(());
+    }
+    run(Command::new("bash")
+        .arg(root.join("tests/gpu/gpu_check.sh"))
+        .current_dir(&root))
 }
 
 fn test(torch: bool, rest: &[String]) -> anyhow::Result<()> {

@@ -5,13 +5,14 @@
 pub mod elf;
 pub mod maps;
 pub mod memory;
+pub mod pystack;
 pub mod python;
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 use aya::programs::{ProgramError, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use traceml_common::ProbeId;
@@ -264,6 +265,10 @@ pub enum AttachError {
     Load(#[source] aya::EbpfError),
     #[error("eBPF program {0} is missing from the object")]
     NoProgram(&'static str),
+    #[error("eBPF map {0} is missing from the object")]
+    NoMap(&'static str),
+    #[error("cannot write an eBPF map: {0}")]
+    Map(#[source] aya::maps::MapError),
     #[error("cannot load eBPF program {name}: {source}")]
     Program {
         name: &'static str,
@@ -278,7 +283,8 @@ pub struct LoadConfig {
     pub code_ptr_mask: u64,
     /// Offset of `co_name` in code objects (part of a code object's identity).
     pub code_name_offset: u64,
-    /// Per-launch events (true) or launch counting only.
+    /// Per-launch events (true) or launch counting only, at load (see
+    /// [`Attacher::set_launch_events`]).
     pub launch_events: bool,
     /// Ring buffer size in bytes (power of two, multiple of the page size).
     pub ring_bytes: u32,
@@ -290,6 +296,11 @@ pub struct Attacher {
     pid: NonZeroU32,
     loaded: BTreeSet<&'static str>,
     files: BTreeSet<PathBuf>,
+    /// Where the frame-evaluator probe sits (host path, file offset), so the governor can
+    /// detach and re-arm it.
+    python_site: Option<(PathBuf, u64)>,
+    /// Its links while armed (entry, return).
+    python_links: Vec<(&'static str, UProbeLinkId)>,
 }
 
 /// What happened when probing one file.
@@ -306,16 +317,64 @@ impl Attacher {
             .override_global("FRAME_CODE_OFFSET", &cfg.frame_code_offset, true)
             .override_global("CODE_PTR_MASK", &cfg.code_ptr_mask, true)
             .override_global("CODE_NAME_OFFSET", &cfg.code_name_offset, true)
-            .override_global("LAUNCH_EVENTS", &u32::from(cfg.launch_events), true)
             .map_max_entries("EVENTS", cfg.ring_bytes)
             .load(crate::EBPF_OBJECT)
             .map_err(AttachError::Load)?;
-        Ok(Attacher {
+        let mut attacher = Attacher {
             ebpf,
             pid,
             loaded: BTreeSet::new(),
             files: BTreeSet::new(),
-        })
+            python_site: None,
+            python_links: Vec::new(),
+        };
+        attacher.set_launch_events(cfg.launch_events)?;
+        Ok(attacher)
+    }
+
+    /// Every kernel launch an event (true) or only counted (false); takes effect at once.
+    pub fn set_launch_events(&mut self, on: bool) -> Result<(), AttachError> {
+        let map = self
+            .ebpf
+            .map_mut("CONFIG")
+            .ok_or(AttachError::NoMap("CONFIG"))?;
+        let mut config = aya::maps::Array::<_, u32>::try_from(map).map_err(AttachError::Map)?;
+        config
+            .set(
+                traceml_common::Config::LaunchEvents as u32,
+                u32::from(on),
+                0,
+            )
+            .map_err(AttachError::Map)
+    }
+
+    /// Whether the frame-evaluator probe is armed.
+    pub fn python_armed(&self) -> bool {
+        !self.python_links.is_empty()
+    }
+
+    /// Detaches (`false`) or re-arms (`true`) the frame-evaluator probe placed by
+    /// [`Attacher::attach_file`] for [`Role::Python`]. Frames entered while it was armed and
+    /// returning after the detach report no exit: the engine closes them at the switch.
+    pub fn set_python(&mut self, on: bool) -> Result<(), String> {
+        if on == self.python_armed() {
+            return Ok(());
+        }
+        if !on {
+            for (name, link) in std::mem::take(&mut self.python_links) {
+                self.program(name)
+                    .map_err(|e| e.to_string())?
+                    .detach(link)
+                    .map_err(|e| error_chain(&e))?;
+            }
+            return Ok(());
+        }
+        let (host, offset) = self
+            .python_site
+            .clone()
+            .ok_or("the frame evaluator was never probed")?;
+        self.python_links = self.place(&PYTHON[0], &host, offset)?;
+        Ok(())
     }
 
     /// Whether probes were already placed in this file.
@@ -381,9 +440,15 @@ impl Attacher {
                 }
             };
             match self.place(spec, &host, site.file_offset) {
-                Ok(()) => report
-                    .attached
-                    .push(format!("{}+{}", sym.name, site.skipped)),
+                Ok(links) => {
+                    if spec.probe == P::PyEval {
+                        self.python_site = Some((host.clone(), site.file_offset));
+                        self.python_links = links;
+                    }
+                    report
+                        .attached
+                        .push(format!("{}+{}", sym.name, site.skipped))
+                }
                 Err(e) => report
                     .failures
                     .push(failure(spec, path, &format!("{}: {e}", sym.name))),
@@ -392,22 +457,40 @@ impl Attacher {
         Ok(report)
     }
 
-    fn place(&mut self, spec: &ProbeSpec, host: &Path, file_offset: u64) -> Result<(), String> {
+    /// Attaches the entry (and return) program of `spec` at `file_offset`; returns the links.
+    fn place(
+        &mut self,
+        spec: &ProbeSpec,
+        host: &Path,
+        file_offset: u64,
+    ) -> Result<Vec<(&'static str, UProbeLinkId)>, String> {
         let pid = self.pid;
         let point = || UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(file_offset),
             cookie: Some(spec.probe as u64),
         };
         let entry = self.program(spec.entry).map_err(|e| e.to_string())?;
-        entry
-            .attach(point(), host, UProbeScope::OneProcess(pid))
-            .map_err(|e| error_chain(&e))?;
+        let mut links = vec![(
+            spec.entry,
+            entry
+                .attach(point(), host, UProbeScope::OneProcess(pid))
+                .map_err(|e| error_chain(&e))?,
+        )];
         if spec.exit {
             let exit = self.program("any_exit").map_err(|e| e.to_string())?;
-            exit.attach(point(), host, UProbeScope::OneProcess(pid))
-                .map_err(|e| error_chain(&e))?;
+            match exit.attach(point(), host, UProbeScope::OneProcess(pid)) {
+                Ok(l) => links.push(("any_exit", l)),
+                Err(e) => {
+                    // Never leave an entry without its return probe.
+                    let (name, link) = links.pop().expect("the entry link");
+                    if let Ok(p) = self.program(name) {
+                        let _ = p.detach(link);
+                    }
+                    return Err(error_chain(&e));
+                }
+            }
         }
-        Ok(())
+        Ok(links)
     }
 }
 

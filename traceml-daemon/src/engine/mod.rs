@@ -185,12 +185,28 @@ pub struct EngineOutput {
     /// Steps not measured: the fragment before the first boundary (attach point), an unterminated
     /// last step (end of trace), steps of zero length.
     pub partial_steps_dropped: u32,
+    /// Stack samples of the training thread taken inside a step, with the phase in force.
+    #[serde(default)]
+    pub samples: Vec<PhaseSample>,
+}
+
+/// A stack sample placed in the training thread's timeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PhaseSample {
+    pub ts: u64,
+    /// Index of the step it fell in.
+    pub step: u32,
+    pub phase: Phase,
+    /// [`crate::event::FuncInfo`] ids, outermost first.
+    pub frames: Vec<u32>,
 }
 
 /// Folds an event stream into the training thread's steps. Pure: only event timestamps.
 pub fn run(items: &[StreamItem]) -> EngineOutput {
     let mut codes: HashMap<u64, Class> = HashMap::new();
     let mut events = Vec::new();
+    let mut python_off: Vec<u64> = Vec::new();
+    let mut stacks = Vec::new();
     let mut reordered = 0u64;
     let mut max_ts = 0u64;
     for item in items {
@@ -198,6 +214,8 @@ pub fn run(items: &[StreamItem]) -> EngineOutput {
             StreamItem::Code(c) if c.class != Class::Pending => {
                 codes.insert(c.ptr, c.class);
             }
+            StreamItem::ProbeSet(p) if !p.python => python_off.push(p.ts),
+            StreamItem::Stack(s) => stacks.push(s.as_ref()),
             StreamItem::Event(e) => {
                 if e.ts < max_ts {
                     reordered += 1;
@@ -210,6 +228,7 @@ pub fn run(items: &[StreamItem]) -> EngineOutput {
         }
     }
     events.sort_by_key(|e| e.ts);
+    python_off.sort_unstable();
     let mut out = EngineOutput {
         reordered_events: reordered,
         boundary: Some(Boundary::None),
@@ -221,7 +240,15 @@ pub fn run(items: &[StreamItem]) -> EngineOutput {
 
     let mut folds: HashMap<u32, ThreadFold> = HashMap::new();
     let class = |code: u64| codes.get(&code).copied().unwrap_or(Class::Pending);
+    let mut off = python_off.iter().peekable();
     for e in &events {
+        while let Some(&&ts) = off.peek() {
+            if ts > e.ts {
+                break;
+            }
+            folds.values_mut().for_each(|f| f.close_python(ts));
+            off.next();
+        }
         folds
             .entry(e.tid)
             .or_default()
@@ -271,7 +298,34 @@ pub fn run(items: &[StreamItem]) -> EngineOutput {
     };
     out.boundary = Some(boundary);
     out.partial_steps_dropped = cut.partial;
-    out.steps = measure(&cut, *tid, main, &threads);
+    let timeline = Timeline::build(&main.intervals);
+    out.steps = measure(&cut, *tid, main, &threads, &timeline);
+    out.samples = place_samples(&stacks, *tid, &out.steps, &timeline);
+    out
+}
+
+/// The training thread's stack samples that fell inside a step, with the phase at their instant.
+fn place_samples(
+    stacks: &[&crate::event::StackSample],
+    tid: u32,
+    steps: &[Step],
+    timeline: &Timeline,
+) -> Vec<PhaseSample> {
+    let mut out: Vec<PhaseSample> = stacks
+        .iter()
+        .filter(|s| s.tid == tid)
+        .filter_map(|s| {
+            let i = steps.partition_point(|st| st.end_ns <= s.ts);
+            let step = steps.get(i).filter(|st| st.start_ns <= s.ts)?;
+            Some(PhaseSample {
+                ts: s.ts,
+                step: step.index,
+                phase: timeline.phase_at(s.ts),
+                frames: s.frames.clone(),
+            })
+        })
+        .collect();
+    out.sort_by_key(|s| s.ts);
     out
 }
 
@@ -293,8 +347,13 @@ fn sync_pattern(exits: &[(Api, u64)]) -> Vec<u64> {
 }
 
 /// Phase times and counts of each step.
-fn measure(cut: &Cut, tid: u32, main: &ThreadTrace, threads: &[(u32, ThreadTrace)]) -> Vec<Step> {
-    let timeline = Timeline::build(&main.intervals);
+fn measure(
+    cut: &Cut,
+    tid: u32,
+    main: &ThreadTrace,
+    threads: &[(u32, ThreadTrace)],
+    timeline: &Timeline,
+) -> Vec<Step> {
     let mut steps: Vec<Step> = cut
         .steps
         .iter()

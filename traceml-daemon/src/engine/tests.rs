@@ -103,8 +103,9 @@ impl Trace {
     }
 
     /// One 1000 ns step of the main thread starting at `b`, no two events at the same instant:
-    /// input 200, h2d 50 (4096 B), forward 200 (nested modules, 1 launch), backward 200 (1 launch
-    /// from another thread), optimizer 130 (1 launch), gpu_wait 50 (1 sync), residual 170.
+    /// input 200, h2d 50 (4096 B), forward 260 (the span from the end of input to backward, less
+    /// the copy: nested modules, 1 launch), backward 200 (1 launch from another thread),
+    /// optimizer 130 (1 launch), gpu_wait 50 (1 sync), residual 110.
     fn step(&mut self, b: u64) -> &mut Trace {
         let t = PID;
         self.enter(b, t, DL)
@@ -158,11 +159,11 @@ fn standard_step_phases() -> [u64; 7] {
     phases(&[
         (Phase::InputWait, 200),
         (Phase::H2d, 50),
-        (Phase::Forward, 200),
+        (Phase::Forward, 260),
         (Phase::Backward, 200),
         (Phase::Optimizer, 130),
         (Phase::GpuWait, 50),
-        (Phase::Residual, 170),
+        (Phase::Residual, 110),
     ])
 }
 
@@ -290,11 +291,13 @@ fn lost_exits_and_entries_are_survived() {
     assert_eq!(out.steps[0].syncs, 1);
     assert_eq!(
         out.steps[1].phase_ns,
+        // Forward: the span from the end of input (1100) to the backward frame (1300) and the
+        // module call (1200..1600, closed by OTHER's exit), less the backward inside.
         phases(&[
             (Phase::InputWait, 100),
-            (Phase::Forward, 300),
+            (Phase::Forward, 400),
             (Phase::Backward, 100),
-            (Phase::Residual, 500)
+            (Phase::Residual, 400)
         ])
     );
     // Lost: the sync (closed by the launch), bwd exit without entry, record exit without entry,
@@ -519,10 +522,11 @@ fn precedence_inside_nesting() {
         phases(&[
             (Phase::InputWait, 100),
             (Phase::H2d, 100),
-            (Phase::Forward, 300 - 120),
+            // The forward span runs from the end of input (200) to the backward frame (700).
+            (Phase::Forward, 500 - 120),
             (Phase::GpuWait, 120),
             (Phase::Backward, 100),
-            (Phase::Residual, 100 + 100 + 200),
+            (Phase::Residual, 200),
         ])
     );
     assert_eq!((s.h2d_bytes, s.h2d_copies, s.h2d_ns), (100, 1, 100));
@@ -688,5 +692,132 @@ fn random_lossy_streams_never_panic_and_phases_always_sum() {
     assert!(
         total_steps > 100,
         "the random streams must exercise steps: {total_steps}"
+    );
+}
+
+/// Lightning's automatic optimization: the batch is fetched, then `optimizer.step(closure)`
+/// opens the optimizer record and the closure runs zero_grad, the forward and backward inside
+/// it; only the update after backward is the optimizer's. Markers only (no Python probe).
+#[test]
+fn forward_and_backward_inside_the_optimizer_record_are_their_own() {
+    let mut t = Trace::new();
+    let p = PID;
+    for k in 0..3u64 {
+        let b = k * 1000;
+        t.rec(
+            b,
+            p,
+            "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        )
+        .rec_end(b + 100, p)
+        .rec(b + 150, p, "Optimizer.step#SGD.step")
+        .rec(b + 160, p, "Optimizer.zero_grad#SGD.zero_grad")
+        .rec_end(b + 180, p)
+        .call(b + 500, p, Api::TorchBackward)
+        .ret(b + 800, p, Api::TorchBackward)
+        .rec_end(b + 900, p);
+    }
+    t.rec(
+        3000,
+        p,
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+    );
+    let out = t.codes().run();
+    assert_eq!(out.boundary, Some(Boundary::DataloaderNext));
+    assert_eq!(out.steps.len(), 3);
+    for s in &out.steps {
+        assert_eq!(
+            s.phase_ns,
+            phases(&[
+                (Phase::InputWait, 100),
+                // 100..500 less zero_grad's 20.
+                (Phase::Forward, 380),
+                (Phase::Backward, 300),
+                (Phase::Optimizer, 100),
+                (Phase::Residual, 20 + 100),
+            ])
+        );
+    }
+}
+
+/// A batch fetched with no backward before the next one (evaluation) has no forward span.
+#[test]
+fn no_forward_span_without_backward() {
+    let mut t = Trace::new();
+    let p = PID;
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    t.rec(0, p, dl).rec_end(100, p);
+    t.rec(1000, p, dl).rec_end(1100, p);
+    t.call(1500, p, Api::TorchBackward)
+        .ret(1600, p, Api::TorchBackward);
+    t.rec(2000, p, dl);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 2);
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[(Phase::InputWait, 100), (Phase::Residual, 900)])
+    );
+    assert_eq!(
+        out.steps[1].phase_ns,
+        phases(&[
+            (Phase::InputWait, 100),
+            (Phase::Forward, 400),
+            (Phase::Backward, 100),
+            (Phase::Residual, 400)
+        ])
+    );
+}
+
+/// The governor detaches the frame-evaluator probe mid-frame: open frames report no exit, and
+/// the engine closes them at the switch instead of letting them run to the trace's end.
+#[test]
+fn python_probe_detach_closes_open_frames_at_the_switch() {
+    use crate::event::ProbeSet;
+    let mut t = Trace::new();
+    let p = PID;
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    t.step(0);
+    // Step 1: the module frame is open when the probe goes (at 1420); the DataLoader record
+    // carries the boundary from then on.
+    t.enter(1000, p, DL)
+        .rec(1010, p, dl)
+        .rec_end(1190, p)
+        .exit(1200, p, DL)
+        .enter(1300, p, MODULE);
+    t.items.push(StreamItem::ProbeSet(Box::new(ProbeSet {
+        ts: 1420,
+        python: false,
+        launch_events: true,
+        reason: String::new(),
+    })));
+    t.call(1510, p, Api::TorchBackward)
+        .ret(1710, p, Api::TorchBackward)
+        .rec(1720, p, "Optimizer.step#SGD.step")
+        .rec_end(1850, p);
+    t.rec(2000, p, dl).rec_end(2200, p);
+    t.call(2510, p, Api::TorchBackward)
+        .ret(2710, p, Api::TorchBackward);
+    t.rec(3000, p, dl);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(out.unmatched_events, 0, "a detach is no loss");
+    assert_eq!(
+        out.steps[1].phase_ns,
+        phases(&[
+            (Phase::InputWait, 200),
+            (Phase::Forward, 310),
+            (Phase::Backward, 200),
+            (Phase::Optimizer, 130),
+            (Phase::Residual, 160),
+        ])
+    );
+    assert_eq!(
+        out.steps[2].phase_ns,
+        phases(&[
+            (Phase::InputWait, 200),
+            (Phase::Forward, 310),
+            (Phase::Backward, 200),
+            (Phase::Residual, 290),
+        ])
     );
 }

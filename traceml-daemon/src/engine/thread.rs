@@ -137,6 +137,10 @@ pub(crate) struct ThreadFold {
     index: HashMap<Key, Vec<usize>>,
     input_depth: u32,
     optimizer_depth: u32,
+    backward_depth: u32,
+    /// Where the forward span that the next backward closes started: the end of the last
+    /// outermost DataLoader call or optimizer step (see [`ThreadFold::open`]).
+    forward_from: Option<u64>,
     sync_depth: u32,
     copy_depth: u32,
     /// Last runtime launch not yet paired with a driver launch.
@@ -222,6 +226,7 @@ impl ThreadFold {
                 let phase = match class {
                     Some(RecordClass::DataLoaderNext) => Some(Phase::InputWait),
                     Some(RecordClass::OptimizerStep) => Some(Phase::Optimizer),
+                    Some(RecordClass::ZeroGrad) => Some(Phase::Residual),
                     None => None,
                 };
                 self.open(
@@ -262,8 +267,24 @@ impl ThreadFold {
             if self.input_depth == 0 {
                 self.out.input_calls.push(InputCall { ts, raised: false });
                 open.input_call = Some(self.out.input_calls.len() - 1);
+                // A new batch before any backward: the span since the last one was no forward
+                // pass we can delimit (an evaluation loop, a skipped batch).
+                self.forward_from = None;
             }
             self.input_depth += 1;
+        }
+        if phase == Some(Phase::Backward) {
+            // The forward span: from the end of the last batch fetch (or optimizer step) to the
+            // start of backward. It holds the model's forward, the loss, and whatever the loop
+            // does in between except what a more specific marker claims (copies, syncs,
+            // `zero_grad`).
+            if self.backward_depth == 0
+                && let Some(from) = self.forward_from.take()
+                && ts > from
+            {
+                self.out.intervals.push((from, ts, Phase::Forward));
+            }
+            self.backward_depth += 1;
         }
         if phase == Some(Phase::Optimizer) {
             open.outer_optimizer = self.optimizer_depth == 0;
@@ -307,6 +328,12 @@ impl ThreadFold {
         }
         if p_is(top.phase, Phase::InputWait) {
             self.input_depth -= 1;
+            if self.input_depth == 0 {
+                self.forward_from = Some(end);
+            }
+        }
+        if p_is(top.phase, Phase::Backward) {
+            self.backward_depth -= 1;
         }
         if let Some(i) = top.input_call {
             self.out.input_calls[i].raised = matched && raised;
@@ -315,6 +342,9 @@ impl ThreadFold {
             self.optimizer_depth -= 1;
             if top.outer_optimizer && matched {
                 self.out.optimizer_exits.push(end);
+            }
+            if self.optimizer_depth == 0 {
+                self.forward_from = Some(end);
             }
         }
         if let What::Call { api } = top.what {
@@ -330,6 +360,24 @@ impl ThreadFold {
         }
         if let Some(i) = top.copy {
             self.out.copies[i].end = Some(end.max(top.start));
+        }
+    }
+
+    /// The frame-evaluator probe was detached at `ts`: frames still open will report no exit.
+    /// Closes them there (not counted as lost), keeping every other open entry in place.
+    pub fn close_python(&mut self, ts: u64) {
+        let stack = std::mem::take(&mut self.stack);
+        self.index.clear();
+        for open in stack {
+            if matches!(open.what, What::Py) {
+                self.close(open, ts, false, false);
+            } else {
+                let pos = self.stack.len();
+                for k in open.keys.into_iter().flatten() {
+                    self.index.entry(k).or_default().push(pos);
+                }
+                self.stack.push(open);
+            }
         }
     }
 

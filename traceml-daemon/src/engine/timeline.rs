@@ -4,14 +4,18 @@ use super::Phase;
 use super::thread::InputCall;
 
 /// Precedence, highest first: at each instant the first phase with an open interval wins;
-/// nothing open is [`Phase::Residual`].
-pub(crate) const PRECEDENCE: [Phase; 6] = [
+/// nothing open is [`Phase::Residual`]. The order is the nesting order of the markers, so the
+/// innermost marker wins: a sync or copy inside anything, backward and forward inside
+/// `Optimizer.step(closure)` (Lightning), and `zero_grad` (a [`Phase::Residual`] interval)
+/// carved out of the forward span.
+pub(crate) const PRECEDENCE: [Phase; 7] = [
     Phase::GpuWait,
     Phase::H2d,
     Phase::InputWait,
-    Phase::Optimizer,
+    Phase::Residual,
     Phase::Backward,
     Phase::Forward,
+    Phase::Optimizer,
 ];
 
 /// Disjoint, sorted `[start, end)` segments of non-residual phases.
@@ -81,7 +85,7 @@ impl Timeline {
             covered += d;
             i += 1;
         }
-        out[Phase::Residual.index()] = (end - start) - covered;
+        out[Phase::Residual.index()] += (end - start) - covered;
         out
     }
 }

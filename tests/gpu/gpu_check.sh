@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issue 10 item 5): run ON the lent GPU machine from the repository root,
+# with the release daemon built here by `cargo xtask gpu-check --prepare` in .gpu/ (carried).
+# Builds nothing. Writes everything under $OUT (default ./gpu-out): report.txt and one
+# gpu-check.tar.gz with the summaries, cards, recordings and truth files. Budget: < 8 minutes.
+set -u
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+D=${TRACEML_DAEMON:-$PWD/.gpu/traceml-daemon}
+PY=${PYTHON:-python3}
+R="$OUT/report.txt"
+say() { echo "$*" | tee -a "$R"; }
+say "== gpu-check $(date -u +%FT%TZ)"
+say "kernel: $(uname -r)"; say "daemon: $($D --version 2>&1)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$R"
+$PY -c 'import torch,sys;print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1 | tee -a "$R"
+for f in /sys/kernel/btf/vmlinux /sys/bus/event_source/devices/uprobe/type; do
+  [ -e "$f" ] && say "ok: $f" || say "MISSING: $f (the daemon cannot attach here)"
+done
+
+attach() { # name, python args...
+  local name=$1; shift
+  local dir="$W/$name"; mkdir -p "$dir"
+  $PY "$@" --ready "$dir/ready" --truth "$dir/truth.json" --steps-log "$dir/steps.log" > "$dir/target.out" 2>&1 &
+  local tpid=$!
+  for _ in $(seq 600); do grep -q '"pid"' "$dir/target.out" 2>/dev/null && break; sleep 0.1; done
+  local t0=$(date +%s.%N)
+  timeout 240 "$D" --pid "$tpid" --ready-file "$dir/ready" --output "$dir/out" --record "$dir/rec.jsonl.gz" \
+    --color never > "$dir/card.txt" 2> "$dir/daemon.log"
+  say "-- $name: daemon exit $? after $(echo "$(date +%s.%N) - $t0" | bc) s"
+  wait "$tpid"
+  grep -E "VERDICT|launches/step|step  |input_wait|gpu_wait|overhead|probe set" "$dir/card.txt" | tee -a "$R"
+  cat "$dir/truth.json" >> "$R" 2>/dev/null; echo >> "$R"
+}
+attach cuda_input tests/gpu/cuda_loop.py --mode input --steps 150 --profile-steps 5
+attach cuda_compute tests/gpu/cuda_loop.py --mode compute --steps 400 --profile-steps 5
+if $PY -c 'import transformers' 2>/dev/null && grep -q -- '--device' tests/workloads/frameworks/hf_trainer.py; then
+  attach hf_trainer_cuda tests/workloads/frameworks/hf_trainer.py --mode compute --device cuda --steps 200
+fi
+
+# In-process overhead: one long compute run, the daemon attached in windows 2 and 4 of 5.
+dir="$W/inprocess"; mkdir -p "$dir"
+$PY tests/gpu/cuda_loop.py --mode compute --steps 3000 --steps-log "$dir/steps.log" > "$dir/target.out" 2>&1 &
+tpid=$!
+for _ in $(seq 600); do grep -q '"pid"' "$dir/target.out" 2>/dev/null && break; sleep 0.1; done
+marks=()
+for w in 1 2 3 4 5; do
+  marks+=("$(cat /proc/uptime | cut -d' ' -f1)")
+  if [ $((w % 2)) -eq 0 ]; then timeout 60 "$D" --pid "$tpid" --duration 8 --output "$dir/on$w" --color never > /dev/null 2>&1; else sleep 8; fi
+done
+kill "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
+$PY - "$dir/steps.log" "${marks[@]}" <<'PY' | tee -a "$R"
+import statistics, sys, time
+ends = [int(l) / 1e9 for l in open(sys.argv[1]) if l.strip()]
+# /proc/uptime is CLOCK_BOOTTIME; the log is CLOCK_MONOTONIC: align by their offset now.
+off = time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
+marks = [float(m) - off for m in sys.argv[2:]] + [ends[-1] if ends else 0]
+meds = []
+for a, b in zip(marks, marks[1:]):
+    d = [y - x for x, y in zip(ends, ends[1:]) if a + 0.5 <= x and y <= b - 0.2]
+    meds.append(statistics.median(d) * 1e3 if d else float("nan"))
+print("in-process windows (off,on,off,on,off) median step ms:", [round(m, 3) for m in meds])
+r = [meds[1] / ((meds[0] + meds[2]) / 2), meds[3] / ((meds[2] + meds[4]) / 2)]
+print("on/off ratios:", [round(x, 4) for x in r])
+PY
+tar -C "$W" -czf "$OUT/gpu-check.tar.gz" . 2>/dev/null
+say "== done $(date -u +%FT%TZ); files in $OUT"

@@ -1,0 +1,241 @@
+//! What code fills each phase: the training thread's stack samples, placed in its timeline by
+//! the engine, reduced to the functions that hold most of each phase's samples.
+//!
+//! Attribution: the *loop frame* is the deepest frame shared by at least
+//! [`LOOP_FRAME_SHARE`] of the in-step samples (the function running the training loop, e.g.
+//! `Trainer._inner_training_loop`). In `residual` a sample counts for what the loop called
+//! at that instant (the frame just below the loop frame: `_maybe_log_save_evaluate`,
+//! `clip_grad_norm_`, or the loop function itself for statements in its own body), which is the
+//! line of the loop to look at. In every other phase it counts for its innermost Python frame
+//! (`MyDataset.__getitem__` in input_wait, a module's `forward` in forward), which is where the
+//! time goes. Pure: samples and names in, ranking out.
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Phase, PhaseSample};
+use crate::event::FuncInfo;
+
+/// Share of in-step samples that must hold a frame for it to be part of the loop's prefix.
+pub const LOOP_FRAME_SHARE: f64 = 0.9;
+/// Functions listed per phase.
+pub const TOP_N: usize = 5;
+
+/// One function and its share of a phase's samples.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopFunction {
+    /// `file:function` as a user would search for it.
+    pub function: String,
+    pub file: String,
+    /// First line of the function.
+    pub line: u32,
+    /// Share of the phase's samples, 0..1.
+    pub share: f64,
+    pub samples: u64,
+}
+
+/// Per phase (in [`Phase::ALL`] order), its samples and the functions that hold most of them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    pub samples: [u64; 7],
+    pub top: [Vec<TopFunction>; 7],
+    /// The loop function the residual is attributed under, when found.
+    pub loop_function: Option<String>,
+}
+
+/// Depth of the loop frame: the longest prefix of frames held by [`LOOP_FRAME_SHARE`] of the
+/// samples (a frame is the same when its function id is).
+fn loop_depth(samples: &[PhaseSample]) -> Option<usize> {
+    let need = (samples.len() as f64 * LOOP_FRAME_SHARE).ceil() as usize;
+    let mut depth = None;
+    for d in 0.. {
+        let mut counts: HashMap<(&[u32], u32), usize> = HashMap::new();
+        for s in samples {
+            if let Some(&f) = s.frames.get(d) {
+                *counts.entry((&s.frames[..d], f)).or_default() += 1;
+            }
+        }
+        match counts.into_values().max() {
+            Some(n) if n >= need && n > 0 => depth = Some(d),
+            _ => break,
+        }
+    }
+    depth
+}
+
+/// Ranks the functions of each phase.
+pub fn profile(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Profile {
+    let mut out = Profile::default();
+    let depth = loop_depth(samples);
+    if let (Some(d), Some(s)) = (depth, samples.first()) {
+        out.loop_function = s
+            .frames
+            .get(d)
+            .and_then(|id| funcs.get(id))
+            .map(|f| f.function.clone());
+    }
+    let mut counts: [HashMap<u32, u64>; 7] = Default::default();
+    for s in samples {
+        let key = if s.phase == Phase::Residual {
+            depth.and_then(|d| s.frames.get(d + 1).or_else(|| s.frames.get(d)))
+        } else {
+            s.frames.last()
+        };
+        let p = s.phase.index();
+        out.samples[p] += 1;
+        if let Some(&k) = key {
+            *counts[p].entry(k).or_default() += 1;
+        }
+    }
+    for p in Phase::ALL {
+        let i = p.index();
+        let total = out.samples[i];
+        let mut ranked: Vec<(u32, u64)> = counts[i].iter().map(|(&k, &n)| (k, n)).collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        out.top[i] = ranked
+            .into_iter()
+            .take(TOP_N)
+            .filter_map(|(id, n)| {
+                let f = funcs.get(&id)?;
+                Some(TopFunction {
+                    function: f.function.clone(),
+                    file: f.file.clone(),
+                    line: f.line,
+                    share: n as f64 / total as f64,
+                    samples: n,
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// `site-packages/transformers/trainer.py` → `transformers/trainer.py`: the path a user
+/// recognises (the part after the last `site-packages/` or `dist-packages/`), else the file name
+/// with its parent directory.
+pub fn short_file(file: &str) -> &str {
+    for marker in ["site-packages/", "dist-packages/"] {
+        if let Some(i) = file.rfind(marker) {
+            return &file[i + marker.len()..];
+        }
+    }
+    let mut cuts = file.rmatch_indices('/').map(|(i, _)| i);
+    match (cuts.next(), cuts.next()) {
+        (Some(_), Some(parent)) => &file[parent + 1..],
+        _ => file,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn funcs() -> HashMap<u32, FuncInfo> {
+        [
+            (0, "<module>", "/w/train.py"),
+            (
+                1,
+                "Trainer._inner_training_loop",
+                "/v/site-packages/transformers/trainer.py",
+            ),
+            (
+                2,
+                "Trainer._maybe_log_save_evaluate",
+                "/v/site-packages/transformers/trainer.py",
+            ),
+            (
+                3,
+                "clip_grad_norm_",
+                "/v/site-packages/torch/nn/utils/clip_grad.py",
+            ),
+            (
+                4,
+                "_get_total_norm",
+                "/v/site-packages/torch/nn/utils/clip_grad.py",
+            ),
+            (5, "Ds.__getitem__", "/w/train.py"),
+            (
+                6,
+                "Linear.forward",
+                "/v/site-packages/torch/nn/modules/linear.py",
+            ),
+        ]
+        .into_iter()
+        .map(|(id, f, file)| {
+            (
+                id,
+                FuncInfo {
+                    id,
+                    function: f.into(),
+                    file: file.into(),
+                    line: 10 + id,
+                },
+            )
+        })
+        .collect()
+    }
+
+    fn s(phase: Phase, frames: &[u32]) -> PhaseSample {
+        PhaseSample {
+            ts: 0,
+            step: 0,
+            phase,
+            frames: frames.to_vec(),
+        }
+    }
+
+    #[test]
+    fn residual_counts_what_the_loop_called_and_phases_their_leaf() {
+        let mut samples = Vec::new();
+        for _ in 0..6 {
+            samples.push(s(Phase::Residual, &[0, 1, 2]));
+        }
+        for _ in 0..3 {
+            samples.push(s(Phase::Residual, &[0, 1, 3, 4]));
+        }
+        samples.push(s(Phase::Residual, &[0, 1]));
+        for _ in 0..10 {
+            samples.push(s(Phase::InputWait, &[0, 1, 5]));
+            samples.push(s(Phase::Forward, &[0, 1, 6]));
+        }
+        let p = profile(&samples, &funcs());
+        assert_eq!(
+            p.loop_function.as_deref(),
+            Some("Trainer._inner_training_loop")
+        );
+        let r = &p.top[Phase::Residual.index()];
+        let names: Vec<(&str, f64)> = r.iter().map(|t| (t.function.as_str(), t.share)).collect();
+        assert_eq!(
+            names,
+            [
+                ("Trainer._maybe_log_save_evaluate", 0.6),
+                ("clip_grad_norm_", 0.3),
+                ("Trainer._inner_training_loop", 0.1)
+            ]
+        );
+        assert_eq!(
+            p.top[Phase::InputWait.index()][0].function,
+            "Ds.__getitem__"
+        );
+        assert_eq!(p.top[Phase::Forward.index()][0].function, "Linear.forward");
+        assert_eq!(p.samples[Phase::Forward.index()], 10);
+        assert!(p.top[Phase::Backward.index()].is_empty());
+    }
+
+    #[test]
+    fn no_samples_no_functions() {
+        let p = profile(&[], &funcs());
+        assert_eq!(p.loop_function, None);
+        assert!(p.top.iter().all(|t| t.is_empty()));
+    }
+
+    #[test]
+    fn short_files() {
+        assert_eq!(
+            short_file("/v/lib/python3.11/site-packages/transformers/trainer.py"),
+            "transformers/trainer.py"
+        );
+        assert_eq!(short_file("/home/u/proj/train.py"), "proj/train.py");
+        assert_eq!(short_file("train.py"), "train.py");
+    }
+}

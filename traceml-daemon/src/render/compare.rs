@@ -1,0 +1,183 @@
+//! The comparison of two runs as text (≤ 100 columns) and JSON.
+use std::io::{self, Write};
+
+use super::{Painter, WIDTH};
+use crate::compare::{Change, CompareVerdict, Comparison, TimeDelta, ValueDelta};
+use crate::engine::Phase;
+use crate::text::wrap;
+use crate::units::{bytes_bin, ms, p_value};
+
+/// Writes the comparison as text (≤ 100 columns).
+pub fn render_compare_text(c: &Comparison, w: &mut impl Write) -> io::Result<()> {
+    render_compare(c, w, false)
+}
+
+/// Writes the comparison as text, with ANSI color when `color`.
+pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Result<()> {
+    let p = Painter(color);
+    let mut out: Vec<String> = Vec::new();
+    out.push(p.bold("traceml-daemon compare"));
+    for (name, r) in [("A", &c.a), ("B", &c.b)] {
+        let pid = r.pid.map(|p| format!("pid {p} · ")).unwrap_or_default();
+        let line = format!(
+            "{name}  {pid}{} steps · {} · {}",
+            r.steps,
+            r.diagnosis.replace('_', "-"),
+            r.cmdline.join(" ")
+        );
+        out.push(line.chars().take(WIDTH).collect());
+    }
+    out.push("═".repeat(WIDTH));
+    let v = c.verdict.as_str();
+    let painted = match c.verdict {
+        CompareVerdict::Improvement => p.green(v),
+        CompareVerdict::Regression => p.red(v),
+        _ => p.yellow(v),
+    };
+    out.push(format!("{}  {painted}", p.bold("VERDICT")));
+    for line in wrap(&c.reason, WIDTH - 9) {
+        out.push(format!("         {line}"));
+    }
+    out.push("─".repeat(WIDTH));
+    out.push(format!(
+        "{:<22}{:>11}{:>11}{:>20}{:>10}   change",
+        "", "A median", "B median", "delta", "p"
+    ));
+    let row = |name: String, d: &TimeDelta| {
+        let delta = match (d.delta_ms, d.delta_pct) {
+            (Some(x), Some(pc)) => format!("{:+.2} ms ({pc:+.0}%)", x),
+            (Some(x), None) => format!("{:+.2} ms", x),
+            _ => "—".to_owned(),
+        };
+        format!(
+            "{name:<22}{:>11}{:>11}{delta:>20}{:>10}   {}",
+            ms(d.a_median_ms),
+            ms(d.b_median_ms),
+            p_value(d.p_value),
+            change_word(d.change, "faster", "slower")
+        )
+    };
+    out.push(row("step".to_owned(), &c.step_ms));
+    for (i, (phase, d)) in c.phases.iter().enumerate() {
+        let branch = if i + 1 == Phase::ALL.len() {
+            "└─"
+        } else {
+            "├─"
+        };
+        out.push(row(format!("{branch} {}", phase.name()), d));
+    }
+    out.push("─".repeat(WIDTH));
+    out.push(format!("{:<22}{:>11}{:>11}{:>20}", "", "A", "B", "delta"));
+    let vrow = |name: &str, v: &ValueDelta, f: &dyn Fn(f64) -> String| {
+        let delta = match (v.delta, v.delta_pct) {
+            (Some(d), Some(pc)) => format!(
+                "{}{} ({pc:+.0}%)",
+                if d >= 0.0 { "+" } else { "−" },
+                f(d.abs())
+            ),
+            (Some(d), None) => format!("{}{}", if d >= 0.0 { "+" } else { "-" }, f(d.abs())),
+            _ => "—".to_owned(),
+        };
+        let o = |x: Option<f64>| x.map(f).unwrap_or_else(|| "—".to_owned());
+        format!("{name:<22}{:>11}{:>11}{delta:>20}", o(v.a), o(v.b))
+    };
+    let bytes = |x: f64| bytes_bin(x as u64);
+    let pctf = |x: f64| format!("{x:.0}%");
+    out.push(vrow("host RSS peak", &c.memory.rss_bytes_max, &bytes));
+    out.push(vrow(
+        "GPU memory peak",
+        &c.memory.gpu_process_mem_bytes_max,
+        &bytes,
+    ));
+    out.push(vrow(
+        "GPU util mean",
+        &c.utilization.gpu_util_pct_mean,
+        &pctf,
+    ));
+    out.push(vrow(
+        "process CPU (1 core)",
+        &c.utilization.process_cpu_pct_one_core_mean,
+        &pctf,
+    ));
+    out.push(vrow(
+        "worker CPU (1 core)",
+        &c.utilization.workers_cpu_pct_one_core_mean,
+        &pctf,
+    ));
+    out.push(vrow(
+        "system CPU",
+        &c.utilization.system_cpu_pct_mean,
+        &pctf,
+    ));
+    for n in &c.notes {
+        for line in wrap(&format!("note: {n}"), WIDTH) {
+            out.push(p.dim(&line));
+        }
+    }
+    for line in out {
+        writeln!(w, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// Writes the comparison as pretty JSON.
+pub fn render_compare_json(c: &Comparison, w: &mut impl Write) -> io::Result<()> {
+    super::render_json(c, w)
+}
+
+fn change_word(c: Change, better: &'static str, worse: &'static str) -> &'static str {
+    match c {
+        Change::Better => better,
+        Change::Worse => worse,
+        Change::Same => "same",
+        Change::Unknown => "—",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures;
+    use crate::compare::compare;
+
+    fn text(c: &Comparison) -> String {
+        let mut v = Vec::new();
+        render_compare_text(c, &mut v).unwrap();
+        String::from_utf8(v).unwrap()
+    }
+
+    #[test]
+    fn input_bound_vs_fix() {
+        let a = fixtures::summary(&fixtures::input_bound());
+        let b = fixtures::summary(&fixtures::input_fixed());
+        let t = text(&compare(&a, &b));
+        for line in t.lines() {
+            assert!(line.chars().count() <= WIDTH, "{line}");
+        }
+        insta::assert_snapshot!("compare_input_fix", t);
+    }
+
+    #[test]
+    fn empty_runs_render() {
+        let empty = crate::analysis::summarize(&Default::default(), &[]);
+        let t = text(&compare(&empty, &empty));
+        assert!(t.contains("INCONCLUSIVE"), "{t}");
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let c = compare(
+            &fixtures::summary(&fixtures::input_bound()),
+            &fixtures::summary(&fixtures::input_fixed()),
+        );
+        let mut v = Vec::new();
+        render_compare_json(&c, &mut v).unwrap();
+        let back: Comparison = serde_json::from_slice(&v).unwrap();
+        assert_eq!(back.verdict, c.verdict);
+        assert!(
+            String::from_utf8(v)
+                .unwrap()
+                .contains("\"verdict\": \"IMPROVEMENT\"")
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! Root test of the Python stack reader: for each CPython 3.9–3.13, a script that prints its own
+//! thread state and then blocks in `outer()` → `Klass.middle()` → (`sorted`, C) → `inner()`
+//! under a known recursion; the reader (from outside, while it runs) must see exactly that stack. Also: the
+//! main thread's state found from `_PyRuntime`, reads of a stack that changes all the time (no
+//! panic, no hang), and the cost of one read of a ~40-frame stack (printed, not asserted).
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use traceml_daemon::attach::maps;
+use traceml_daemon::attach::memory::TargetMemory;
+use traceml_daemon::attach::pystack::{self, StackReader};
+use traceml_daemon::attach::python;
+
+const SCRIPT: &str = r#"import ctypes, sys, time
+
+ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
+MODE = sys.argv[1]
+
+
+def churn(n):
+    if n:
+        return churn(n - 1)
+    return 0
+
+
+def inner(_=None):
+    print(ctypes.pythonapi.PyThreadState_Get(), flush=True)
+    if MODE == "sleep":
+        while True:
+            time.sleep(0.01)
+    i = 0
+    while True:
+        i += 1
+        churn(i % 23)
+
+
+class Klass:
+    def middle(self):
+        # Through C (sorted calls its key): a shim frame on 3.12+, which the reader skips.
+        sorted([0], key=inner)
+
+
+def outer():
+    Klass().middle()
+
+
+def deep(n):
+    if n:
+        return deep(n - 1)
+    return outer()
+
+
+deep(int(sys.argv[2]))
+"#;
+
+/// Recursion depth of `deep`: the stack is `<module>`, DEPTH + 1 `deep`s, outer, middle, inner.
+const DEPTH: usize = 36;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The interpreter for 3.<minor>: `TRACEML_PYTHON_3<minor>`, else pyenv's newest 3.<minor>.*.
+fn python(minor: u32) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(format!("TRACEML_PYTHON_3{minor}")) {
+        return Some(PathBuf::from(p));
+    }
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+    let prefix = format!("3.{minor}.");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.strip_prefix(&prefix)
+                    .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
+            })
+        })
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    let exe = dirs.pop()?.join(format!("bin/python3.{minor}"));
+    exe.exists().then_some(exe)
+}
+
+/// The script, running; killed on drop.
+struct Target {
+    child: Child,
+    tstate: u64,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(python: &Path, script: &Path, mode: &str, depth: usize) -> Target {
+    let mut child = Command::new(python)
+        .arg(script)
+        .arg(mode)
+        .arg(depth.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("script stdout");
+    let mut target = Target { child, tstate: 0 };
+    target.tstate = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{}: no thread state printed: {line:?}", python.display()));
+    target
+}
+
+#[test]
+fn reads_stacks_of_every_python() {
+    if !is_root() {
+        println!("skip: reading another process's memory needs root");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("traceml-pystack-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("stack_target.py");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let script_name = script.to_str().unwrap();
+    let line_of = |def: &str| {
+        SCRIPT
+            .lines()
+            .position(|l| l.trim_start().starts_with(def))
+            .unwrap() as u32
+            + 1
+    };
+    let mut ran = 0;
+    for minor in 9..=13 {
+        let Some(py) = python(minor) else {
+            println!("skip 3.{minor}: no interpreter (set TRACEML_PYTHON_3{minor})");
+            continue;
+        };
+        ran += 1;
+        let target = start(&py, &script, "sleep", DEPTH);
+        let pid = target.child.id();
+        let mappings = maps::read(pid).unwrap();
+        let found = python::find(pid, &mappings).unwrap();
+        let mem = TargetMemory::new(pid);
+        let mut reader = StackReader::from_target(&found, &mem).unwrap();
+
+        // The main thread's state, from _PyRuntime, is the one the script printed.
+        let runtime = pystack::runtime_addr(&found).unwrap();
+        assert_eq!(
+            reader.main_thread(&mem, runtime).unwrap(),
+            target.tstate,
+            "3.{minor}: main thread state"
+        );
+
+        let cold = Instant::now();
+        let stack = reader.read(&mem, target.tstate).unwrap();
+        let cold = cold.elapsed();
+        let got: Vec<(String, u32)> = stack
+            .frames
+            .iter()
+            .map(|f| {
+                assert_eq!(&*f.file, script_name, "3.{minor}: {f:?}");
+                (f.function.to_string(), f.line)
+            })
+            .collect();
+        let middle = if minor >= 11 {
+            "Klass.middle"
+        } else {
+            "middle"
+        };
+        let mut want = vec![("<module>".to_string(), 1)];
+        want.extend((0..=DEPTH).map(|_| ("deep".to_string(), line_of("def deep"))));
+        want.push(("outer".into(), line_of("def outer")));
+        want.push((middle.into(), line_of("def middle")));
+        want.push(("inner".into(), line_of("def inner")));
+        assert_eq!(got, want, "3.{minor} ({})", found.version);
+        assert!(!stack.truncated);
+
+        // Warm reads: one read per frame (plus one or two for the thread state).
+        let n = 2000;
+        let t = Instant::now();
+        for _ in 0..n {
+            let s = reader.read(&mem, target.tstate).unwrap();
+            assert_eq!(s.frames.len(), want.len());
+        }
+        let per = t.elapsed() / n;
+        println!(
+            "{} ({}): {} frames, first read {:?}, then {:?} per read ({:?} per frame)",
+            found.version,
+            py.display(),
+            want.len(),
+            cold,
+            per,
+            per / want.len() as u32
+        );
+        drop(target);
+
+        churn(&py, &script, minor);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if ran == 0 {
+        println!("skip: no CPython 3.9-3.13 found");
+    }
+}
+
+/// Reads a stack that changes all the time (`churn` recursing 0–22 deep in a loop): every read
+/// returns (torn reads as errors or odd stacks, never a panic or a hang), and many show the
+/// script's frames under `inner`.
+fn churn(py: &Path, script: &Path, minor: u32) {
+    let target = start(py, script, "churn", 3);
+    let pid = target.child.id();
+    let found = python::find(pid, &maps::read(pid).unwrap()).unwrap();
+    let mem = TargetMemory::new(pid);
+    let mut reader = StackReader::from_target(&found, &mem).unwrap();
+    let (mut ok, mut good, mut errors) = (0, 0, Vec::new());
+    let n = 3000;
+    let t = Instant::now();
+    for _ in 0..n {
+        match reader.read(&mem, target.tstate) {
+            Ok(s) => {
+                ok += 1;
+                let names: Vec<&str> = s.frames.iter().map(|f| &*f.function).collect();
+                if names.first() == Some(&"<module>")
+                    && names.iter().position(|&n| n == "inner").is_some_and(|i| {
+                        names[i + 1..].iter().all(|&n| n == "churn")
+                            && names[i - 1].ends_with("middle")
+                    })
+                {
+                    good += 1;
+                }
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    let took = t.elapsed();
+    errors.truncate(3);
+    println!(
+        "3.{minor} churn: {n} reads in {took:?}: {ok} ok, {good} well-formed; errors e.g. {errors:?}"
+    );
+    assert!(took < Duration::from_secs(30));
+    assert!(
+        good * 2 > n,
+        "3.{minor}: only {good} of {n} stacks well-formed"
+    );
+}
