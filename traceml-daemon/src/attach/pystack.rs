@@ -57,6 +57,15 @@ const PAGE: u64 = 4096;
 pub const ATTEMPTS: u32 = 3;
 /// The most thread states followed when looking for the main thread's.
 const MAX_THREADS: usize = 4096;
+/// Above every user-space address (56 bits with x86_64 5-level paging, 52 on aarch64): a
+/// pointer at or past it is garbage, and staying below it keeps `ptr + offset` from overflowing.
+const USER_LIMIT: u64 = 1 << 56;
+
+/// Whether `p` can point at a CPython object or frame in the target: non-null, 8-aligned and in
+/// user space.
+fn plausible(p: u64) -> bool {
+    p != 0 && p.is_multiple_of(8) && p < USER_LIMIT
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
@@ -66,9 +75,12 @@ pub enum StackError {
     Exited { pid: u32 },
     #[error(transparent)]
     Mem(MemError),
-    #[error("the thread state address is null")]
-    NullThreadState,
-    #[error("frame pointer {frame:#x} of thread state {tstate:#x} is misaligned (torn read)")]
+    #[error("{tstate:#x} is not a thread state address (null, misaligned or not user space)")]
+    BadThreadState { tstate: u64 },
+    #[error(
+        "frame pointer {frame:#x} of thread state {tstate:#x} is misaligned or not user space \
+         (torn read)"
+    )]
     BadFrame { tstate: u64, frame: u64 },
     #[error("the frame chain of thread state {tstate:#x} loops at {frame:#x} (torn read)")]
     Cycle { tstate: u64, frame: u64 },
@@ -391,8 +403,8 @@ impl StackReader {
     /// plus three or four per code object not seen before. A torn read (a frame popped while
     /// we walk) is retried, [`ATTEMPTS`] times in all, before its error is returned.
     pub fn read(&mut self, mem: &TargetMemory, tstate: u64) -> Result<Stack, StackError> {
-        if tstate == 0 {
-            return Err(StackError::NullThreadState);
+        if !plausible(tstate) {
+            return Err(StackError::BadThreadState { tstate });
         }
         let mut window = std::mem::take(&mut self.window);
         let mut attempt = 1;
@@ -421,7 +433,7 @@ impl StackReader {
             if frame == 0 {
                 return Ok(Stack::default());
             }
-            if frame % 8 != 0 {
+            if !plausible(frame) {
                 return Err(StackError::BadFrame { tstate, frame });
             }
             frame = mem.read_u64(frame + current)?;
@@ -441,7 +453,7 @@ impl StackReader {
             if frame == 0 {
                 break;
             }
-            if frame % 8 != 0 {
+            if !plausible(frame) {
                 return Err(StackError::BadFrame { tstate, frame });
             }
             if seen.contains(&frame) {
@@ -456,8 +468,7 @@ impl StackReader {
                 _ => false,
             };
             if !shim
-                && code != 0
-                && code % 8 == 0
+                && plausible(code)
                 && let Some(f) = self.code(mem, code)?
             {
                 if stack.frames.len() == MAX_DEPTH {
@@ -505,12 +516,12 @@ impl StackReader {
         let main = mem.read_u64(runtime + o.runtime_main_thread)?;
         let interp = mem.read_u64(runtime + o.runtime_interp_main)?;
         let none = || StackError::NoMainThread { pid: mem.pid() };
-        if interp == 0 || interp % 8 != 0 {
+        if !plausible(interp) {
             return Err(none());
         }
         let mut t = mem.read_u64(interp + o.interp_threads_head)?;
         for _ in 0..MAX_THREADS {
-            if t == 0 || t % 8 != 0 {
+            if !plausible(t) {
                 break;
             }
             if mem.read_u64(t + o.tstate_thread_id)? == main {
@@ -536,7 +547,7 @@ pub fn runtime_addr(target: &PythonTarget) -> Result<u64, StackError> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use std::collections::BTreeMap;
     use std::path::{Path, PathBuf};
     use std::process::Command;
@@ -923,7 +934,27 @@ int main(void) {
         // No frame: an empty stack.
         f.set(2100, 0);
         assert_eq!(r.read(&mem, f.addr(2000)).unwrap(), Stack::default());
-        assert!(matches!(r.read(&mem, 0), Err(StackError::NullThreadState)));
+        assert!(matches!(
+            r.read(&mem, 0),
+            Err(StackError::BadThreadState { .. })
+        ));
+        // Pointers past user space are refused before any arithmetic on them.
+        f.set(2100, u64::MAX - 7);
+        assert!(matches!(
+            r.read(&mem, f.addr(2000)),
+            Err(StackError::BadFrame { .. })
+        ));
+        f.set(2100, a(&f, 0));
+        f.set(fr(4) + 1, 0);
+        f.set(fr(0), u64::MAX - 7); // inner's code pointer: that frame is skipped
+        let names: Vec<String> = r
+            .read(&mem, f.addr(2000))
+            .unwrap()
+            .frames
+            .iter()
+            .map(|p| p.function.to_string())
+            .collect();
+        assert_eq!(names, ["outer", "Klass.middle"]);
     }
 
     #[test]
