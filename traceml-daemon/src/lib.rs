@@ -4,7 +4,13 @@
 //! Pipeline: probes (`traceml-ebpf`) → ring buffer of [`traceml_common::RawEvent`] → [`event`]
 //! decoder → event stream ([`record`] can write and replay it) → [`engine`] (events → steps) →
 //! [`analysis`] (steps + [`sample`]s → aggregates) → [`diagnosis`] rules → [`summary`] model →
-//! [`render`] (card, JSON) and [`compare`].
+//! [`render`] (card, JSON, [`compare`] output).
+//!
+//! Imports go one way, down these layers (checked by `tests/layers.rs`): presentation
+//! ([`render`]) → [`compare`] → [`analysis`] (builds the model and runs the rules) →
+//! [`diagnosis`] (rules that read the model) → [`summary`] (the model's types) → [`engine`] →
+//! [`event`] → [`sample`]; [`units`], [`text`] and [`stats`] at the bottom. The rules sit above
+//! the model's types because they read a whole `Summary`; nothing below `render` formats output.
 //!
 //! Everything from the event stream on is pure and tested from recorded traces without root;
 //! only `attach`, `live` and `sampler` touch the kernel or the target.
