@@ -9,7 +9,8 @@
 //! Imports go one way, down these layers (checked by `tests/layers.rs`): presentation
 //! ([`render`]) → [`compare`] → [`analysis`] (builds the model and runs the rules) →
 //! [`diagnosis`] (rules that read the model) → [`summary`] (the model's types) → [`engine`] →
-//! [`event`] → [`sample`]; [`units`], [`text`] and [`stats`] at the bottom. The rules sit above
+//! [`event`] → [`sample`]; [`units`], [`text`], [`stats`] and [`sanitize`] (target-derived text
+//! made safe to show) at the bottom. The rules sit above
 //! the model's types because they read a whole `Summary`; nothing below `render` formats output.
 //!
 //! Everything from the event stream on is pure and tested from recorded traces without root;
@@ -29,6 +30,7 @@ pub mod record;
 pub mod render;
 pub mod sample;
 pub mod sampler;
+pub mod sanitize;
 pub mod stats;
 pub mod summary;
 pub mod text;

@@ -7,7 +7,7 @@ use std::path::Path;
 /// Layers, lowest first. A module not listed here is not checked.
 const LAYERS: &[&[&str]] = &[
     // Shared helpers.
-    &["units", "text", "stats"],
+    &["units", "text", "stats", "sanitize"],
     // Plain data: samples, then the event stream that carries them.
     &["sample"],
     &["event"],
