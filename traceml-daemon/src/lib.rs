@@ -7,22 +7,26 @@
 //! [`render`] (card, JSON, [`compare`] output).
 //!
 //! Imports go one way, down these layers (checked by `tests/layers.rs`): presentation
-//! ([`render`]) → [`compare`] → [`analysis`] (builds the model and runs the rules) →
+//! ([`render`]) → [`sweep`] → [`compare`] → [`analysis`] (builds the model and runs the rules) →
 //! [`diagnosis`] (rules that read the model) → [`summary`] (the model's types) → [`engine`] →
 //! [`event`] → [`sample`]; [`units`], [`text`], [`stats`] and [`sanitize`] (target-derived text
 //! made safe to show) at the bottom. The rules sit above
 //! the model's types because they read a whole `Summary`; nothing below `render` formats output.
 //!
 //! Everything from the event stream on is pure and tested from recorded traces without root;
-//! only `attach`, `live` and `sampler` touch the kernel or the target.
+//! only `attach`, `live` and `sampler` touch the kernel or the target. `attach`, `live` and the
+//! NVML sampler exist only with the `live` feature (on by default): without it the crate builds
+//! with stable Rust and no eBPF toolchain, and the binary offers `replay` and `compare`.
 
 pub mod analysis;
+#[cfg(feature = "live")]
 pub mod attach;
 pub mod classify;
 pub mod compare;
 pub mod diagnosis;
 pub mod engine;
 pub mod event;
+#[cfg(feature = "live")]
 pub mod live;
 pub mod overhead;
 pub mod profile;
@@ -33,8 +37,10 @@ pub mod sampler;
 pub mod sanitize;
 pub mod stats;
 pub mod summary;
+pub mod sweep;
 pub mod text;
 pub mod units;
 
 /// The compiled eBPF object, built by `build.rs`.
+#[cfg(feature = "live")]
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/traceml"));

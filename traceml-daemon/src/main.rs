@@ -4,13 +4,16 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+#[cfg(feature = "live")]
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use traceml_daemon::event::{End, EndReason, StreamItem};
 use traceml_daemon::overhead::Policy;
-use traceml_daemon::{analysis, compare, live, record, render, summary::Summary};
+#[cfg(feature = "live")]
+use traceml_daemon::live;
+use traceml_daemon::{analysis, compare, record, render, summary::Summary};
 
 const AFTER_HELP: &str = "\
 Exit status: 0 success; 1 unexpected failure, or compare found a REGRESSION; 2 bad arguments or \
@@ -169,6 +172,7 @@ fn use_color(c: Color) -> bool {
 }
 
 /// UTC `YYYYmmdd-HHMMSS` for directory names.
+#[cfg_attr(not(feature = "live"), allow(dead_code))]
 fn timestamp(unix_s: u64) -> String {
     let (days, secs) = (unix_s / 86_400, unix_s % 86_400);
     // Howard Hinnant's civil_from_days.
@@ -229,6 +233,17 @@ fn write_outputs(summary: &Summary, dir: &Path, common: &Common) -> Result<(), F
     Ok(())
 }
 
+/// Built without the `live` feature: no eBPF programs, no attach.
+#[cfg(not(feature = "live"))]
+fn attach(_args: AttachArgs) -> Result<u8, Failure> {
+    Err(Failure::new(
+        4,
+        "this traceml-daemon was built without the `live` feature: it cannot attach, only run \
+         the offline subcommands (replay, compare, ...); rebuild with default features",
+    ))
+}
+
+#[cfg(feature = "live")]
 fn attach(args: AttachArgs) -> Result<u8, Failure> {
     let Some(pid) = args.pid else {
         return Err(Failure::new(

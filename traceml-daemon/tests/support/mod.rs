@@ -21,14 +21,34 @@ pub fn daemon() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_traceml-daemon"))
 }
 
-/// Root tests need root; running them without it is a setup error, not a pass.
-pub fn require_root() {
-    // SAFETY: no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "the root tests load eBPF programs: run them as root (cargo xtask test)"
+/// Whether the tests run as root (they load eBPF programs and read other processes' memory).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// For a root test's first line: `if !root_or_skip() { return; }`. As root: true. Otherwise the
+/// test is skipped with a message on stderr (written past the test harness's capture, so a plain
+/// `cargo test` shows it), unless `TRACEML_REQUIRE_ROOT` is set (`cargo xtask test` sets it):
+/// then a run without root is a setup error, not a pass.
+pub fn root_or_skip() -> bool {
+    if is_root() {
+        return true;
+    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a root test")
+        .to_owned();
+    assert!(
+        std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
+        "{test}: the root tests load eBPF programs: run them as root (cargo xtask test)"
     );
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped {test}: needs root (loads eBPF programs); `sudo cargo xtask test` runs it"
+    );
+    false
 }
 
 pub fn tests_build() -> PathBuf {
@@ -230,3 +250,36 @@ pub fn code_ptrs(items: &[StreamItem], qualname_suffix: &str, file_suffix: &str)
         })
         .collect()
 }
+
+/// Runs `replay` on a recording; returns (exit code, stderr, summary text if written).
+pub fn replay(recording: &Path, out: &Path) -> (Option<i32>, String, Option<String>) {
+    let r = Command::new(daemon())
+        .arg("replay")
+        .arg(recording)
+        .arg("--output")
+        .arg(out)
+        .args(["--color", "never", "--quiet"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "replay panicked:\n{stderr}");
+    (
+        r.status.code(),
+        stderr,
+        std::fs::read_to_string(out.join("final_summary.json")).ok(),
+    )
+}
+
+/// Runs `cmd`, which must fail with `want_code` and one line on stderr containing `want`.
+pub fn fails_clearly(cmd: &mut Command, want_code: i32, want: &str) {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "no panics: {err}");
+    assert_eq!(out.status.code(), Some(want_code), "{cmd:?}: {err}");
+    assert!(err.contains(want), "{cmd:?}: expected {want:?} in: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
+}
+
+/// A recording's header line.
+pub const HEADER: &str =
+    "{\"format\":\"traceml-recording\",\"version\":1,\"daemon_version\":\"0.1.0\"}\n";
