@@ -11,10 +11,13 @@ use std::io::{self, Write};
 use crate::diagnosis::COMPUTE_PHASES;
 use crate::engine::Phase;
 use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
+use crate::sanitize::{cut_marker, terminal};
 use crate::text::wrap;
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
 
 pub mod compare;
+#[cfg(test)]
+mod hostile_tests;
 pub mod json;
 
 pub use compare::{render_compare, render_compare_json, render_compare_text};
@@ -57,7 +60,7 @@ pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<(
                 f.why.trim_end_matches('.'),
                 f.next.trim_end_matches('.')
             );
-            for (i, line) in wrap(&text, WIDTH - 2).into_iter().enumerate() {
+            for (i, line) in wrap_safe(&text, WIDTH - 2).into_iter().enumerate() {
                 let line = if i == 0 {
                     line.replacen(sev, &p.severity(f.severity, sev), 1)
                 } else {
@@ -114,9 +117,36 @@ impl Painter {
 
 /// `label` in the label column, then `text` wrapped with a hanging indent.
 fn labeled(out: &mut Vec<String>, label: &str, text: &str) {
-    for (i, line) in wrap(text, WIDTH - LABEL).into_iter().enumerate() {
+    for (i, line) in wrap_safe(text, WIDTH - LABEL).into_iter().enumerate() {
         let l = if i == 0 { label } else { "" };
         out.push(format!("{l:<LABEL$}{line}"));
+    }
+}
+
+/// Model text wrapped to `width` columns for the card. The model holds names read from the
+/// target (functions, files, command line, libraries, notes that quote them): control and escape
+/// characters are written visibly ([`terminal`]) and a word longer than a line is cut with a
+/// marker. Every piece of the card that can hold such a name goes through here or [`cut`].
+pub(crate) fn wrap_safe(text: &str, width: usize) -> Vec<String> {
+    wrap(&terminal(text), width)
+        .into_iter()
+        .map(|l| fit(l, width))
+        .collect()
+}
+
+/// `line` cut to `width` columns, ending in `…[cut N chars]` when cut.
+fn fit(line: String, width: usize) -> String {
+    let n = line.chars().count();
+    if n <= width {
+        return line;
+    }
+    let mut keep = width.saturating_sub(12);
+    loop {
+        let marker = cut_marker(n - keep, "chars");
+        if keep == 0 || keep + marker.chars().count() <= width {
+            return format!("{}{marker}", line.chars().take(keep).collect::<String>());
+        }
+        keep -= 1;
     }
 }
 
@@ -158,7 +188,7 @@ fn header(s: &Summary, out: &mut Vec<String>) {
         first.push_str(" · ");
         first.push_str(&t.cmdline.join(" "));
     }
-    out.push(cut(&first, WIDTH));
+    out.push(cut(&terminal(&first), WIDTH));
     let mut second = Vec::new();
     if let Some(py) = &t.python {
         second.push(format!("Python {py}"));
@@ -502,7 +532,7 @@ fn overhead(s: &Summary, out: &mut Vec<String>) {
         Some(p) if o.probe_sets.len() > 1 => format!("; {p:.2}% over the whole run"),
         _ => String::new(),
     };
-    for (i, line) in wrap(
+    for (i, line) in wrap_safe(
         &format!("{set}{launches} · {cost}{budget}{whole}"),
         WIDTH - 14,
     )
@@ -549,7 +579,7 @@ fn data_quality(s: &Summary, p: &Painter, out: &mut Vec<String>) {
     parts.push(format!("{} samples", q.samples));
     parts.push(format!("confidence {}", q.confidence.as_str()));
     let text = parts.join(" · ");
-    for (i, line) in wrap(&text, WIDTH - 14).into_iter().enumerate() {
+    for (i, line) in wrap_safe(&text, WIDTH - 14).into_iter().enumerate() {
         if i == 0 {
             out.push(format!("{}  {line}", p.bold("DATA QUALITY")));
         } else {
@@ -557,7 +587,7 @@ fn data_quality(s: &Summary, p: &Painter, out: &mut Vec<String>) {
         }
     }
     for note in &q.notes {
-        for line in wrap(&format!("note: {note}"), WIDTH - 14) {
+        for line in wrap_safe(&format!("note: {note}"), WIDTH - 14) {
             out.push(format!("{:14}{}", "", p.dim(&line)));
         }
     }

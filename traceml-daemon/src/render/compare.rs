@@ -1,10 +1,9 @@
 //! The comparison of two runs as text (≤ 100 columns) and JSON.
 use std::io::{self, Write};
 
-use super::{Painter, WIDTH};
+use super::{Painter, WIDTH, wrap_safe};
 use crate::compare::{Change, CompareVerdict, Comparison, TimeDelta, ValueDelta};
 use crate::engine::Phase;
-use crate::text::wrap;
 use crate::units::{bytes_bin, ms, p_value};
 
 /// Writes the comparison as text (≤ 100 columns).
@@ -25,7 +24,13 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
             r.diagnosis.replace('_', "-"),
             r.cmdline.join(" ")
         );
-        out.push(line.chars().take(WIDTH).collect());
+        // The command lines come from the targets (and the files from anywhere).
+        out.push(
+            crate::sanitize::terminal(&line)
+                .chars()
+                .take(WIDTH)
+                .collect(),
+        );
     }
     out.push("═".repeat(WIDTH));
     let v = c.verdict.as_str();
@@ -35,7 +40,7 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
         _ => p.yellow(v),
     };
     out.push(format!("{}  {painted}", p.bold("VERDICT")));
-    for line in wrap(&c.reason, WIDTH - 9) {
+    for line in wrap_safe(&c.reason, WIDTH - 9) {
         out.push(format!("         {line}"));
     }
     out.push("─".repeat(WIDTH));
@@ -110,7 +115,7 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
         &pctf,
     ));
     for n in &c.notes {
-        for line in wrap(&format!("note: {n}"), WIDTH) {
+        for line in wrap_safe(&format!("note: {n}"), WIDTH) {
             out.push(p.dim(&line));
         }
     }

@@ -1,0 +1,147 @@
+//! Hostile names from a target in every renderer: the card (with and without color), the JSON and
+//! the comparison. Every string of the model that can come from a target holds ANSI CSI and OSC
+//! sequences, an 8-bit CSI, NUL and line breaks, HTML/JS, a bidi override, invalid UTF-8 (as the
+//! readers convert it) and a 100 000-character name.
+use super::*;
+use crate::analysis::fixtures::{self, Scenario};
+use crate::profile::TopFunction;
+use crate::sanitize::tests::{assert_terminal_safe, hostile_names};
+use crate::summary::ProbeFailed;
+
+/// A residual-heavy run whose every target-derived string is hostile; the rules run again so
+/// their messages quote the hostile function and file names.
+fn hostile_summary() -> Summary {
+    let names = hostile_names();
+    let mut s = fixtures::summary(&Scenario {
+        phase_ms: [3.0, 1.0, 20.0, 25.0, 4.0, 0.5, 60.0],
+        ..fixtures::input_bound()
+    });
+    s.target.comm = Some(names[0].clone());
+    s.target.cmdline = names.clone();
+    for p in Phase::ALL {
+        s.phases[p].top_functions = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| TopFunction {
+                function: n.clone(),
+                file: format!("/site-packages/{n}.py"),
+                line: i as u32,
+                share: 0.1,
+                samples: 1,
+            })
+            .collect();
+    }
+    let (primary, findings) = crate::diagnosis::diagnose(&s);
+    s.primary_diagnosis = primary;
+    s.findings = findings;
+    s.data_quality.notes = names.clone();
+    s.data_quality.cuda_libraries = names.iter().map(|n| format!("/lib/{n}")).collect();
+    s.data_quality.probes_failed = names
+        .iter()
+        .map(|n| ProbeFailed {
+            probe: n.clone(),
+            file: n.clone(),
+            reason: n.clone(),
+        })
+        .collect();
+    if let Some(g) = s.gpu.as_mut() {
+        for d in &mut g.devices {
+            d.name = Some(names[1].clone());
+        }
+    }
+    s
+}
+
+fn card(s: &Summary, color: bool) -> String {
+    let mut v = Vec::new();
+    render_card(s, &mut v, color).unwrap();
+    String::from_utf8(v).unwrap()
+}
+
+/// `text` without the painter's own sequences (`ESC [ digits/; m`).
+fn unpaint(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("\x1b[") {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i + 2..];
+        let n = tail
+            .find(|c: char| !(c.is_ascii_digit() || c == ';'))
+            .unwrap_or(tail.len());
+        assert!(
+            tail[n..].starts_with('m'),
+            "an escape sequence the painter does not write: {:?}",
+            &rest[i..(i + 20).min(rest.len())]
+        );
+        rest = &tail[n + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn check_lines(text: &str) {
+    assert_terminal_safe(text);
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= WIDTH,
+            "{} columns: {line:.120}",
+            line.chars().count()
+        );
+    }
+}
+
+#[test]
+fn card_shows_hostile_names_escaped_within_the_width() {
+    let s = hostile_summary();
+    assert_eq!(s.primary_diagnosis.kind, DiagnosisKind::ResidualHeavy);
+    let text = card(&s, false);
+    assert!(!text.contains('\x1b'), "an ESC byte without color");
+    check_lines(&text);
+    // The names are there, recognisable, and harmless.
+    assert!(text.contains("\\x1b[2J"), "{text}");
+    assert!(text.contains("\\x1b]0;pwned title\\x07"), "{text}");
+    assert!(text.contains("<script>alert(1)</script>"), "{text}");
+    assert!(
+        text.contains("chars]"),
+        "a cut marker on the long name:\n{text}"
+    );
+    // With color, the only escape sequences are the painter's, and the layout is the same.
+    let colored = card(&s, true);
+    let plain = unpaint(&colored);
+    assert_eq!(plain, text);
+}
+
+#[test]
+fn json_of_hostile_names_is_valid_and_holds_no_control_byte() {
+    let mut s = hostile_summary();
+    // A 16 MB name survives the round trip intact (the readers bound names; JSON need not).
+    s.target.cmdline.push("\x1b".repeat(16 << 20));
+    let json = to_json(&s);
+    assert!(
+        !json.bytes().any(|b| b < 0x20 && b != b'\n'),
+        "a raw control byte in the JSON"
+    );
+    let back = Summary::from_json(&json).unwrap();
+    assert_eq!(back.target.cmdline, s.target.cmdline);
+    assert_eq!(back.primary_diagnosis.why, s.primary_diagnosis.why);
+    assert_eq!(
+        back.phases[Phase::Residual].top_functions,
+        s.phases[Phase::Residual].top_functions
+    );
+}
+
+#[test]
+fn comparison_of_hostile_runs_is_escaped() {
+    let s = hostile_summary();
+    let cmp = crate::compare::compare(&s, &s);
+    for color in [false, true] {
+        let mut v = Vec::new();
+        render_compare(&cmp, &mut v, color).unwrap();
+        let text = unpaint(&String::from_utf8(v).unwrap());
+        check_lines(&text);
+        assert!(text.contains("\\x1b[2J"), "{text}");
+    }
+    let mut v = Vec::new();
+    render_compare_json(&cmp, &mut v).unwrap();
+    assert!(!v.iter().any(|&b| b < 0x20 && b != b'\n'));
+}
