@@ -13,12 +13,12 @@ use traceml_daemon::event::{End, EndReason, StreamItem};
 use traceml_daemon::overhead::Policy;
 #[cfg(feature = "live")]
 use traceml_daemon::live;
-use traceml_daemon::{analysis, compare, record, render, summary::Summary};
+use traceml_daemon::{analysis, compare, record, render, summary::Summary, sweep};
 
 const AFTER_HELP: &str = "\
-Exit status: 0 success; 1 unexpected failure, or compare found a REGRESSION; 2 bad arguments or \
-input files; 3 the target cannot be profiled (no such pid, not Python); 4 missing privileges or \
-kernel support.
+Exit status: 0 success; 1 unexpected failure, or compare or sweep found a REGRESSION (sweep \
+--fail-on any: a job neither EQUIVALENT nor IMPROVEMENT); 2 bad arguments or input files; 3 the \
+target cannot be profiled (no such pid, not Python); 4 missing privileges or kernel support.
 
 Proven on real GPUs: not yet. The CUDA probes are exercised against a stand-in CUDA runtime and \
 attached to the real libcudart from PyPI; see docs/gpu-validation.md.";
@@ -111,6 +111,24 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Compare every job of two directory trees: jobs are the directories holding a
+    /// final_summary.json, paired by their path under each root (docs/sweep.md).
+    Sweep {
+        baseline: PathBuf,
+        candidate: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Exit 1 when a job regressed, or (`any`) when a job is anything but EQUIVALENT or
+        /// IMPROVEMENT (unpaired jobs included).
+        #[arg(long, value_enum, default_value_t = FailOn::Regression)]
+        fail_on: FailOn,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FailOn {
+    Regression,
+    Any,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -152,6 +170,12 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Some(Cmd::Replay { file, output }) => replay(&file, output, &cli.attach.common),
         Some(Cmd::Compare { a, b, format }) => run_compare(&a, &b, format, &cli.attach.common),
+        Some(Cmd::Sweep {
+            baseline,
+            candidate,
+            format,
+            fail_on,
+        }) => run_sweep(&baseline, &candidate, format, fail_on, &cli.attach.common),
         None => attach(cli.attach),
     };
     match result {
@@ -402,6 +426,27 @@ fn run_compare(a: &Path, b: &Path, format: Format, common: &Common) -> Result<u8
     }
     .context("printing the comparison")?;
     Ok(compare::exit_code(&cmp))
+}
+
+fn run_sweep(
+    baseline: &Path,
+    candidate: &Path,
+    format: Format,
+    fail_on: FailOn,
+    common: &Common,
+) -> Result<u8, Failure> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let result = sweep::run(baseline, candidate, threads).map_err(|e| Failure::new(2, e))?;
+    let mut out = std::io::stdout().lock();
+    match format {
+        Format::Text => render::render_sweep(&result, &mut out, use_color(common.color)),
+        Format::Json => render::render_sweep_json(&result, &mut out),
+    }
+    .context("printing the sweep")?;
+    Ok(result.exit_code(match fail_on {
+        FailOn::Regression => sweep::FailOn::Regression,
+        FailOn::Any => sweep::FailOn::Any,
+    }))
 }
 
 #[cfg(test)]

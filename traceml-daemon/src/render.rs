@@ -19,9 +19,11 @@ pub mod compare;
 #[cfg(test)]
 mod hostile_tests;
 pub mod json;
+pub mod sweep;
 
 pub use compare::{render_compare, render_compare_json, render_compare_text};
 pub use json::{render_json, to_json};
+pub use sweep::{render_sweep, render_sweep_json};
 
 /// Widest line of the card, in columns.
 pub const WIDTH: usize = 100;

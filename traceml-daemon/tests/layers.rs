@@ -24,6 +24,8 @@ const LAYERS: &[&[&str]] = &[
     &["analysis"],
     // Two models → a comparison.
     &["compare"],
+    // Many pairs of models → a sweep of comparisons.
+    &["sweep"],
     // Presentation: card, JSON, comparison output.
     &["render"],
     // The shell: the live run loop.
