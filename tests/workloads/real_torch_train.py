@@ -2,6 +2,8 @@
 
 Usage: python real_torch_train.py --scenario {input_bound,residual_heavy,balanced}
                                   [--ready FILE] [--truth FILE] [--steps N] [--workers N]
+                                  [--steps-log FILE]
+--steps-log FILE appends one line per finished step: its end, CLOCK_MONOTONIC ns (flushed).
 Same protocol and truth format as the fake-torch scenarios (tests/README.md), with
 "backend": "torch-cpu". No CUDA work happens, so h2d/gpu_wait are 0 and the byte/launch counters
 are absent. Run it with a venv that has torch (e.g. /tmp/invest/venv311/bin/python).
@@ -35,7 +37,9 @@ def main():
     ap.add_argument("--truth")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--steps-log")
     a = ap.parse_args()
+    steps_log = open(a.steps_log, "a", buffering=1) if a.steps_log else None
     cfg = dict(SCENARIOS[a.scenario])
     if a.steps:
         cfg["steps"] = a.steps
@@ -107,6 +111,9 @@ def main():
         del batch, out, loss
         t10 = now()
         raw.append((t0, t1, t3, t4, t5, t6, t7, t9, t10))
+        if steps_log:
+            steps_log.write("%d\n" % t10)
+            steps_log.flush()
     loop_end = now()
 
     steps = []

@@ -14,6 +14,14 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const TORCH_PIN: &str = "torch==2.15.0";
 /// torch warns at import without numpy.
 const NUMPY_PIN: &str = "numpy<3";
+/// The trainer frameworks of the real-framework workloads (`tests/workloads/frameworks/`): the
+/// newest releases whose requirements pip resolves against the torch pin without replacing it
+/// (checked with `pip install --dry-run` in the torch venv).
+const FRAMEWORK_PINS: [&str; 3] = [
+    "transformers==5.24.0",
+    "accelerate==1.15.0",
+    "pytorch-lightning==2.6.6",
+];
 const CUDART_PIN: &str = "nvidia-cuda-runtime==13.2.86";
 const TORCH_PYTHON: &str = "3.11";
 
@@ -120,9 +128,14 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
         venv("cudart", &[CUDART_PIN]).map(|_| ())
     })?;
     if torch {
-        step("real PyTorch on CPU (virtualenv, cached)", || {
-            venv("torch", &[TORCH_PIN, NUMPY_PIN]).map(|_| ())
-        })?;
+        step(
+            "real PyTorch on CPU with transformers, accelerate and Lightning (virtualenv, cached)",
+            || {
+                let mut pins = vec![TORCH_PIN, NUMPY_PIN];
+                pins.extend(FRAMEWORK_PINS);
+                venv("torch", &pins).map(|_| ())
+            },
+        )?;
     }
     Ok(())
 }

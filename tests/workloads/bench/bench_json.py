@@ -1,5 +1,8 @@
 """Bench helper (xtask has no JSON parser): reads a truth, daemon summary or TraceML summary
-file and prints `key=value` lines. Usage: python bench_json.py {truth|summary|traceml} FILE"""
+file and prints `key=value` lines. Usage: python bench_json.py {truth|summary|traceml|overhead} FILE
+`overhead` reads only what the in-process windows need from a daemon summary, each field optional:
+verdict, steps, overhead.<number field> of `daemon_overhead`, hits.<probe> of its hits_per_step,
+overhead.probe_sets (one line) and overhead.last_change_s (first probe set -> last one, seconds)."""
 import json
 import statistics
 import sys
@@ -39,5 +42,32 @@ elif kind == "traceml":
         v = st.get(k)
         out[f"{p}_mean_ms"] = "" if v is None else v
         out[f"{p}_share"] = "" if v is None or not step else v / step
+elif kind == "overhead":
+    out["verdict"] = (d.get("primary_diagnosis") or {}).get("kind", "")
+    out["steps"] = (d.get("steps") or {}).get("count", "")
+    ov = d.get("daemon_overhead")
+    out["overhead.present"] = int(ov is not None)
+    for k, v in (ov or {}).items():
+        if k == "hits_per_step":
+            for probe, n in (v or {}).items():
+                out[f"hits.{probe}"] = n
+        elif k == "probe_sets":
+            # [{at_s, <probe set>: bool, ..., reason}] or plain names
+            sets = []
+            for x in v or []:
+                if isinstance(x, dict):
+                    on = [n for n, b in x.items() if b is True]
+                    at = x.get("at_s")
+                    sets.append("%s%s%s" % ("%.1f s: " % at if isinstance(at, (int, float)) else "",
+                                            "+".join(on) or "none", " (%s)" % x["reason"] if x.get("reason") else ""))
+                else:
+                    sets.append(str(x))
+            out["overhead.probe_sets"] = "; ".join(sets)
+            ats = [x["at_s"] for x in v or [] if isinstance(x, dict) and isinstance(x.get("at_s"), (int, float))]
+            if len(ats) >= 2:
+                # seconds from the first probe set (attach) to the last change
+                out["overhead.last_change_s"] = ats[-1] - ats[0]
+        elif isinstance(v, (int, float)):
+            out[f"overhead.{k}"] = v
 for k, v in out.items():
     print(f"{k}={v}")

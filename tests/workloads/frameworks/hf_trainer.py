@@ -1,0 +1,167 @@
+"""Real-framework workload: Hugging Face `Trainer` fine-tuning a tiny BERT classifier on CPU.
+
+Usage: python hf_trainer.py [--mode compute|input] [--steps N] [--ready FILE] [--truth FILE]
+                            [--steps-log FILE] [--threads N]
+  --mode compute: data in memory, forward + backward + optimizer dominate (COMPUTE-BOUND expected)
+  --mode input:   Dataset.__getitem__ sleeps, so ~60 % of a step waits for input (INPUT-BOUND)
+No network and no downloads: the model is built from a BertConfig, the data is synthetic. The
+first stdout line ({"pid": ...}) goes out once torch and transformers are imported and the model
+is built; training starts once --ready FILE exists. Truth format: tests/README.md.
+
+Truth clocks (all from this script, CLOCK_MONOTONIC):
+  input_wait  the Dataset's clock: first __getitem__ of a batch -> the collator's return
+  forward     Trainer.compute_loss (model(**inputs), loss computed by the model)
+  backward    accelerator.backward(loss)
+  optimizer   optimizer.step, from its step pre-hook to its post-hook
+  step end    TrainerCallback.on_step_end; a step runs from one step end to the next
+  residual    the rest: lr scheduler, zero_grad, the Trainer's bookkeeping (and gradient clipping,
+              which costs ~2 ms a step here and is off: max_grad_norm=0, so compute dominates)
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import truthlib  # noqa: E402
+from truthlib import MS, now  # noqa: E402
+
+CONFIGS = {
+    # seq_len tokens per item, getitem_ns sleep per item, expected verdict
+    "compute": dict(steps=60, batch_size=8, seq_len=32, hidden=256, layers=2, heads=4, intermediate=1024,
+                    vocab=2000, getitem_ns=0, max_grad_norm=0.0, verdict="compute_bound"),
+    "input": dict(steps=40, batch_size=8, seq_len=32, hidden=256, layers=2, heads=4, intermediate=1024,
+                  vocab=2000, getitem_ns=8 * MS, max_grad_norm=0.0, verdict="input_bound"),
+}
+POOL = 64  # distinct synthetic items; item i is POOL item i % POOL (long runs need no memory)
+
+
+def main():
+    a = truthlib.parse("HF Trainer on a tiny BERT (CPU)", ["compute", "input"],
+                       {k: v["steps"] for k, v in CONFIGS.items()})
+    cfg = dict(CONFIGS[a.mode], steps=a.steps, threads=a.threads)
+    truthlib.offline_env()
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import transformers
+    import accelerate
+    from torch.utils.data import Dataset
+    from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainerCallback,
+                              TrainingArguments, default_data_collator)
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    torch.set_num_threads(a.threads)
+    clock = truthlib.Clock(a.steps_log)
+
+    class SyntheticDataset(Dataset):
+        """In-memory token ids; records when a batch's first item is asked for."""
+
+        def __init__(self, n):
+            g = torch.Generator().manual_seed(0)
+            self.n = n
+            self.ids = torch.randint(1, cfg["vocab"], (POOL, cfg["seq_len"]), generator=g)
+            self.labels = torch.randint(0, 2, (POOL,), generator=g)
+            self.batch_t0 = None
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if self.batch_t0 is None:
+                self.batch_t0 = now()
+            if cfg["getitem_ns"]:
+                time.sleep(cfg["getitem_ns"] / 1e9)
+            j = i % POOL
+            return {"input_ids": self.ids[j], "attention_mask": torch.ones(cfg["seq_len"], dtype=torch.long),
+                    "labels": self.labels[j]}
+
+    dataset = SyntheticDataset(cfg["steps"] * cfg["batch_size"])
+
+    def collate(features):
+        out = default_data_collator(features)
+        clock.span("input_wait", dataset.batch_t0, now())
+        dataset.batch_t0 = None
+        return out
+
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"], intermediate_size=cfg["intermediate"],
+        max_position_embeddings=cfg["seq_len"], num_labels=2))
+
+    class TimedTrainer(Trainer):
+        def compute_loss(self, *args, **kwargs):
+            t0 = now()
+            try:
+                return super().compute_loss(*args, **kwargs)
+            finally:
+                clock.span("forward", t0, now())
+
+        # Parts of the residual, reported per step (clip_grad_ns, flos_ns).
+        def _clip_grad_norm(self, *args, **kwargs):
+            return clock.timed("clip_grad", super()._clip_grad_norm)(*args, **kwargs)
+
+        def floating_point_ops(self, *args, **kwargs):
+            return clock.timed("flos", super().floating_point_ops)(*args, **kwargs)
+
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            self.accelerator.backward = clock.timed("backward", self.accelerator.backward)
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            clock.step_end()
+
+    opt_state = {"t0": None, "steps": 0, "class": None}
+
+    def opt_pre(opt, args, kwargs):
+        opt_state["t0"] = now()
+
+    def opt_post(opt, args, kwargs):
+        clock.span("optimizer", opt_state["t0"], now())
+        opt_state["steps"] += 1
+        opt_state["class"] = type(opt).__name__
+
+    # Global hooks: the Trainer creates its optimizer inside train(); these run inside torch's
+    # `Optimizer.step#<cls>.step` record_function, around the step itself.
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    register_optimizer_step_pre_hook(opt_pre)
+    register_optimizer_step_post_hook(opt_post)
+
+    targs = TrainingArguments(
+        output_dir=os.path.join("/tmp", f"hf-trainer-{os.getpid()}"), max_steps=cfg["steps"],
+        per_device_train_batch_size=cfg["batch_size"], learning_rate=5e-5, use_cpu=True,
+        report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False, seed=0,
+        max_grad_norm=cfg["max_grad_norm"])
+    trainer = TimedTrainer(model=model, args=targs, train_dataset=dataset, data_collator=collate,
+                           callbacks=[StepClock()])
+    model.zero_grad = clock.timed("zero_grad", model.zero_grad)
+    # Warm up outside the measured run (first-call allocations, lazy init of the kernels).
+    warm = collate([dataset[i] for i in range(cfg["batch_size"])])
+    model(**warm).loss.backward()
+    model.zero_grad()
+    clock.spans.clear()
+    clock.first_start = None
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "accelerate": accelerate.__version__}
+    scenario = "hf_trainer_" + a.mode
+    truthlib.start_line(scenario, **versions)
+    truthlib.wait_ready(a.ready)
+    trainer.train()
+
+    truth = truthlib.build_truth(
+        clock, scenario=scenario, backend="torch-cpu+transformers", config=cfg,
+        expected_verdict=cfg["verdict"], versions=versions, extra_spans=("clip_grad", "flos", "zero_grad"),
+        phase_spans={"input_wait": ["input_wait"], "forward": ["forward"], "backward": ["backward"],
+                     "optimizer": ["optimizer"]},
+        counts={"optimizer_steps": opt_state["steps"], "optimizer_class": opt_state["class"],
+                "backward_calls": len(clock.spans.get("backward", [])),
+                "forward_calls": len(clock.spans.get("forward", [])),
+                "batches_fetched": len(clock.spans.get("input_wait", []))})
+    truthlib.write_truth(a.truth, truth)
+    truthlib.done_line(truth)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+//! `cargo xtask bench [--quick] [--inprocess-only]`: measures traceml-daemon on this machine and
+//! (re)writes BENCHMARKS.md. Every comparison is paired (A B A B …, a fresh process per run) and
+//! reported as medians with min/max, because the project's machines are small and shared; the
+//! in-process section instead attaches and detaches the daemon in windows of one long run.
+//!
+//! Split by phase of work: `runs` (processes, the daemon, virtualenvs), `measure` (the paired
+//! sections) and `inprocess` (the windowed runs) measure; `stats` computes; `report` writes.
+//! Workloads: `tests/workloads/bench/`, `tests/workloads/frameworks/` and the ground-truth
+//! scenarios of `tests/workloads/`. JSON files are read through
+//! `tests/workloads/bench/bench_json.py` (xtask has no JSON parser).
+//!
+//! For iterating on the in-process section: `TRACEML_BENCH_WORKLOADS=<name substring>`,
+//! `TRACEML_BENCH_ON_WINDOWS=<n>` and `TRACEML_BENCH_WINDOW_S=<s>` narrow it.
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::Context as _;
+
+use crate::{root, run, setup};
+
+mod inprocess;
+mod measure;
+mod report;
+mod runs;
+mod stats;
+mod sweep;
+
+use runs::{Ctx, sh, torch_python, traceml_venv};
+
+/// How much of each section to run.
+pub struct Plan {
+    pairs: usize,
+    storm_n: u32,
+    storm_reps: u32,
+    realistic: &'static [u32],
+    realistic_steps: [(u32, u32); 3],
+    footprint_steps: u32,
+    traceml_scenarios: &'static [&'static str],
+}
+
+const FULL: Plan = Plan {
+    pairs: 5,
+    storm_n: 100_000,
+    storm_reps: 3,
+    realistic: &[20, 100, 500],
+    realistic_steps: [(20, 60), (100, 24), (500, 8)],
+    footprint_steps: 1000,
+    traceml_scenarios: &["input_bound", "residual_heavy", "balanced"],
+};
+
+const QUICK: Plan = Plan {
+    pairs: 3,
+    storm_n: 30_000,
+    storm_reps: 3,
+    realistic: &[20],
+    realistic_steps: [(20, 40), (100, 12), (500, 4)],
+    footprint_steps: 200,
+    traceml_scenarios: &["balanced"],
+};
+
+/// Prepares the context every run shares: the daemon build, interpreters, scratch directory.
+fn prepare(release: bool, traceml: bool) -> anyhow::Result<Ctx> {
+    setup::all(false)?;
+    let root = root();
+    let mut build = Command::new("cargo");
+    build.args(["build", "-p", "traceml-daemon"]);
+    if release {
+        build.arg("--release");
+    }
+    run(build.current_dir(&root))?;
+    let torch_py = torch_python();
+    let traceml = match (&torch_py, traceml) {
+        (_, false) => Err("not run".to_owned()),
+        (None, true) => {
+            Err("no virtualenv with real torch (run `cargo xtask setup --torch`)".to_owned())
+        }
+        (Some(t), true) => traceml_venv(t).map_err(|e| format!("{e:#}")),
+    };
+    let scratch = std::env::temp_dir().join("traceml-bench");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    // A copy: other builds in the shared target directory (other features, other commits) may
+    // replace the binary while the bench runs.
+    let built = root.join(if release {
+        "target/release/traceml-daemon"
+    } else {
+        "target/debug/traceml-daemon"
+    });
+    let daemon = scratch.join("traceml-daemon");
+    std::fs::copy(&built, &daemon).with_context(|| format!("copying {}", built.display()))?;
+    Ok(Ctx {
+        py: setup::pyenv_python("3.11")?,
+        torch_py,
+        traceml,
+        daemon,
+        scratch,
+        env: setup::test_env()?,
+        clk_tck: sh("getconf CLK_TCK").parse().unwrap_or(100.0),
+        n: 0,
+    })
+}
+
+pub fn bench(quick: bool, inprocess_only: bool, sweep_only: bool) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let path: PathBuf = root().join("BENCHMARKS.md");
+    if sweep_only {
+        return sweep_section(&path);
+    }
+    if inprocess_only {
+        // What is iterated on: the dev build (shared with `cargo xtask test`), this section only.
+        let mut ctx = prepare(false, false)?;
+        let schedule = inprocess::schedule();
+        let runs = inprocess::run_all(&mut ctx, &schedule);
+        let section = report::inprocess(&runs, &schedule, "target/debug/traceml-daemon");
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, report::splice_inprocess(&old, &section))
+            .context("writing BENCHMARKS.md")?;
+        eprintln!(
+            "xtask bench: wrote the in-process section of BENCHMARKS.md in {:.1} min (raw runs in {})",
+            started.elapsed().as_secs_f64() / 60.0,
+            ctx.scratch.display()
+        );
+        return Ok(());
+    }
+    let plan = if quick { &QUICK } else { &FULL };
+    let mut ctx = prepare(true, true)?;
+    let load_start = sh("cat /proc/loadavg");
+    let mut m = measure::Measured::default();
+    measure::realistic(&mut ctx, plan, &mut m)?;
+    measure::real_torch(&mut ctx, plan, &mut m)?;
+    measure::storms(&mut ctx, plan, &mut m)?;
+    measure::footprint(&mut ctx, plan, &mut m)?;
+    measure::accuracy(&mut ctx, quick, &mut m)?;
+    let schedule = inprocess::schedule();
+    let inproc = inprocess::run_all(&mut ctx, &schedule);
+    let header = report::Header {
+        quick,
+        plan,
+        load_start,
+        minutes: started.elapsed().as_secs_f64() / 60.0,
+    };
+    let mut text = report::full(&ctx, &header, &m, &inproc, &schedule);
+    match sweep::measure(&ctx.daemon, &ctx.scratch) {
+        Ok(b) => {
+            let section = sweep::section(&b, "target/release/traceml-daemon");
+            text = sweep::splice(&text, &section);
+        }
+        Err(e) => eprintln!("xtask bench: sweep section skipped: {e:#}"),
+    }
+    std::fs::write(&path, text).context("writing BENCHMARKS.md")?;
+    eprintln!(
+        "xtask bench: wrote BENCHMARKS.md in {:.1} min (raw runs in {})",
+        started.elapsed().as_secs_f64() / 60.0,
+        ctx.scratch.display()
+    );
+    Ok(())
+}
+
+/// `--sweep-only`: the release daemon's `sweep` over 1,000 job pairs, spliced into
+/// BENCHMARKS.md (no root, no setup beyond the build).
+fn sweep_section(path: &std::path::Path) -> anyhow::Result<()> {
+    let root = root();
+    run(Command::new("cargo")
+        .args(["build", "--release", "-p", "traceml-daemon"])
+        .current_dir(&root))?;
+    let scratch = std::env::temp_dir().join("traceml-bench");
+    std::fs::create_dir_all(&scratch)?;
+    let b = sweep::measure(&root.join("target/release/traceml-daemon"), &scratch)?;
+    let section = sweep::section(&b, "target/release/traceml-daemon");
+    eprint!("{section}");
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, sweep::splice(&old, &section)).context("writing BENCHMARKS.md")
+}
