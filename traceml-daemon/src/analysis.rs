@@ -6,19 +6,101 @@
 //! sample values are ignored.
 use std::collections::{BTreeMap, HashMap};
 
-use crate::engine::{EngineOutput, Phase, Step};
+use crate::engine::{EngineOutput, Phase, Step, StepTotals};
 use crate::event::{EndReason, StreamItem, TargetInfo};
 use crate::sample::Sample;
 use crate::stats::{finite, mean, median, median_u64, quantile};
 use crate::summary::{
-    CudaStats, DaemonOverhead, DataQuality, GpuDeviceStats, GpuStats, LostCounts, MemoryStats, PhaseStats, Phases,
-    ProbeFailed, ProbeHits, ProbeSetChange, ProcessStats, RunInfo, SCHEMA_VERSION, StepMs, StepSamples, StepsInfo, Summary,
-    SystemStats, TargetSummary, WorkerState, WorkerStats,
+    CudaStats, DaemonOverhead, DataQuality, GpuDeviceStats, GpuStats, LostCounts, MemoryStats,
+    PhaseStats, Phases, ProbeFailed, ProbeHits, ProbeSetChange, ProcessStats, RunInfo,
+    SCHEMA_VERSION, StepMs, StepSamples, StepsInfo, Summary, SystemStats, TargetSummary,
+    WorkerState, WorkerStats,
 };
 
-/// Runs the phase engine over the stream, then [`summarize`]s.
+/// Runs the phase engine over the stream, then [`summarize`]s: a [`Collector`] fed with every
+/// item, so a replay and a live run go through the same code.
 pub fn analyze(items: &[StreamItem]) -> Summary {
-    summarize(&crate::engine::run(items), items)
+    let mut c = Collector::new();
+    for i in items {
+        c.push(i);
+    }
+    c.finish()
+}
+
+/// Most /proc + NVML samples kept for the summary (a time-ordered, thinned sample beyond).
+pub const MAX_SAMPLES_KEPT: usize = 2048;
+
+/// The bounded fold of a stream into what its summary needs: the streaming [`Engine`] gets the
+/// events and stack samples; of the rest it keeps a thinned sample of the periodic samples, the
+/// latest loss counters, the probe counters around each probe-set change, and the rare items
+/// (target, libraries, failures, probe sets, names). Memory does not grow with the run's length.
+pub struct Collector {
+    engine: crate::engine::Engine,
+    kept: Vec<StreamItem>,
+    samples: crate::engine::Thinned<StreamItem>,
+    stats: Option<StreamItem>,
+    lost: Option<StreamItem>,
+    events: u64,
+}
+
+impl Default for Collector {
+    fn default() -> Self {
+        Collector::new()
+    }
+}
+
+impl Collector {
+    pub fn new() -> Collector {
+        Collector {
+            engine: crate::engine::Engine::new(),
+            kept: Vec::new(),
+            samples: crate::engine::Thinned::new(MAX_SAMPLES_KEPT),
+            stats: None,
+            lost: None,
+            events: 0,
+        }
+    }
+
+    pub fn push(&mut self, item: &StreamItem) {
+        match item {
+            StreamItem::Event(_) => {
+                self.events += 1;
+                self.engine.push(item);
+            }
+            StreamItem::Stack(_) | StreamItem::Code(_) => self.engine.push(item),
+            StreamItem::Sample(_) => self.samples.push(item.clone()),
+            StreamItem::Lost(_) => self.lost = Some(item.clone()),
+            // The cost estimate is linear in the counters' deltas: the reading before each
+            // probe-set change and the last one give the same sums as every reading.
+            StreamItem::ProbeStats(_) => self.stats = Some(item.clone()),
+            StreamItem::ProbeSet(_) => {
+                self.kept.extend(self.stats.take());
+                self.engine.push(item);
+                self.kept.push(item.clone());
+            }
+            _ => self.kept.push(item.clone()),
+        }
+    }
+
+    /// Probe events seen so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    pub fn finish(self) -> Summary {
+        let Collector {
+            engine,
+            mut kept,
+            samples,
+            stats,
+            lost,
+            ..
+        } = self;
+        kept.extend(stats);
+        kept.extend(lost);
+        kept.extend(samples.items);
+        summarize(&engine.finish(), &kept)
+    }
 }
 
 /// Builds the summary of a run from the engine's output and the stream it came from.
@@ -34,7 +116,14 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
             _ => None,
         })
         .collect();
+    // `steps` is a bounded sample of the run's steps (all of them up to
+    // `engine::MAX_STEPS_KEPT`); counts, means and shares come from the exact totals.
     let steps = &engine.steps;
+    let totals = if engine.totals.count > 0 {
+        engine.totals.clone()
+    } else {
+        StepTotals::from_steps(steps)
+    };
     let cuda_libraries = cuda_libraries(items);
     let num_cpus = target.map(|t| t.num_cpus).filter(|&n| n > 0);
 
@@ -44,24 +133,24 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
             .map(|t| t.daemon_version.clone())
             .filter(|v| !v.is_empty()),
         target: target_summary(target),
-        run: run_info(target, steps, items),
+        run: run_info(target, steps, &totals, engine.last_ts, items),
         primary_diagnosis: crate::diagnosis::placeholder(),
         findings: Vec::new(),
         steps: StepsInfo {
-            count: u32::try_from(steps.len()).unwrap_or(u32::MAX),
+            count: u32::try_from(totals.count).unwrap_or(u32::MAX),
             boundary: engine.boundary,
             training_tid: engine.training_tid,
         },
-        step_ms: step_ms(steps),
-        phases: phase_stats(steps, !cuda_libraries.is_empty()),
-        cuda: cuda_stats(steps, !cuda_libraries.is_empty()),
+        step_ms: step_ms(steps, &totals),
+        phases: phase_stats(steps, &totals, !cuda_libraries.is_empty()),
+        cuda: cuda_stats(&totals, !cuda_libraries.is_empty()),
         system: system_stats(&samples, target),
         process: process_stats(&samples, num_cpus),
         workers: worker_stats(&samples),
         gpu: gpu_stats(&samples),
-        memory: memory_stats(steps, &samples),
+        memory: memory_stats(steps, &samples, target.map(|t| t.attach_ts_ns)),
         data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
-        daemon_overhead: daemon_overhead(steps, items, target),
+        daemon_overhead: daemon_overhead(steps, totals.count, items, target),
         step_samples: step_samples(steps),
     };
     let switched_to_count = items
@@ -100,6 +189,7 @@ fn add_top_functions(summary: &mut Summary, engine: &EngineOutput, items: &[Stre
 /// The daemon's estimated cost from the probe counters and the probe-set changes in the stream.
 fn daemon_overhead(
     steps: &[Step],
+    step_count: u64,
     items: &[StreamItem],
     target: Option<&TargetInfo>,
 ) -> Option<DaemonOverhead> {
@@ -123,11 +213,23 @@ fn daemon_overhead(
         .collect();
     let initial_events = !target.is_some_and(|t| t.launch_count_only);
     let est = crate::overhead::estimate(&stats, &sets, initial_events);
-    let median_step_ms = median(&steps.iter().map(|s| ns_to_ms(duration_ns(s))).collect::<Vec<_>>());
-    let steady_steps = steps
-        .iter()
-        .filter(|s| s.start_ns >= est.steady_from_ns)
-        .count();
+    let median_step_ms = median(
+        &steps
+            .iter()
+            .map(|s| ns_to_ms(duration_ns(s)))
+            .collect::<Vec<_>>(),
+    );
+    // Steps since the last switch, scaled from the kept sample to the run's count.
+    let steady_steps = if steps.is_empty() {
+        0
+    } else {
+        let kept = steps
+            .iter()
+            .filter(|s| s.start_ns >= est.steady_from_ns)
+            .count();
+        (kept as f64 / steps.len() as f64 * step_count as f64).round() as usize
+    };
+    let all_steps = step_count as usize;
     let per_step = |ns: f64, n: usize| (n > 0).then(|| ns / n as f64 / 1e3);
     let pct = |us: Option<f64>| {
         us.zip(median_step_ms)
@@ -145,7 +247,7 @@ fn daemon_overhead(
         }
     };
     let attach = target.map(|t| t.attach_ts_ns).unwrap_or(0);
-    let estimated = per_step(est.added_ns, steps.len());
+    let estimated = per_step(est.added_ns, all_steps);
     let steady = per_step(est.steady_added_ns, steady_steps);
     Some(DaemonOverhead {
         budget_pct: target.and_then(|t| t.overhead_budget_pct),
@@ -153,7 +255,7 @@ fn daemon_overhead(
         estimated_pct_of_step: pct(estimated),
         steady_us_per_step: steady,
         steady_pct_of_step: pct(steady),
-        hits_per_step: hits(&est.hits, steps.len()),
+        hits_per_step: hits(&est.hits, all_steps),
         steady_hits_per_step: hits(&est.steady_hits, steady_steps),
         probe_sets: sets
             .iter()
@@ -228,7 +330,13 @@ fn target_summary(t: Option<&TargetInfo>) -> TargetSummary {
     }
 }
 
-fn run_info(t: Option<&TargetInfo>, steps: &[Step], items: &[StreamItem]) -> RunInfo {
+fn run_info(
+    t: Option<&TargetInfo>,
+    steps: &[Step],
+    totals: &StepTotals,
+    last_event_ts: Option<u64>,
+    items: &[StreamItem],
+) -> RunInfo {
     let attach_ns = t.map(|t| t.attach_ts_ns);
     let end_ns = items
         .iter()
@@ -236,13 +344,12 @@ fn run_info(t: Option<&TargetInfo>, steps: &[Step], items: &[StreamItem]) -> Run
             StreamItem::End(e) => Some(e.ts),
             _ => None,
         })
-        .or_else(|| last_ts(items));
+        .or_else(|| last_ts(items).max(last_event_ts));
     let secs = |from: u64, to: u64| to.checked_sub(from).map(|d| d as f64 / 1e9);
     RunInfo {
         attach_unix_s: t.and_then(|t| finite(t.attach_unix_s)).filter(|&s| s > 0.0),
         duration_s: attach_ns.zip(end_ns).and_then(|(a, e)| secs(a, e)),
-        measured_s: (!steps.is_empty())
-            .then(|| steps.iter().map(duration_ns).sum::<u64>() as f64 / 1e9),
+        measured_s: (totals.count > 0).then(|| totals.duration_ns as f64 / 1e9),
         first_step_s: attach_ns
             .zip(steps.first())
             .and_then(|(a, s)| secs(a, s.start_ns)),
@@ -263,31 +370,31 @@ fn last_ts(items: &[StreamItem]) -> Option<u64> {
         .max()
 }
 
-fn step_ms(steps: &[Step]) -> StepMs {
+fn step_ms(steps: &[Step], totals: &StepTotals) -> StepMs {
     let ms: Vec<f64> = steps.iter().map(|s| ns_to_ms(duration_ns(s))).collect();
     StepMs {
         median: median(&ms),
         p90: quantile(&ms, 0.9),
-        mean: mean(ms.iter().copied()),
+        mean: totals.per_step(totals.duration_ns).map(|ns| ns / 1e6),
         min: quantile(&ms, 0.0),
         max: quantile(&ms, 1.0),
     }
 }
 
-fn phase_stats(steps: &[Step], cuda_measured: bool) -> Phases<PhaseStats> {
-    let total: u64 = steps.iter().map(duration_ns).sum();
+fn phase_stats(steps: &[Step], totals: &StepTotals, cuda_measured: bool) -> Phases<PhaseStats> {
+    let total = totals.duration_ns;
     Phases::from_fn(|p| {
         let ms: Vec<f64> = steps
             .iter()
             .map(|s| ns_to_ms(s.phase_ns[p.index()]))
             .collect();
-        let phase_total: u64 = steps.iter().map(|s| s.phase_ns[p.index()]).sum();
+        let phase_total = totals.phase_ns[p.index()];
         PhaseStats {
             median_ms: median(&ms),
-            mean_ms: mean(ms.iter().copied()),
+            mean_ms: totals.per_step(phase_total).map(|ns| ns / 1e6),
             share: (total > 0).then(|| (phase_total as f64 / total as f64).clamp(0.0, 1.0)),
             launches_per_step: if cuda_measured {
-                mean(steps.iter().map(|s| f64::from(s.launches[p.index()])))
+                totals.per_step(totals.launches[p.index()])
             } else {
                 None
             },
@@ -297,30 +404,27 @@ fn phase_stats(steps: &[Step], cuda_measured: bool) -> Phases<PhaseStats> {
     })
 }
 
-fn cuda_stats(steps: &[Step], measured: bool) -> CudaStats {
-    if !measured || steps.is_empty() {
+fn cuda_stats(t: &StepTotals, measured: bool) -> CudaStats {
+    if !measured || t.count == 0 {
         return CudaStats {
             measured,
             ..CudaStats::default()
         };
     }
-    let per_step = |f: &dyn Fn(&Step) -> f64| mean(steps.iter().map(f));
-    let h2d_bytes: u64 = steps.iter().map(|s| s.h2d_bytes).sum();
-    let h2d_copies: u64 = steps.iter().map(|s| u64::from(s.h2d_copies)).sum();
-    let h2d_ns: u64 = steps.iter().map(|s| s.h2d_ns).sum();
+    let (h2d_bytes, h2d_copies, h2d_ns) = (t.h2d_bytes, t.h2d_copies, t.h2d_ns);
     CudaStats {
         measured,
-        launches_per_step: per_step(&|s| s.launches.iter().map(|&l| f64::from(l)).sum()),
-        h2d_bytes_per_step: per_step(&|s| s.h2d_bytes as f64),
-        h2d_copies_per_step: per_step(&|s| f64::from(s.h2d_copies)),
+        launches_per_step: t.per_step(t.launches.iter().sum()),
+        h2d_bytes_per_step: t.per_step(h2d_bytes),
+        h2d_copies_per_step: t.per_step(h2d_copies),
         h2d_bytes_per_copy: (h2d_copies > 0).then(|| h2d_bytes as f64 / h2d_copies as f64),
-        h2d_ms_per_step: per_step(&|s| ns_to_ms(s.h2d_ns)),
+        h2d_ms_per_step: t.per_step(h2d_ns).map(|ns| ns / 1e6),
         // bytes per ns is GB/s.
         h2d_gb_per_s: (h2d_copies > 0 && h2d_ns > 0).then(|| h2d_bytes as f64 / h2d_ns as f64),
-        d2h_bytes_per_step: per_step(&|s| s.d2h_bytes as f64),
-        d2h_copies_per_step: per_step(&|s| f64::from(s.d2h_copies)),
-        d2h_ms_per_step: per_step(&|s| ns_to_ms(s.d2h_ns)),
-        syncs_per_step: per_step(&|s| f64::from(s.syncs)),
+        d2h_bytes_per_step: t.per_step(t.d2h_bytes),
+        d2h_copies_per_step: t.per_step(t.d2h_copies),
+        d2h_ms_per_step: t.per_step(t.d2h_ns).map(|ns| ns / 1e6),
+        syncs_per_step: t.per_step(t.syncs),
     }
 }
 
@@ -473,7 +577,7 @@ fn gpu_process_mem(s: &Sample) -> Option<u64> {
     (!mems.is_empty()).then(|| mems.iter().sum())
 }
 
-fn memory_stats(steps: &[Step], samples: &[&Sample]) -> MemoryStats {
+fn memory_stats(steps: &[Step], samples: &[&Sample], attach_ns: Option<u64>) -> MemoryStats {
     // Samples sorted by time, each step paired with the sample nearest its end.
     let mut sorted: Vec<&Sample> = samples.to_vec();
     sorted.sort_by_key(|s| s.ts);
@@ -510,7 +614,37 @@ fn memory_stats(steps: &[Step], samples: &[&Sample]) -> MemoryStats {
         rss_bytes_by_third: thirds(&rss),
         gpu_process_mem_bytes_by_third: thirds(&gpu),
         gpu_mem_total_bytes: gpu_total,
+        series: memory_series(&sorted, attach_ns),
     }
+}
+
+/// The memory series of time-sorted samples (see [`MemorySeries`]); `None` without samples.
+fn memory_series(
+    sorted: &[&Sample],
+    attach_ns: Option<u64>,
+) -> Option<crate::summary::MemorySeries> {
+    use crate::summary::MemorySeries;
+    let first = sorted.first()?.ts;
+    let t0 = attach_ns.filter(|&a| a <= first).unwrap_or(first);
+    let stride = sorted.len().div_ceil(MemorySeries::MAX).max(1);
+    let mut out = MemorySeries {
+        stride: u32::try_from(stride).unwrap_or(u32::MAX),
+        ..MemorySeries::default()
+    };
+    for chunk in sorted.chunks(stride) {
+        // 10 ms resolution: the chart needs no more, the file stays small.
+        out.t_s
+            .push(((chunk[0].ts - t0) as f64 / 1e7).round() / 100.0);
+        out.rss_bytes.push(
+            chunk
+                .iter()
+                .filter_map(|s| s.process.as_ref().and_then(|p| p.rss_bytes))
+                .max(),
+        );
+        out.gpu_process_mem_bytes
+            .push(chunk.iter().filter_map(|s| gpu_process_mem(s)).max());
+    }
+    Some(out)
 }
 
 /// Medians of the early, middle and late thirds; `None` with fewer than 3 values.
@@ -554,10 +688,14 @@ fn data_quality(
     samples: usize,
 ) -> DataQuality {
     use crate::summary::Confidence;
-    let events_recorded = items
-        .iter()
-        .filter(|i| matches!(i, StreamItem::Event(_)))
-        .count() as u64;
+    let events_recorded = if engine.events > 0 {
+        engine.events
+    } else {
+        items
+            .iter()
+            .filter(|i| matches!(i, StreamItem::Event(_)))
+            .count() as u64
+    };
     let lost = items.iter().rev().find_map(|i| match i {
         StreamItem::Lost(l) => Some(LostCounts {
             ring_full: l.ring_full,
@@ -902,7 +1040,7 @@ pub(crate) mod fixtures {
             unmatched_events: 0,
             reordered_events: 0,
             partial_steps_dropped: 1,
-            samples: Vec::new(),
+            ..EngineOutput::default()
         };
         (engine, items)
     }

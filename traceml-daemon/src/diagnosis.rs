@@ -127,6 +127,38 @@ pub fn diagnose(s: &Summary) -> (Finding, Vec<Finding>) {
     (primary, findings)
 }
 
+/// The primary diagnosis kind the step-share rules give for these phase shares of step time
+/// (0–1, missing phases 0) over `steps` steps: the largest bottleneck phase at or above
+/// [`WARNING_SHARE`], else compute-bound at [`COMPUTE_SHARE`], else balanced. It ignores the
+/// rules that need more than shares (GPU utilization, memory creep). For tests that derive the
+/// expected verdict from a workload's own measured truth, and the same logic the rules use.
+pub fn kind_for_shares(shares: &[(Phase, f64)], steps: u32) -> DiagnosisKind {
+    if steps < MIN_STEPS {
+        return DiagnosisKind::InsufficientData;
+    }
+    let share = |p: Phase| {
+        shares
+            .iter()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, s)| *s)
+            .sum::<f64>()
+    };
+    let worst = BOTTLENECK_PHASES
+        .iter()
+        .map(|&p| (p, share(p)))
+        .filter(|&(_, s)| s >= WARNING_SHARE)
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    match worst {
+        Some((Phase::InputWait, _)) => DiagnosisKind::InputBound,
+        Some((Phase::H2d, _)) => DiagnosisKind::H2dBound,
+        Some(_) => DiagnosisKind::ResidualHeavy,
+        None if COMPUTE_PHASES.iter().map(|&p| share(p)).sum::<f64>() >= COMPUTE_SHARE => {
+            DiagnosisKind::ComputeBound
+        }
+        None => DiagnosisKind::Balanced,
+    }
+}
+
 /// The value of `Summary::primary_diagnosis` before the rules ran.
 pub(crate) fn placeholder() -> Finding {
     Finding {
@@ -281,11 +313,15 @@ fn input_next(s: &Summary, why: &mut String) -> String {
             why.push_str(
                 "; no DataLoader worker processes were seen: loading runs on the training thread",
             );
-            format!(
-                "set DataLoader(num_workers=N) so batches are prepared in parallel ({cores}, system CPU {}); \
-                 add pin_memory=True for the copies",
+            let mut next = format!(
+                "set DataLoader(num_workers=N) so batches are prepared in parallel ({cores}, system CPU {})",
                 opt_pct(sys)
-            )
+            );
+            // Pinning only helps host-to-device copies: say it when there were some.
+            if s.cuda.h2d_copies_per_step.is_some_and(|n| n > 0.0) {
+                next.push_str("; add pin_memory=True for the copies");
+            }
+            next
         }
         (Some(k), Some(c), Some(WorkerState::Busy)) => {
             why.push_str(&format!(
@@ -645,6 +681,32 @@ mod tests {
             s.phases[p].share = Some(sh);
         }
         s
+    }
+
+    #[test]
+    fn kind_for_shares_agrees_with_the_rules() {
+        let cases: Vec<(u32, Vec<(Phase, f64)>)> = vec![
+            (100, vec![(Phase::InputWait, 0.6)]),
+            (100, vec![(Phase::InputWait, 0.15), (Phase::Residual, 0.12)]),
+            (100, vec![(Phase::H2d, 0.3), (Phase::Residual, 0.2)]),
+            (100, vec![(Phase::Residual, 0.11)]),
+            (100, vec![(Phase::Residual, 0.05)]),
+            (100, vec![(Phase::Residual, 0.05), (Phase::InputWait, 0.08)]),
+            (100, vec![(Phase::InputWait, 0.099)]),
+            (3, vec![(Phase::InputWait, 0.6)]),
+        ];
+        for (steps, shares) in cases {
+            let s = with_shares(steps, &shares);
+            let all: Vec<(Phase, f64)> = Phase::ALL
+                .iter()
+                .map(|&p| (p, s.phases[p].share.unwrap_or(0.0)))
+                .collect();
+            assert_eq!(
+                kind_for_shares(&all, steps),
+                diagnose(&s).0.kind,
+                "{steps} steps, {shares:?}"
+            );
+        }
     }
 
     fn run(rule: &dyn Rule, s: &Summary) -> Check {

@@ -22,6 +22,7 @@ use crate::event::{
 };
 use crate::overhead::{Governor, GovernorConfig, Markers, Policy, Tick};
 use crate::sampler::Sampler;
+use crate::sanitize::{self, terminal};
 
 /// Options of a live run (validated CLI).
 #[derive(Clone, Debug)]
@@ -432,13 +433,18 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             }
             let report = k.attacher.attach_file(&path, role)?;
             for f in report.failures {
-                tracing::warn!("probe {} in {} not attached: {}", f.probe, f.file, f.reason);
+                tracing::warn!(
+                    "probe {} in {} not attached: {}",
+                    f.probe,
+                    terminal(&f.file),
+                    terminal(&f.reason)
+                );
                 self.emit(StreamItem::ProbeFailed(Box::new(f)))?;
             }
             if !report.attached.is_empty() || role != maps::Role::Torch {
                 tracing::info!(
                     "probing {} ({}): {} probes",
-                    path.display(),
+                    terminal(&path.display().to_string()),
                     role.name(),
                     report.attached.len()
                 );
@@ -548,7 +554,7 @@ pub async fn run(
     tracing::info!(
         "target {pid}: Python {} in {}",
         py.version,
-        py.path.display()
+        terminal(&py.path.display().to_string())
     );
 
     // The code object layout is read from the target first: the kernel side needs co_name's
@@ -603,16 +609,12 @@ pub async fn run(
         loss,
     };
 
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_owned())
+    // Chosen by the target: lossy UTF-8, bounded.
+    let comm = std::fs::read(format!("/proc/{pid}/comm"))
+        .map(|b| sanitize::comm(&b))
         .unwrap_or_default();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            b.split(|&c| c == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect()
-        })
+        .map(|b| sanitize::cmdline(&b))
         .unwrap_or_default();
     let mut run = Run {
         opts,

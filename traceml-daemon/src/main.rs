@@ -10,9 +10,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use traceml_daemon::event::{End, EndReason, StreamItem};
-use traceml_daemon::overhead::Policy;
 #[cfg(feature = "live")]
 use traceml_daemon::live;
+use traceml_daemon::overhead::Policy;
+use traceml_daemon::sanitize::terminal;
 use traceml_daemon::{analysis, compare, record, render, summary::Summary, sweep};
 
 const AFTER_HELP: &str = "\
@@ -181,7 +182,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("traceml-daemon: {}", f.msg);
+            // Messages may quote the target's paths and names.
+            eprintln!("traceml-daemon: {}", terminal(&f.msg));
             ExitCode::from(f.code)
         }
     }
@@ -311,8 +313,8 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     opts.stack_rate = args.stack_rate;
 
     live::preflight(pid).map_err(|e| Failure::new(e.exit_code() as u8, &e))?;
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_owned())
+    let comm = std::fs::read(format!("/proc/{pid}/comm"))
+        .map(|b| traceml_daemon::sanitize::comm(&b))
         .unwrap_or_default();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -327,7 +329,8 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
         None => None,
     };
 
-    let mut items: Vec<StreamItem> = Vec::new();
+    // The stream is folded as it arrives (bounded memory over runs of any length).
+    let mut collector = analysis::Collector::new();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -339,7 +342,7 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
                 w.flush().map_err(|e| e.to_string())?;
             }
         }
-        items.push(item.clone());
+        collector.push(item);
         Ok(())
     }));
     if let Some(w) = writer.as_mut() {
@@ -348,16 +351,19 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     match result {
         Ok(reason) => tracing::info!("run ended: {reason:?}"),
         // Attached and then failed: keep what was gathered, say why, and still write the summary.
-        Err(e) if items.iter().any(|i| matches!(i, StreamItem::Event(_))) => {
-            eprintln!("traceml-daemon: {e}; writing the summary of what was gathered");
-            items.push(StreamItem::End(End {
+        Err(e) if collector.events() > 0 => {
+            eprintln!(
+                "traceml-daemon: {}; writing the summary of what was gathered",
+                terminal(&e.to_string())
+            );
+            collector.push(&StreamItem::End(End {
                 ts: live::monotonic_ns(),
                 reason: EndReason::Truncated,
             }));
         }
         Err(e) => return Err(Failure::new(e.exit_code() as u8, &e)),
     }
-    let summary = analysis::analyze(&items);
+    let summary = collector.finish();
     write_outputs(&summary, &dir, &args.common)?;
     Ok(0)
 }

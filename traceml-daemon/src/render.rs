@@ -1,8 +1,9 @@
 //! Presentation: renderers of the [`Summary`] model and of a [`crate::compare::Comparison`]. This
-//! file is the verdict card (text, ≤ 100 columns, ANSI color only on request); [`json`] writes
-//! pretty JSON (arrays of numbers kept on one line so per-step samples stay compact) and
-//! [`compare`] the comparison of two runs. They write to any `impl Write`; nothing here reads a
-//! clock or the terminal.
+//! file is the verdict card (text, 80–100 columns as the caller asks, ANSI color only on
+//! request); [`json`] writes pretty JSON (arrays of numbers kept on one line so per-step samples
+//! stay compact), [`html`] the self-contained HTML report with [`svg`] charts, [`compare`] the
+//! comparison of two runs and [`sweep`] a sweep of many. They write to any `impl Write`; nothing
+//! here reads a clock or the terminal.
 //!
 //! Presentation sits on top: it reads the model (and the rules' constants), nothing below it
 //! imports it.
@@ -10,40 +11,59 @@ use std::io::{self, Write};
 
 use crate::diagnosis::COMPUTE_PHASES;
 use crate::engine::Phase;
-use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
 use crate::sanitize::{cut_marker, terminal};
+use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
 use crate::text::wrap;
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
 
 pub mod compare;
 #[cfg(test)]
 mod hostile_tests;
+pub mod html;
 pub mod json;
+pub mod svg;
 pub mod sweep;
 
 pub use compare::{render_compare, render_compare_json, render_compare_text};
+pub use html::{render_html, to_html};
 pub use json::{render_json, to_json};
 pub use sweep::{render_sweep, render_sweep_json};
 
-/// Widest line of the card, in columns.
+/// Widest line of the card, in columns (the width of `final_summary.txt`).
 pub const WIDTH: usize = 100;
+/// Narrowest card, in columns (a terminal narrower than this wraps the lines).
+pub const MIN_WIDTH: usize = 80;
 /// Width of the label column.
 const LABEL: usize = 10;
 /// Width of a share bar.
 const BAR: usize = 20;
 
-/// Writes the verdict card.
+/// Writes the verdict card, [`WIDTH`] columns wide.
 pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<()> {
+    render_card_width(s, w, color, WIDTH)
+}
+
+/// Writes the verdict card at most `width` columns wide (clamped to [`MIN_WIDTH`]..=[`WIDTH`]):
+/// text wraps and the share bars shorten; the columns stay where they are.
+pub fn render_card_width(
+    s: &Summary,
+    w: &mut impl Write,
+    color: bool,
+    width: usize,
+) -> io::Result<()> {
     let p = Painter(color);
-    let mut out = Vec::<String>::new();
+    let mut out = Lines {
+        v: Vec::new(),
+        width: width.clamp(MIN_WIDTH, WIDTH),
+    };
     header(s, &mut out);
-    out.push("═".repeat(WIDTH));
+    out.rule('═');
     verdict(s, &p, &mut out);
-    out.push("─".repeat(WIDTH));
+    out.rule('─');
     timing(s, &p, &mut out);
-    out.push("─".repeat(WIDTH));
+    out.rule('─');
     memory(s, &p, &mut out);
-    out.push("─".repeat(WIDTH));
+    out.rule('─');
     system(s, &p, &mut out);
     let primary = &s.primary_diagnosis;
     let others: Vec<&Finding> = s
@@ -52,7 +72,7 @@ pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<(
         .filter(|f| !(f.kind == primary.kind && f.phase == primary.phase))
         .collect();
     if !others.is_empty() {
-        out.push("─".repeat(WIDTH));
+        out.rule('─');
         out.push(p.bold("OTHER FINDINGS"));
         for f in others {
             let sev = f.severity.as_str();
@@ -62,7 +82,7 @@ pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<(
                 f.why.trim_end_matches('.'),
                 f.next.trim_end_matches('.')
             );
-            for (i, line) in wrap_safe(&text, WIDTH - 2).into_iter().enumerate() {
+            for (i, line) in wrap_safe(&text, out.width - 2).into_iter().enumerate() {
                 let line = if i == 0 {
                     line.replacen(sev, &p.severity(f.severity, sev), 1)
                 } else {
@@ -73,10 +93,10 @@ pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<(
         }
     }
     code(s, &mut out);
-    out.push("─".repeat(WIDTH));
+    out.rule('─');
     data_quality(s, &p, &mut out);
     overhead(s, &mut out);
-    for line in out {
+    for line in out.v {
         writeln!(w, "{}", line.trim_end())?;
     }
     Ok(())
@@ -117,9 +137,26 @@ impl Painter {
     }
 }
 
+/// The card's lines as they are built, and its width in columns.
+struct Lines {
+    v: Vec<String>,
+    width: usize,
+}
+
+impl Lines {
+    fn push(&mut self, line: String) {
+        self.v.push(line);
+    }
+
+    /// A rule across the card.
+    fn rule(&mut self, c: char) {
+        self.v.push(c.to_string().repeat(self.width));
+    }
+}
+
 /// `label` in the label column, then `text` wrapped with a hanging indent.
-fn labeled(out: &mut Vec<String>, label: &str, text: &str) {
-    for (i, line) in wrap_safe(text, WIDTH - LABEL).into_iter().enumerate() {
+fn labeled(out: &mut Lines, label: &str, text: &str) {
+    for (i, line) in wrap_safe(text, out.width - LABEL).into_iter().enumerate() {
         let l = if i == 0 { label } else { "" };
         out.push(format!("{l:<LABEL$}{line}"));
     }
@@ -180,7 +217,7 @@ fn cut(s: &str, max: usize) -> String {
     }
 }
 
-fn header(s: &Summary, out: &mut Vec<String>) {
+fn header(s: &Summary, out: &mut Lines) {
     let t = &s.target;
     let mut first = String::from("traceml-daemon");
     if let Some(pid) = t.pid {
@@ -190,7 +227,7 @@ fn header(s: &Summary, out: &mut Vec<String>) {
         first.push_str(" · ");
         first.push_str(&t.cmdline.join(" "));
     }
-    out.push(cut(&terminal(&first), WIDTH));
+    out.push(cut(&terminal(&first), out.width));
     let mut second = Vec::new();
     if let Some(py) = &t.python {
         second.push(format!("Python {py}"));
@@ -205,7 +242,7 @@ fn header(s: &Summary, out: &mut Vec<String>) {
         second.push(format!("attached {}", duration(d)));
     }
     second.push(format!("ended: {}", end_reason(s)));
-    out.push(cut(&second.join(" · "), WIDTH));
+    out.push(cut(&second.join(" · "), out.width));
 }
 
 fn end_reason(s: &Summary) -> &'static str {
@@ -220,7 +257,7 @@ fn end_reason(s: &Summary) -> &'static str {
     }
 }
 
-fn verdict(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+fn verdict(s: &Summary, p: &Painter, out: &mut Lines) {
     let d = &s.primary_diagnosis;
     out.push(format!(
         "{}{}   {} · confidence {}",
@@ -233,7 +270,7 @@ fn verdict(s: &Summary, p: &Painter, out: &mut Vec<String>) {
     labeled(out, "Next", &d.next);
 }
 
-fn timing(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
     out.push(format!(
         "{}{:>10}{:>11}{:>9}",
         pad(&p.bold("STEP TIMING"), 34),
@@ -279,9 +316,11 @@ fn timing(s: &Summary, p: &Painter, out: &mut Vec<String>) {
             ""
         };
         let share = st.share.map(pct).unwrap_or_else(|| "—".to_owned());
+        // The bar fills what the columns leave (20 at 100 columns, 13 at 80).
+        let bar_max = BAR.min(out.width.saturating_sub(67));
         let bar = st
             .share
-            .map(|sh| "█".repeat((sh * BAR as f64).round().clamp(0.0, BAR as f64) as usize))
+            .map(|sh| "█".repeat((sh * bar_max as f64).round().clamp(0.0, bar_max as f64) as usize))
             .unwrap_or_default();
         let name = format!(
             "{branch} {:<12}{}",
@@ -307,37 +346,58 @@ fn timing(s: &Summary, p: &Painter, out: &mut Vec<String>) {
             ms(st.mean_ms)
         ));
     }
+    if let Some(text) = cuda_text(s) {
+        labeled(out, "CUDA", &text);
+    }
+}
+
+/// The CUDA line of the card and the report: per-step launches, copies and syncs; "no CUDA
+/// activity" when a CUDA library was probed and the steps made none (a CPU-only run); `None`
+/// without steps.
+fn cuda_text(s: &Summary) -> Option<String> {
     let c = &s.cuda;
-    if c.measured && s.steps.count > 0 {
-        let mut parts = Vec::new();
-        if let Some(l) = c.launches_per_step {
-            parts.push(format!("{l:.0} launches/step"));
-        }
-        if let (Some(b), Some(n)) = (c.h2d_bytes_per_step, c.h2d_copies_per_step) {
-            let mut h = format!("H2D {}/step in {n:.0} copies", bytes_dec(b));
-            match (c.h2d_bytes_per_copy, c.h2d_gb_per_s) {
-                (Some(per), Some(bw)) => {
-                    h.push_str(&format!(" ({} each, {bw:.1} GB/s)", bytes_dec(per)))
-                }
-                (Some(per), None) => h.push_str(&format!(" ({} each)", bytes_dec(per))),
-                _ => {}
-            }
-            parts.push(h);
-        }
-        if let Some(b) = c.d2h_bytes_per_step {
-            parts.push(format!("D2H {}/step", bytes_dec(b)));
-        }
-        if let Some(n) = c.syncs_per_step {
-            parts.push(format!("{n:.1} syncs/step"));
-        }
-        labeled(out, "CUDA", &parts.join(" · "));
-    } else if !c.measured {
-        labeled(
-            out,
-            "CUDA",
-            "no CUDA library was probed: launches, copies and syncs not measured",
+    if !c.measured {
+        return Some(
+            "no CUDA library was probed: launches, copies and syncs not measured".to_owned(),
         );
     }
+    if s.steps.count == 0 {
+        return None;
+    }
+    let none = |x: Option<f64>| x.is_none_or(|v| v == 0.0);
+    if none(c.launches_per_step)
+        && none(c.h2d_copies_per_step)
+        && none(c.d2h_copies_per_step)
+        && none(c.syncs_per_step)
+    {
+        return Some(
+            "no CUDA activity: a CUDA library was probed, but the steps made no kernel launches, \
+             copies or syncs"
+                .to_owned(),
+        );
+    }
+    let mut parts = Vec::new();
+    if let Some(l) = c.launches_per_step {
+        parts.push(format!("{l:.0} launches/step"));
+    }
+    if let (Some(b), Some(n)) = (c.h2d_bytes_per_step, c.h2d_copies_per_step) {
+        let mut h = format!("H2D {}/step in {n:.0} copies", bytes_dec(b));
+        match (c.h2d_bytes_per_copy, c.h2d_gb_per_s) {
+            (Some(per), Some(bw)) => {
+                h.push_str(&format!(" ({} each, {bw:.1} GB/s)", bytes_dec(per)))
+            }
+            (Some(per), None) => h.push_str(&format!(" ({} each)", bytes_dec(per))),
+            _ => {}
+        }
+        parts.push(h);
+    }
+    if let Some(b) = c.d2h_bytes_per_step {
+        parts.push(format!("D2H {}/step", bytes_dec(b)));
+    }
+    if let Some(n) = c.syncs_per_step {
+        parts.push(format!("{n:.1} syncs/step"));
+    }
+    Some(parts.join(" · "))
 }
 
 fn thirds(t: Option<[u64; 3]>) -> Option<String> {
@@ -351,7 +411,7 @@ fn thirds(t: Option<[u64; 3]>) -> Option<String> {
     })
 }
 
-fn memory(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+fn memory(s: &Summary, p: &Painter, out: &mut Lines) {
     out.push(p.bold("MEMORY"));
     let mut rss = Vec::new();
     if let Some(m) = s.process.rss_bytes_max {
@@ -394,7 +454,7 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map(f).unwrap_or_else(|| "—".to_owned())
 }
 
-fn system(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+fn system(s: &Summary, p: &Painter, out: &mut Lines) {
     out.push(p.bold("SYSTEM & PROCESS"));
     let sys = &s.system;
     let mut parts = vec![format!(
@@ -479,7 +539,7 @@ fn system(s: &Summary, p: &Painter, out: &mut Vec<String>) {
 
 /// Where the time goes in code: the residual and the primary finding's phase, from the stack
 /// samples (nothing without them).
-fn code(s: &Summary, out: &mut Vec<String>) {
+fn code(s: &Summary, out: &mut Lines) {
     let mut phases = vec![Phase::Residual];
     if let Some(p) = s.primary_diagnosis.phase
         && p != Phase::Residual
@@ -490,20 +550,24 @@ fn code(s: &Summary, out: &mut Vec<String>) {
         .into_iter()
         .filter_map(|p| {
             let code = crate::diagnosis::code_in(s, p)?;
-            Some(format!("{} {}/step: {code}", p.name(), ms(s.phases[p].median_ms)))
+            Some(format!(
+                "{} {}/step: {code}",
+                p.name(),
+                ms(s.phases[p].median_ms)
+            ))
         })
         .collect();
     if lines.is_empty() {
         return;
     }
-    out.push("─".repeat(WIDTH));
+    out.rule('─');
     for (i, l) in lines.iter().enumerate() {
         labeled(out, if i == 0 { "CODE" } else { "" }, l);
     }
 }
 
 /// The daemon's own cost and the probe set that ran.
-fn overhead(s: &Summary, out: &mut Vec<String>) {
+fn overhead(s: &Summary, out: &mut Lines) {
     let Some(o) = &s.daemon_overhead else {
         return;
     };
@@ -536,16 +600,19 @@ fn overhead(s: &Summary, out: &mut Vec<String>) {
     };
     for (i, line) in wrap_safe(
         &format!("{set}{launches} · {cost}{budget}{whole}"),
-        WIDTH - 14,
+        out.width - 14,
     )
     .into_iter()
     .enumerate()
     {
-        out.push(format!("{:14}{line}", if i == 0 { "DAEMON COST" } else { "" }));
+        out.push(format!(
+            "{:14}{line}",
+            if i == 0 { "DAEMON COST" } else { "" }
+        ));
     }
 }
 
-fn data_quality(s: &Summary, p: &Painter, out: &mut Vec<String>) {
+fn data_quality(s: &Summary, p: &Painter, out: &mut Lines) {
     let q = &s.data_quality;
     let mut parts = Vec::new();
     let lost = match (&q.events_lost, q.lost_ratio) {
@@ -581,7 +648,7 @@ fn data_quality(s: &Summary, p: &Painter, out: &mut Vec<String>) {
     parts.push(format!("{} samples", q.samples));
     parts.push(format!("confidence {}", q.confidence.as_str()));
     let text = parts.join(" · ");
-    for (i, line) in wrap_safe(&text, WIDTH - 14).into_iter().enumerate() {
+    for (i, line) in wrap_safe(&text, out.width - 14).into_iter().enumerate() {
         if i == 0 {
             out.push(format!("{}  {line}", p.bold("DATA QUALITY")));
         } else {
@@ -589,7 +656,7 @@ fn data_quality(s: &Summary, p: &Painter, out: &mut Vec<String>) {
         }
     }
     for note in &q.notes {
-        for line in wrap_safe(&format!("note: {note}"), WIDTH - 14) {
+        for line in wrap_safe(&format!("note: {note}"), out.width - 14) {
             out.push(format!("{:14}{}", "", p.dim(&line)));
         }
     }
@@ -694,6 +761,51 @@ mod tests {
         let text = scenario_card("nogpu", &sc);
         assert!(text.contains("GPU metrics unavailable"));
         insta::assert_snapshot!("card_gpu_unavailable", text);
+    }
+
+    #[test]
+    fn card_follows_the_width_it_is_given() {
+        let s = fixtures::summary(&fixtures::input_bound());
+        for (asked, want) in [(40, MIN_WIDTH), (80, 80), (91, 91), (200, WIDTH)] {
+            let mut v = Vec::new();
+            render_card_width(&s, &mut v, false, asked).unwrap();
+            let text = String::from_utf8(v).unwrap();
+            let widest = text.lines().map(|l| l.chars().count()).max().unwrap();
+            assert!(widest <= want, "{asked}: {widest} columns\n{text}");
+            assert_eq!(
+                text.lines().nth(2).unwrap().chars().count(),
+                want,
+                "the rule"
+            );
+            assert!(text.contains("VERDICT   INPUT-BOUND"));
+        }
+    }
+
+    #[test]
+    fn cpu_only_run_says_no_cuda_activity() {
+        let mut s = fixtures::summary(&Scenario {
+            cuda: false,
+            workers: 0,
+            ..fixtures::input_bound()
+        });
+        s.cuda = crate::summary::CudaStats {
+            measured: true,
+            launches_per_step: Some(0.0),
+            h2d_bytes_per_step: Some(0.0),
+            h2d_copies_per_step: Some(0.0),
+            d2h_bytes_per_step: Some(0.0),
+            d2h_copies_per_step: Some(0.0),
+            syncs_per_step: Some(0.0),
+            ..Default::default()
+        };
+        let text = card(&s, false);
+        assert!(text.contains("CUDA      no CUDA activity"), "{text}");
+        assert!(!text.contains("0 launches/step"), "{text}");
+        // The rules ran before the CUDA numbers were replaced: run them again.
+        let (primary, _) = crate::diagnosis::diagnose(&s);
+        assert_eq!(primary.kind, DiagnosisKind::InputBound);
+        assert!(primary.next.contains("num_workers"), "{}", primary.next);
+        assert!(!primary.next.contains("pin_memory"), "{}", primary.next);
     }
 
     #[test]

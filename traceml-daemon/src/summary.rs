@@ -442,6 +442,30 @@ pub struct MemoryStats {
     pub gpu_process_mem_bytes_by_third: Option<[u64; 3]>,
     /// GPU memory capacity of the GPUs the target used.
     pub gpu_mem_total_bytes: Option<u64>,
+    /// Memory over the run for the report's chart; `null` without samples (and in summaries
+    /// written before this field).
+    #[serde(default)]
+    pub series: Option<MemorySeries>,
+}
+
+/// The target's memory at the periodic samples, at most [`MemorySeries::MAX`] points: a run with
+/// more samples keeps, for each run of `stride` consecutive samples, the time of the first and
+/// the largest value of each series (so no peak is lost).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemorySeries {
+    pub stride: u32,
+    /// Seconds since attach (since the first sample when the attach time is unknown).
+    pub t_s: Vec<f64>,
+    /// Host RSS of the target; `null` where it was not sampled.
+    pub rss_bytes: Vec<Option<u64>>,
+    /// GPU memory of the target summed over GPUs; `null` where not reported (all `null` without
+    /// NVML).
+    pub gpu_process_mem_bytes: Vec<Option<u64>>,
+}
+
+impl MemorySeries {
+    /// Most points kept.
+    pub const MAX: usize = 100;
 }
 
 /// Events lost, per reason (the last cumulative counters of the run).

@@ -56,6 +56,10 @@ enum Cmd {
         /// long run of each workload; dev build), spliced into the existing BENCHMARKS.md.
         #[arg(long)]
         inprocess_only: bool,
+        /// Only the `sweep` section: 1,000 job pairs swept by the release daemon, spliced into
+        /// the existing BENCHMARKS.md.
+        #[arg(long)]
+        sweep_only: bool,
     },
 }
 
@@ -97,7 +101,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::Bench {
             quick,
             inprocess_only,
-        } => bench::bench(quick, inprocess_only),
+            sweep_only,
+        } => bench::bench(quick, inprocess_only, sweep_only),
     }
 }
 

@@ -42,11 +42,12 @@ fn parse_line(line: &str) -> Option<Mapping> {
     })
 }
 
-/// Reads and parses `/proc/<pid>/maps`.
+/// Reads and parses `/proc/<pid>/maps`. The target names its files: a path that is not UTF-8
+/// is read lossily (that file cannot be opened by its name then) instead of failing the read.
 pub fn read(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse(&std::fs::read_to_string(format!(
+    Ok(parse(&String::from_utf8_lossy(&std::fs::read(format!(
         "/proc/{pid}/maps"
-    ))?))
+    ))?)))
 }
 
 /// The distinct file paths, in first-mapped order.

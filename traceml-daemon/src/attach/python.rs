@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use super::elf::{ElfError, ElfFile};
 use super::maps::{self, Mapping};
 use super::memory::{MemError, TargetMemory};
+use crate::sanitize::{NAME_MAX, cut_marker};
 
 pub const EVAL_SYMBOL: &str = "_PyEval_EvalFrameDefault";
 
@@ -307,7 +308,9 @@ impl CodeReader {
         Ok(Some(CodeNames { qualname, filename }))
     }
 
-    /// Reads a compact `str` object (the only kind code objects hold).
+    /// Reads a compact `str` object (the only kind code objects hold). The target chooses its
+    /// names: at most [`NAME_MAX`] characters are read and at most as many bytes kept, the rest
+    /// replaced by a `…[cut N chars]` marker; a lone surrogate becomes U+FFFD.
     fn read_str(&self, mem: &TargetMemory, obj: u64) -> Result<String, MemError> {
         // Header and the first bytes of an ASCII string in one read when possible.
         const INLINE: usize = 128;
@@ -318,7 +321,8 @@ impl CodeReader {
             buf.truncate(header);
             mem.read(obj, &mut buf)?;
         }
-        let len = (u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes")).min(4096)) as usize;
+        let full_len = u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes"));
+        let len = full_len.min(NAME_MAX as u64) as usize;
         let state = u32::from_le_bytes(buf[32..36].try_into().expect("4 bytes"));
         let kind = (state >> 2) & 7;
         let compact = (state >> 5) & 1 == 1;
@@ -327,10 +331,11 @@ impl CodeReader {
             return Ok(String::from("<non-compact str>"));
         }
         if ascii && whole && len <= INLINE {
-            return Ok(buf[header..header + len]
+            let s = buf[header..header + len]
                 .iter()
                 .map(|&b| b as char)
-                .collect());
+                .collect();
+            return Ok(mark_cut(s, full_len));
         }
         let data = obj
             + if ascii {
@@ -346,18 +351,37 @@ impl CodeReader {
         };
         let mut buf = vec![0u8; len * width];
         mem.read(data, &mut buf)?;
-        Ok(match width {
+        let char_of = |u: u32| char::from_u32(u).unwrap_or(char::REPLACEMENT_CHARACTER);
+        let s = match width {
             1 => buf.iter().map(|&b| b as char).collect(),
             2 => buf
                 .chunks_exact(2)
-                .filter_map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32))
+                .map(|c| char_of(u16::from_le_bytes([c[0], c[1]]) as u32))
                 .collect(),
             _ => buf
                 .chunks_exact(4)
-                .filter_map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .map(|c| char_of(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
                 .collect(),
-        })
+        };
+        Ok(mark_cut(s, full_len))
     }
+}
+
+/// `s`, read from a string of `full_len` characters, cut to [`NAME_MAX`] bytes and marked with
+/// the number of characters left out.
+fn mark_cut(mut s: String, full_len: u64) -> String {
+    if s.len() > NAME_MAX {
+        let mut end = NAME_MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    let kept = s.chars().count() as u64;
+    if full_len > kept {
+        s.push_str(&cut_marker((full_len - kept) as usize, "chars"));
+    }
+    s
 }
 
 #[cfg(test)]
@@ -384,6 +408,73 @@ mod tests {
             frame_layout(v(15)),
             Err(PythonError::Unsupported { .. })
         ));
+    }
+
+    /// A compact `str` laid out as CPython 3.12 does (`PyASCIIObject` 40 bytes, compact 56), in
+    /// this process's memory: `len` is the length field, `data` the characters' bytes.
+    fn fake_str(len: u64, kind: u32, ascii: bool, data: &[u8]) -> Vec<u64> {
+        let header = if ascii { 40 } else { 56 };
+        let mut bytes = vec![0u8; header + data.len() + 8];
+        bytes[16..24].copy_from_slice(&len.to_le_bytes());
+        let state = (kind << 2) | (1 << 5) | (u32::from(ascii) << 6);
+        bytes[32..36].copy_from_slice(&state.to_le_bytes());
+        bytes[header..header + data.len()].copy_from_slice(data);
+        bytes
+            .chunks(8)
+            .map(|c| {
+                let mut w = [0u8; 8];
+                w[..c.len()].copy_from_slice(c);
+                u64::from_le_bytes(w)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hostile_strs_are_bounded_and_marked() {
+        let reader = CodeReader {
+            layout: frame_layout(Version {
+                major: 3,
+                minor: 12,
+                micro: None,
+            })
+            .unwrap(),
+            offsets: CodeOffsets::default(),
+            code_type_addr: 0,
+        };
+        let mem = TargetMemory::new(std::process::id());
+        let read = |words: &[u64]| reader.read_str(&mem, words.as_ptr() as u64).unwrap();
+        let esc = b"\x1b]0;title\x07\x1b[2J";
+        assert_eq!(
+            read(&fake_str(esc.len() as u64, 1, true, esc)),
+            String::from_utf8_lossy(esc)
+        );
+        // A 16 MB name: only NAME_MAX characters are read (the fake holds no more).
+        let ws = vec![b'W'; NAME_MAX];
+        let s = read(&fake_str(16 << 20, 1, true, &ws));
+        assert_eq!(
+            s,
+            format!(
+                "{}…[cut {} chars]",
+                "W".repeat(NAME_MAX),
+                (16 << 20) - NAME_MAX
+            )
+        );
+        // UCS-2 with a lone surrogate: replaced, not dropped.
+        let ucs2: Vec<u8> = [0x41u16, 0xd800, 0x42]
+            .iter()
+            .flat_map(|c| c.to_le_bytes())
+            .collect();
+        assert_eq!(read(&fake_str(3, 2, false, &ucs2)), "A\u{fffd}B");
+        // UCS-4 of 4-byte characters: at most NAME_MAX bytes kept.
+        let ucs4: Vec<u8> = std::iter::repeat_n(0x1f600u32, NAME_MAX)
+            .flat_map(|c| c.to_le_bytes())
+            .collect();
+        let s = read(&fake_str(NAME_MAX as u64, 4, false, &ucs4));
+        assert!(s.starts_with("😀😀"));
+        assert!(
+            s.ends_with(&format!("…[cut {} chars]", NAME_MAX - NAME_MAX / 4)),
+            "{s:.80}"
+        );
     }
 
     /// Every pyenv interpreter on the machine: the evaluator symbol is found and the version read

@@ -5,13 +5,25 @@
 //! exits per thread (and says how lost events are survived), `timeline` turns intervals into
 //! exclusive phases and boundaries into steps.
 //!
-//! # Input
-//! `Code` items give each code object address its [`Class`] (the last non-pending one wins). They
-//! may come after the events that use them (classification is lazy), so the code map is built
-//! from the whole stream before folding. Frames of code objects that stay pending or ignored are
-//! still tracked (they take part in matching) but carry no phase. Events are stably sorted by
-//! timestamp first (per-CPU ring buffers interleave); events older than one already seen are
-//! counted in [`EngineOutput::reordered_events`].
+//! # Input, and memory
+//! [`Engine`] is a fold: [`Engine::push`] each stream item as it arrives, [`Engine::finish`] at
+//! the end ([`run`] does both over a slice, so a replay and a live run share the code). `Code`
+//! items give each code object identity its [`Class`] (the last non-pending one wins); the live
+//! loop emits them before the first event of their code object, and events wait
+//! [`REORDER_NS`] of stream time in a reorder buffer before they are folded (per-CPU ring
+//! buffer reservations interleave), which also gives a late `Code` item that much slack. Events
+//! older than one already seen are counted in [`EngineOutput::reordered_events`] (folded in
+//! timestamp order when they arrive within the window, late otherwise).
+//!
+//! Every [`HARVEST_NS`] of stream time the engine measures the training thread's steps that end
+//! before anything still open on it (an open call with a phase, a pending forward span) and
+//! before the reorder window, adds them to [`EngineOutput::totals`] (exact sums) and to a
+//! bounded, time-ordered sample of steps ([`MAX_STEPS_KEPT`], thinned by doubling the stride),
+//! and prunes what those steps no longer need. So memory is bounded by the nesting of open
+//! calls, the reorder window, one harvest period, the code objects and threads seen, and the
+//! kept samples — never by the run's length. The training thread and its boundary are chosen
+//! at each harvest from what was seen so far (the rules below); a change starts the step cutter
+//! afresh.
 //!
 //! # Training thread
 //! The thread with the most DataLoader calls (outermost `__next__` frame or
@@ -75,15 +87,15 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Api, Class, StreamItem};
+use crate::event::{Class, StreamItem};
 
 #[cfg(test)]
 mod tests;
 mod thread;
 mod timeline;
 
-use thread::{Dir, ThreadFold, ThreadTrace};
-use timeline::{Cut, Timeline};
+use thread::{Dir, InputCall, ThreadFold, ThreadTrace};
+use timeline::{Cut, Timeline, push_step};
 
 /// The phases of a step, in the order the report lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -185,9 +197,22 @@ pub struct EngineOutput {
     /// Steps not measured: the fragment before the first boundary (attach point), an unterminated
     /// last step (end of trace), steps of zero length.
     pub partial_steps_dropped: u32,
-    /// Stack samples of the training thread taken inside a step, with the phase in force.
+    /// Stack samples of the training thread taken inside a step, with the phase in force (a
+    /// bounded, time-ordered sample: see [`MAX_SAMPLES_KEPT`]).
     #[serde(default)]
     pub samples: Vec<PhaseSample>,
+    /// Sums over every measured step; `steps` holds a sample of at most [`MAX_STEPS_KEPT`]
+    /// (every `step_stride`-th step).
+    #[serde(default)]
+    pub totals: StepTotals,
+    #[serde(default)]
+    pub step_stride: u64,
+    /// Probe events folded.
+    #[serde(default)]
+    pub events: u64,
+    /// Timestamp of the last event.
+    #[serde(default)]
+    pub last_ts: Option<u64>,
 }
 
 /// A stack sample placed in the training thread's timeline.
@@ -201,117 +226,471 @@ pub struct PhaseSample {
     pub frames: Vec<u32>,
 }
 
-/// Folds an event stream into the training thread's steps. Pure: only event timestamps.
-pub fn run(items: &[StreamItem]) -> EngineOutput {
-    let mut codes: HashMap<u64, Class> = HashMap::new();
-    let mut events = Vec::new();
-    let mut python_off: Vec<u64> = Vec::new();
-    let mut stacks = Vec::new();
-    let mut reordered = 0u64;
-    let mut max_ts = 0u64;
-    for item in items {
+/// Per-step sums over every step the engine measured (the stored [`EngineOutput::steps`] are a
+/// bounded sample of them).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTotals {
+    pub count: u64,
+    pub duration_ns: u64,
+    pub phase_ns: [u64; 7],
+    pub launches: [u64; 7],
+    pub h2d_bytes: u64,
+    pub d2h_bytes: u64,
+    pub h2d_copies: u64,
+    pub d2h_copies: u64,
+    pub h2d_ns: u64,
+    pub d2h_ns: u64,
+    pub syncs: u64,
+}
+
+impl StepTotals {
+    /// The totals of these steps (for outputs built without the engine, e.g. test fixtures).
+    pub fn from_steps(steps: &[Step]) -> StepTotals {
+        let mut t = StepTotals::default();
+        for s in steps {
+            t.add(s);
+        }
+        t
+    }
+
+    /// Mean per step of a summed quantity; `None` without steps.
+    pub fn per_step(&self, sum: u64) -> Option<f64> {
+        (self.count > 0).then(|| sum as f64 / self.count as f64)
+    }
+
+    fn add(&mut self, s: &Step) {
+        self.count += 1;
+        self.duration_ns += s.end_ns.saturating_sub(s.start_ns);
+        for i in 0..7 {
+            self.phase_ns[i] += s.phase_ns[i];
+            self.launches[i] += u64::from(s.launches[i]);
+        }
+        self.h2d_bytes += s.h2d_bytes;
+        self.d2h_bytes += s.d2h_bytes;
+        self.h2d_copies += u64::from(s.h2d_copies);
+        self.d2h_copies += u64::from(s.d2h_copies);
+        self.h2d_ns += s.h2d_ns;
+        self.d2h_ns += s.d2h_ns;
+        self.syncs += u64::from(s.syncs);
+    }
+}
+
+/// Most steps kept in [`EngineOutput::steps`]; past it the sample is thinned (every other one
+/// dropped, the stride doubled), so it stays a uniform, time-ordered sample of the run.
+pub const MAX_STEPS_KEPT: usize = 4096;
+/// Most stack samples kept in [`EngineOutput::samples`] (thinned the same way).
+pub const MAX_SAMPLES_KEPT: usize = 8192;
+/// Events may arrive this much out of timestamp order (per-CPU ring buffer reservations, the
+/// live loop's drains); older ones are folded late and counted as reordered.
+pub const REORDER_NS: u64 = 200_000_000;
+/// Steps are harvested into the bounded output about this often (stream time).
+pub const HARVEST_NS: u64 = 2_000_000_000;
+
+/// A time-ordered sample of at most `max` items with a doubling stride: item `i` is kept when
+/// `i % stride == 0`.
+#[derive(Clone, Debug)]
+pub(crate) struct Thinned<T> {
+    pub(crate) items: Vec<T>,
+    stride: u64,
+    seen: u64,
+    max: usize,
+}
+
+impl<T> Thinned<T> {
+    pub(crate) fn new(max: usize) -> Self {
+        Thinned {
+            items: Vec::new(),
+            stride: 1,
+            seen: 0,
+            max,
+        }
+    }
+
+    pub(crate) fn push(&mut self, item: T) {
+        let i = self.seen;
+        self.seen += 1;
+        if !i.is_multiple_of(self.stride) {
+            return;
+        }
+        self.items.push(item);
+        if self.items.len() > self.max {
+            let mut k = 0;
+            self.items.retain(|_| {
+                k += 1;
+                (k - 1) % 2 == 0
+            });
+            self.stride *= 2;
+        }
+    }
+}
+
+/// An event waiting in the reorder buffer (ordered by timestamp, then arrival).
+#[derive(Debug)]
+struct Queued {
+    ts: u64,
+    seq: u64,
+    event: crate::event::Event,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.ts, self.seq) == (o.ts, o.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.ts, self.seq).cmp(&(o.ts, o.seq))
+    }
+}
+
+/// Where the step cutter of the training thread stands between harvests.
+#[derive(Clone, Debug, Default)]
+struct Cutter {
+    /// The first boundary was consumed (the attach fragment before it is counted once).
+    started: bool,
+    /// Start of the step in progress.
+    open: Option<u64>,
+}
+
+/// The phase engine as a fold: [`Engine::push`] each stream item, [`Engine::finish`] for the
+/// output. Memory is bounded by the nesting of open calls, the reorder window, the time since
+/// the last harvest, the number of code objects and threads, and the kept samples — never by
+/// the run's length.
+#[derive(Debug)]
+pub struct Engine {
+    codes: HashMap<u64, Class>,
+    queue: std::collections::BinaryHeap<std::cmp::Reverse<Queued>>,
+    arrivals: u64,
+    max_ts: u64,
+    released_ts: u64,
+    reordered: u64,
+    python_off: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
+    folds: HashMap<u32, ThreadFold>,
+    stacks: Vec<crate::event::StackSample>,
+    events: u64,
+    first_ts: Option<u64>,
+    last_ts: u64,
+    next_harvest: u64,
+    /// Training thread and boundary of the last harvest.
+    choice: Option<(u32, Boundary)>,
+    cutter: Cutter,
+    partial: u32,
+    steps: Thinned<Step>,
+    samples: Thinned<PhaseSample>,
+    totals: StepTotals,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine::new()
+    }
+}
+
+impl Engine {
+    pub fn new() -> Engine {
+        Engine {
+            codes: HashMap::new(),
+            queue: Default::default(),
+            arrivals: 0,
+            max_ts: 0,
+            released_ts: 0,
+            reordered: 0,
+            python_off: Default::default(),
+            folds: HashMap::new(),
+            stacks: Vec::new(),
+            events: 0,
+            first_ts: None,
+            last_ts: 0,
+            next_harvest: 0,
+            choice: None,
+            cutter: Cutter::default(),
+            partial: 0,
+            steps: Thinned::new(MAX_STEPS_KEPT),
+            samples: Thinned::new(MAX_SAMPLES_KEPT),
+            totals: StepTotals::default(),
+        }
+    }
+
+    /// Folds one stream item.
+    pub fn push(&mut self, item: &StreamItem) {
         match item {
             StreamItem::Code(c) if c.class != Class::Pending => {
-                codes.insert(c.ptr, c.class);
+                self.codes.insert(c.ptr, c.class);
             }
-            StreamItem::ProbeSet(p) if !p.python => python_off.push(p.ts),
-            StreamItem::Stack(s) => stacks.push(s.as_ref()),
+            StreamItem::ProbeSet(p) if !p.python => {
+                self.python_off.push(std::cmp::Reverse(p.ts));
+            }
+            StreamItem::Stack(s) => self.stacks.push((**s).clone()),
             StreamItem::Event(e) => {
-                if e.ts < max_ts {
-                    reordered += 1;
+                self.events += 1;
+                if e.ts < self.max_ts {
+                    self.reordered += 1;
                 } else {
-                    max_ts = e.ts;
+                    self.max_ts = e.ts;
                 }
-                events.push(e);
+                self.arrivals += 1;
+                self.queue.push(std::cmp::Reverse(Queued {
+                    ts: e.ts,
+                    seq: self.arrivals,
+                    event: e.clone(),
+                }));
+                if let Some(upto) = self.max_ts.checked_sub(REORDER_NS) {
+                    self.release(upto);
+                }
+                if self.first_ts.is_some() && self.released_ts >= self.next_harvest {
+                    self.harvest(self.released_ts);
+                    self.next_harvest = self.released_ts + HARVEST_NS;
+                }
             }
             _ => {}
         }
     }
-    events.sort_by_key(|e| e.ts);
-    python_off.sort_unstable();
-    let mut out = EngineOutput {
-        reordered_events: reordered,
-        boundary: Some(Boundary::None),
-        ..EngineOutput::default()
-    };
-    let Some(end) = events.last().map(|e| e.ts) else {
-        return out;
-    };
 
-    let mut folds: HashMap<u32, ThreadFold> = HashMap::new();
-    let class = |code: u64| codes.get(&code).copied().unwrap_or(Class::Pending);
-    let mut off = python_off.iter().peekable();
-    for e in &events {
-        while let Some(&&ts) = off.peek() {
-            if ts > e.ts {
+    /// Folds queued events up to `upto` in timestamp order.
+    fn release(&mut self, upto: u64) {
+        while let Some(std::cmp::Reverse(q)) = self.queue.peek() {
+            if q.ts > upto {
                 break;
             }
-            folds.values_mut().for_each(|f| f.close_python(ts));
-            off.next();
+            let std::cmp::Reverse(q) = self.queue.pop().expect("peeked");
+            self.fold(q.event);
         }
-        folds
+    }
+
+    fn fold(&mut self, e: crate::event::Event) {
+        while let Some(&std::cmp::Reverse(off)) = self.python_off.peek() {
+            if off > e.ts {
+                break;
+            }
+            self.folds.values_mut().for_each(|f| f.close_python(off));
+            self.python_off.pop();
+        }
+        if self.first_ts.is_none() {
+            self.first_ts = Some(e.ts);
+            self.next_harvest = e.ts + HARVEST_NS;
+        }
+        self.released_ts = self.released_ts.max(e.ts);
+        self.last_ts = self.last_ts.max(e.ts);
+        let codes = &self.codes;
+        let class = |code: u64| codes.get(&code).copied().unwrap_or(Class::Pending);
+        self.folds
             .entry(e.tid)
             .or_default()
             .push(e.ts, e.tgid, &e.kind, class);
     }
-    let mut threads: Vec<(u32, ThreadTrace)> = folds
-        .into_iter()
-        .map(|(tid, f)| (tid, f.finish(end)))
-        .collect();
-    threads.sort_unstable_by_key(|t| t.0);
-    out.unmatched_events = threads.iter().map(|t| t.1.unmatched).sum();
 
-    let Some((tid, main)) = threads
-        .iter()
-        .filter(|(_, t)| {
-            !t.input_calls.is_empty() || !t.optimizer_exits.is_empty() || !t.sync_exits.is_empty()
-        })
-        .max_by_key(|(tid, t)| {
-            (
-                t.input_calls.len(),
-                t.optimizer_exits.len(),
-                t.sync_exits.len(),
-                *tid == t.tgid,
-                std::cmp::Reverse(*tid),
-            )
-        })
-    else {
-        return out;
-    };
-    out.training_tid = Some(*tid);
+    /// The training thread and its boundary from what was seen so far (see the module doc).
+    fn choose(&self) -> Option<(u32, Boundary)> {
+        let (tid, t) = self
+            .folds
+            .iter()
+            .map(|(tid, f)| (*tid, f.trace()))
+            .filter(|(_, t)| {
+                t.n_input_calls > 0 || t.n_optimizer_exits > 0 || !t.sync_api_counts.is_empty()
+            })
+            .max_by_key(|(tid, t)| {
+                (
+                    t.n_input_calls,
+                    t.n_optimizer_exits,
+                    t.sync_api_counts.values().sum::<u64>(),
+                    *tid == t.tgid,
+                    std::cmp::Reverse(*tid),
+                )
+            })?;
+        let boundary = if t.n_input_calls > 0 {
+            Boundary::DataloaderNext
+        } else if t.n_optimizer_exits > 0 {
+            Boundary::OptimizerStep
+        } else {
+            Boundary::SyncPattern
+        };
+        Some((tid, boundary))
+    }
 
-    let (boundary, cut) = if !main.input_calls.is_empty() {
-        (
-            Boundary::DataloaderNext,
-            timeline::dataloader_steps(&main.input_calls, main.first_ts),
-        )
-    } else if !main.optimizer_exits.is_empty() {
-        (
-            Boundary::OptimizerStep,
-            timeline::exit_steps(&main.optimizer_exits, main.first_ts, main.last_ts),
-        )
-    } else {
-        (
-            Boundary::SyncPattern,
-            timeline::exit_steps(&sync_pattern(&main.sync_exits), main.first_ts, main.last_ts),
-        )
-    };
-    out.boundary = Some(boundary);
-    out.partial_steps_dropped = cut.partial;
-    let timeline = Timeline::build(&main.intervals);
-    out.steps = measure(&cut, *tid, main, &threads, &timeline);
-    out.samples = place_samples(&stacks, *tid, &out.steps, &timeline);
-    out
+    /// Measures the training thread's steps that end before `watermark` (and before anything
+    /// still open on it), adds them to the output, and prunes what they no longer need.
+    fn harvest(&mut self, watermark: u64) {
+        let Some((tid, boundary)) = self.choose() else {
+            return;
+        };
+        if self.choice.is_some_and(|c| c != (tid, boundary)) {
+            // The leading thread or boundary changed: start cutting afresh.
+            self.cutter = Cutter::default();
+        }
+        self.choice = Some((tid, boundary));
+        let main = &self.folds[&tid];
+        let w = main.open_since().map_or(watermark, |o| o.min(watermark));
+        let t = main.trace();
+        let mut cut = Cut::default();
+        let consumed = match boundary {
+            Boundary::DataloaderNext => {
+                let calls: Vec<InputCall> =
+                    t.input_calls.iter().filter(|c| c.ts < w).copied().collect();
+                cut_dataloader(&mut self.cutter, &calls, t.first_ts, &mut cut);
+                calls.len()
+            }
+            Boundary::OptimizerStep => {
+                let exits: Vec<u64> = t
+                    .optimizer_exits
+                    .iter()
+                    .copied()
+                    .filter(|&x| x < w)
+                    .collect();
+                cut_exits(&mut self.cutter, &exits, t.first_ts, &mut cut);
+                0
+            }
+            _ => {
+                let best = t
+                    .sync_api_counts
+                    .iter()
+                    .max_by_key(|&(api, n)| (*n, std::cmp::Reverse(*api)))
+                    .map(|(api, _)| *api);
+                let exits: Vec<u64> = t
+                    .sync_exits
+                    .iter()
+                    .filter(|&&(api, x)| Some(api) == best && x < w)
+                    .map(|&(_, x)| x)
+                    .collect();
+                cut_exits(&mut self.cutter, &exits, t.first_ts, &mut cut);
+                0
+            }
+        };
+        self.partial += cut.partial;
+        let Some(&(_, last_end)) = cut.steps.last() else {
+            return;
+        };
+        let timeline = Timeline::build(&t.intervals);
+        let steps = measure(
+            &cut,
+            self.totals.count,
+            tid,
+            t,
+            self.folds.iter().map(|(k, f)| (*k, f.trace())),
+            &timeline,
+        );
+        let mut stacks = std::mem::take(&mut self.stacks);
+        stacks.sort_by_key(|s| s.ts);
+        let (placed, later): (Vec<_>, Vec<_>) = stacks.into_iter().partition(|s| s.ts < last_end);
+        for p in place_samples(&placed, tid, &steps, &timeline) {
+            self.samples.push(p);
+        }
+        self.stacks = later;
+        for s in steps {
+            self.totals.add(&s);
+            self.steps.push(s);
+        }
+        for (k, f) in self.folds.iter_mut() {
+            let n = if *k == tid { consumed } else { 0 };
+            f.trace_mut().prune(last_end, n);
+        }
+    }
+
+    /// The engine's output: every event folded, open entries closed at the last event (not
+    /// counted as lost), the last steps harvested.
+    pub fn finish(mut self) -> EngineOutput {
+        self.release(u64::MAX);
+        while let Some(std::cmp::Reverse(off)) = self.python_off.pop() {
+            if off <= self.last_ts {
+                self.folds.values_mut().for_each(|f| f.close_python(off));
+            }
+        }
+        let mut out = EngineOutput {
+            reordered_events: self.reordered,
+            boundary: Some(Boundary::None),
+            events: self.events,
+            last_ts: self.first_ts.map(|_| self.last_ts),
+            ..EngineOutput::default()
+        };
+        if self.first_ts.is_none() {
+            return out;
+        }
+        let end = self.last_ts;
+        let folds = std::mem::take(&mut self.folds);
+        for (tid, f) in folds {
+            self.folds.insert(tid, ThreadFold::finished(f.finish(end)));
+        }
+        self.harvest(u64::MAX);
+        if let Some((tid, _)) = self.choice {
+            // The step still open at the end of the trace is cut by it.
+            let t = self.folds[&tid].trace();
+            let tail = match self.choice.map(|c| c.1) {
+                Some(Boundary::DataloaderNext) => self.cutter.open.is_some(),
+                _ => self.cutter.open.is_some_and(|o| t.last_ts > o),
+            };
+            if tail {
+                self.partial += 1;
+            }
+        }
+        out.unmatched_events = self.folds.values().map(|f| f.trace().unmatched).sum();
+        out.training_tid = self.choice.map(|c| c.0);
+        out.boundary = Some(self.choice.map_or(Boundary::None, |c| c.1));
+        out.partial_steps_dropped = self.partial;
+        out.steps = self.steps.items;
+        out.step_stride = self.steps.stride;
+        out.samples = self.samples.items;
+        out.totals = self.totals;
+        out
+    }
+}
+
+/// Folds a whole stream: [`Engine::push`] every item, then [`Engine::finish`].
+pub fn run(items: &[StreamItem]) -> EngineOutput {
+    let mut e = Engine::new();
+    for i in items {
+        e.push(i);
+    }
+    e.finish()
+}
+
+/// DataLoader boundaries: step = [entry of call i, entry of call i+1); a call that raised
+/// (StopIteration) ends the current step at its entry and starts none. The part before the
+/// first call (the attach point) is a partial step.
+fn cut_dataloader(c: &mut Cutter, calls: &[InputCall], first_ts: u64, cut: &mut Cut) {
+    for call in calls {
+        if !c.started {
+            c.started = true;
+            if call.ts > first_ts {
+                cut.partial += 1;
+            }
+        }
+        if let Some(s) = c.open.take() {
+            push_step(cut, s, call.ts);
+        }
+        if !call.raised {
+            c.open = Some(call.ts);
+        }
+    }
+}
+
+/// Exit boundaries: step = [exit i, exit i+1); events before the first exit are a partial step.
+fn cut_exits(c: &mut Cutter, exits: &[u64], first_ts: u64, cut: &mut Cut) {
+    for &x in exits {
+        if !c.started {
+            c.started = true;
+            if x > first_ts {
+                cut.partial += 1;
+            }
+        }
+        if let Some(s) = c.open.replace(x) {
+            push_step(cut, s, x);
+        }
+    }
 }
 
 /// The training thread's stack samples that fell inside a step, with the phase at their instant.
 fn place_samples(
-    stacks: &[&crate::event::StackSample],
+    stacks: &[crate::event::StackSample],
     tid: u32,
     steps: &[Step],
     timeline: &Timeline,
 ) -> Vec<PhaseSample> {
-    let mut out: Vec<PhaseSample> = stacks
+    stacks
         .iter()
         .filter(|s| s.tid == tid)
         .filter_map(|s| {
@@ -324,34 +703,16 @@ fn place_samples(
                 frames: s.frames.clone(),
             })
         })
-        .collect();
-    out.sort_by_key(|s| s.ts);
-    out
-}
-
-/// Exits of the training thread's most frequent blocking sync API (ties: the lowest [`Api`]).
-fn sync_pattern(exits: &[(Api, u64)]) -> Vec<u64> {
-    let mut counts: HashMap<Api, usize> = HashMap::new();
-    for (api, _) in exits {
-        *counts.entry(*api).or_default() += 1;
-    }
-    let best = counts
-        .into_iter()
-        .max_by_key(|&(api, n)| (n, std::cmp::Reverse(api)))
-        .map(|(api, _)| api);
-    exits
-        .iter()
-        .filter(|(api, _)| Some(*api) == best)
-        .map(|&(_, ts)| ts)
         .collect()
 }
 
-/// Phase times and counts of each step.
-fn measure(
+/// Phase times and counts of each step; `first_index` numbers them.
+fn measure<'a>(
     cut: &Cut,
+    first_index: u64,
     tid: u32,
     main: &ThreadTrace,
-    threads: &[(u32, ThreadTrace)],
+    threads: impl Iterator<Item = (u32, &'a ThreadTrace)>,
     timeline: &Timeline,
 ) -> Vec<Step> {
     let mut steps: Vec<Step> = cut
@@ -359,7 +720,7 @@ fn measure(
         .iter()
         .enumerate()
         .map(|(i, &(start_ns, end_ns))| Step {
-            index: i as u32,
+            index: u32::try_from(first_index + i as u64).unwrap_or(u32::MAX),
             start_ns,
             end_ns,
             phase_ns: timeline.split(start_ns, end_ns),
@@ -370,7 +731,7 @@ fn measure(
         let i = steps.partition_point(|s| s.end_ns <= ts);
         (i < steps.len() && steps[i].start_ns <= ts).then_some(i)
     };
-    for (t, trace) in threads.iter().filter(|(_, t)| t.tgid == main.tgid) {
+    for (t, trace) in threads.filter(|(_, t)| t.tgid == main.tgid) {
         for &ts in &trace.launches {
             if let Some(i) = find(&steps, ts) {
                 steps[i].launches[timeline.phase_at(ts).index()] += 1;
@@ -381,7 +742,7 @@ fn measure(
                 continue;
             };
             let s = &mut steps[i];
-            let host_ns = if *t == tid {
+            let host_ns = if t == tid {
                 c.end.unwrap_or(c.start).min(s.end_ns) - c.start
             } else {
                 0

@@ -1,6 +1,6 @@
 //! Engine tests on synthetic traces built with [`Trace`].
 use super::*;
-use crate::event::{CodeInfo, CopyKind, Event, Kind};
+use crate::event::{Api, CodeInfo, CopyKind, Event, Kind};
 
 const PID: u32 = 100;
 const WORKER: u32 = 101;
@@ -820,4 +820,68 @@ fn python_probe_detach_closes_open_frames_at_the_switch() {
             (Phase::Residual, 290),
         ])
     );
+}
+
+/// A long run is harvested as it streams: every step is measured exactly, the kept steps are a
+/// bounded sample, and what the engine holds does not grow with the run.
+#[test]
+fn long_streams_are_harvested_with_bounded_state() {
+    let mut t = Trace::new().codes();
+    let mut e = Engine::new();
+    let n: u64 = 30_000;
+    let step_ns = 1_000_000; // 1 ms steps: 30 s of stream time, many harvests
+    let mut pushed = 0;
+    let mut max_held = 0;
+    for k in 0..n {
+        let mut s = Trace::new();
+        // The standard step, scaled: every event offset × 1000.
+        s.step(0);
+        for item in s.items {
+            let StreamItem::Event(mut ev) = item else {
+                continue;
+            };
+            ev.ts = k * step_ns + ev.ts * 1000;
+            e.push(&StreamItem::Event(ev));
+            pushed += 1;
+        }
+        if k == 0 {
+            for c in std::mem::take(&mut t.items) {
+                e.push(&c);
+            }
+        }
+        if k % 1000 == 999 {
+            let held: usize = e
+                .folds
+                .values()
+                .map(|f| {
+                    let t = f.trace();
+                    t.intervals.len() + t.input_calls.len() + t.launches.len() + t.copies.len()
+                })
+                .sum::<usize>()
+                + e.queue.len();
+            max_held = max_held.max(held);
+        }
+    }
+    e.push(&StreamItem::Event(Event {
+        ts: n * step_ns,
+        tgid: PID,
+        tid: PID,
+        kind: Kind::PyEnter { code: DL, depth: 1 },
+    }));
+    assert!(pushed > 0);
+    let out = e.finish();
+    assert_eq!(out.totals.count, n);
+    assert!(out.steps.len() <= MAX_STEPS_KEPT, "{}", out.steps.len());
+    assert!(out.step_stride >= 8);
+    assert_eq!(out.steps[0].index, 0);
+    assert!(out.steps.windows(2).all(|w| w[0].index < w[1].index));
+    let want: Vec<u64> = standard_step_phases().iter().map(|p| p * 1000).collect();
+    assert!(out.steps.iter().all(|s| s.phase_ns.to_vec() == want));
+    for (i, p) in want.iter().enumerate() {
+        assert_eq!(out.totals.phase_ns[i], p * n);
+    }
+    assert_eq!(out.totals.h2d_bytes, 4096 * n);
+    assert_eq!(out.unmatched_events, 0);
+    // The reorder window (200 ms = 200 steps) and one harvest period (2 s) of state at most.
+    assert!(max_held < 20 * 2_200, "held {max_held}");
 }

@@ -90,6 +90,38 @@ pub(crate) struct ThreadTrace {
     pub launches: Vec<u64>,
     /// Lost-event evidence: exits without entries, entries closed by the rules above.
     pub unmatched: u64,
+    /// Since the thread's first event (the vectors above are pruned as steps are harvested):
+    /// DataLoader calls, matched outermost optimizer exits, matched outermost sync exits by API.
+    pub n_input_calls: u64,
+    pub n_optimizer_exits: u64,
+    pub sync_api_counts: std::collections::BTreeMap<Api, u64>,
+    /// Entries drained from the front of `input_calls` and `copies` (open entries keep absolute
+    /// indexes).
+    pub input_base: usize,
+    pub copies_base: usize,
+}
+
+impl ThreadTrace {
+    /// Drops what only concerns time before `cut` (the end of the last harvested step): closed
+    /// intervals and copies that ended before it, launches, syncs and exits before it, and the
+    /// first `consumed_calls` DataLoader calls (the cutter keeps the open step's start itself).
+    pub fn prune(&mut self, cut: u64, consumed_calls: usize) {
+        self.intervals.retain(|&(_, e, _)| e > cut);
+        let n = consumed_calls.min(self.input_calls.len());
+        self.input_calls.drain(..n);
+        self.input_base += n;
+        self.optimizer_exits.retain(|&t| t >= cut);
+        self.sync_exits.retain(|&(_, t)| t >= cut);
+        self.syncs.retain(|&t| t >= cut);
+        self.launches.retain(|&t| t >= cut);
+        let done = self
+            .copies
+            .iter()
+            .take_while(|c| c.start < cut && c.end.is_some())
+            .count();
+        self.copies.drain(..done);
+        self.copies_base += done;
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -202,7 +234,7 @@ impl ThreadFold {
                         dir: Dir::of(api, copy),
                         bytes: bytes.unwrap_or(0),
                     });
-                    self.stack[idx].copy = Some(self.out.copies.len() - 1);
+                    self.stack[idx].copy = Some(self.out.copies_base + self.out.copies.len() - 1);
                 }
             }
             Kind::CallExit { api, .. } => self.close_matching(Key::Api(api), ts, false),
@@ -240,6 +272,35 @@ impl ThreadFold {
         }
     }
 
+    /// A fold whose events are all in: its reduction, nothing open.
+    pub fn finished(out: ThreadTrace) -> ThreadFold {
+        ThreadFold {
+            out,
+            seen: true,
+            ..ThreadFold::default()
+        }
+    }
+
+    /// What the fold has reduced so far (pruned by the engine as steps are harvested).
+    pub fn trace(&self) -> &ThreadTrace {
+        &self.out
+    }
+
+    pub fn trace_mut(&mut self) -> &mut ThreadTrace {
+        &mut self.out
+    }
+
+    /// The earliest instant something still open may yet add to: the start of the oldest open
+    /// entry with a phase, or of the pending forward span. Steps ending after it are not final.
+    pub fn open_since(&self) -> Option<u64> {
+        self.stack
+            .iter()
+            .filter(|o| o.phase.is_some())
+            .map(|o| o.start)
+            .chain(self.forward_from)
+            .min()
+    }
+
     /// Closes what is still open at `end` (not counted as lost) and returns the reduction.
     pub fn finish(mut self, end: u64) -> ThreadTrace {
         while let Some(top) = self.stack.pop() {
@@ -266,7 +327,8 @@ impl ThreadFold {
         if phase == Some(Phase::InputWait) {
             if self.input_depth == 0 {
                 self.out.input_calls.push(InputCall { ts, raised: false });
-                open.input_call = Some(self.out.input_calls.len() - 1);
+                self.out.n_input_calls += 1;
+                open.input_call = Some(self.out.input_base + self.out.input_calls.len() - 1);
                 // A new batch before any backward: the span since the last one was no forward
                 // pass we can delimit (an evaluation loop, a skipped batch).
                 self.forward_from = None;
@@ -335,13 +397,18 @@ impl ThreadFold {
         if p_is(top.phase, Phase::Backward) {
             self.backward_depth -= 1;
         }
-        if let Some(i) = top.input_call {
-            self.out.input_calls[i].raised = matched && raised;
+        if let Some(i) = top
+            .input_call
+            .and_then(|i| i.checked_sub(self.out.input_base))
+            && let Some(call) = self.out.input_calls.get_mut(i)
+        {
+            call.raised = matched && raised;
         }
         if p_is(top.phase, Phase::Optimizer) {
             self.optimizer_depth -= 1;
             if top.outer_optimizer && matched {
                 self.out.optimizer_exits.push(end);
+                self.out.n_optimizer_exits += 1;
             }
             if self.optimizer_depth == 0 {
                 self.forward_from = Some(end);
@@ -352,14 +419,17 @@ impl ThreadFold {
                 self.sync_depth -= 1;
                 if top.outer_sync && matched {
                     self.out.sync_exits.push((api, end));
+                    *self.out.sync_api_counts.entry(api).or_default() += 1;
                 }
             }
             if api.is_copy() {
                 self.copy_depth -= 1;
             }
         }
-        if let Some(i) = top.copy {
-            self.out.copies[i].end = Some(end.max(top.start));
+        if let Some(i) = top.copy.and_then(|i| i.checked_sub(self.out.copies_base))
+            && let Some(c) = self.out.copies.get_mut(i)
+        {
+            c.end = Some(end.max(top.start));
         }
     }
 

@@ -1,7 +1,6 @@
 //! The training thread's exclusive phase timeline (precedence sweep over its phase intervals) and
 //! the step boundaries cut from its DataLoader calls or its optimizer / sync exits.
 use super::Phase;
-use super::thread::InputCall;
 
 /// Precedence, highest first: at each instant the first phase with an open interval wins;
 /// nothing open is [`Phase::Residual`]. The order is the nesting order of the markers, so the
@@ -97,49 +96,7 @@ pub(crate) struct Cut {
     pub partial: u32,
 }
 
-/// Step i = [entry of call i, entry of call i+1); a call that raised (StopIteration) ends the
-/// current step at its entry and starts none. `first_ts` is the thread's first event: anything
-/// before the first call is a step cut by the attach point.
-pub(crate) fn dataloader_steps(calls: &[InputCall], first_ts: u64) -> Cut {
-    let mut cut = Cut::default();
-    if calls.first().is_some_and(|c| c.ts > first_ts) {
-        cut.partial += 1;
-    }
-    let mut open: Option<u64> = None;
-    for c in calls {
-        if let Some(s) = open.take() {
-            push_step(&mut cut, s, c.ts);
-        }
-        if !c.raised {
-            open = Some(c.ts);
-        }
-    }
-    if open.is_some() {
-        cut.partial += 1;
-    }
-    cut
-}
-
-/// Steps between consecutive exits: [exit i, exit i+1). Events before the first exit or after
-/// the last one (`first_ts`/`last_ts` of the thread) are partial steps.
-pub(crate) fn exit_steps(exits: &[u64], first_ts: u64, last_ts: u64) -> Cut {
-    let mut cut = Cut::default();
-    let (Some(&first), Some(&last)) = (exits.first(), exits.last()) else {
-        return cut;
-    };
-    if first > first_ts {
-        cut.partial += 1;
-    }
-    for w in exits.windows(2) {
-        push_step(&mut cut, w[0], w[1]);
-    }
-    if last_ts > last {
-        cut.partial += 1;
-    }
-    cut
-}
-
-fn push_step(cut: &mut Cut, start: u64, end: u64) {
+pub(crate) fn push_step(cut: &mut Cut, start: u64, end: u64) {
     if end > start {
         cut.steps.push((start, end));
     } else {

@@ -1,0 +1,717 @@
+//! The HTML report (`final_report.html`): one self-contained page with the verdict card, step
+//! time, phase shares and memory over the run as inline SVG ([`super::svg`]), the code inside the
+//! residual (and the primary finding's phase), data quality and the daemon's own cost.
+//!
+//! Self-contained: inline CSS, inline SVG, no script, no external resource, and a
+//! Content-Security-Policy that forbids loading any (`default-src 'none'`), so opening it makes no
+//! network request. Every string reaches the page through [`crate::sanitize::html`]: names from
+//! the target (functions, files, comm, command line, library paths, probe failures) are hostile
+//! input. The page is a `format!`-built string rather than a template engine: it has one layout
+//! and no loops a template would make clearer, and a dependency-free writer keeps the report
+//! byte-for-byte reproducible from the summary.
+use std::fmt::Write as _;
+use std::io::{self, Write};
+
+use super::svg::{self, Axis, Band, Frame, Series};
+use crate::engine::Phase;
+use crate::sanitize::html;
+use crate::summary::{Severity, Summary};
+use crate::units::{bytes_bin, duration, ms, pct};
+
+/// One color per phase, in [`Phase::ALL`] order.
+pub const PHASE_COLORS: [&str; 7] = [
+    "#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b", "#b279a2", "#9d9d9d",
+];
+/// Most bars in the phase-share chart (windows of consecutive sampled steps).
+pub const SHARE_WINDOWS: usize = 80;
+
+const CSS: &str = "\
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#1d2330;\
+background:#f5f6f8;margin:0;padding:24px}\
+main{max-width:960px;margin:0 auto}\
+h1{font-size:18px;margin:0 0 4px}h2{font-size:15px;margin:28px 0 8px}\
+.meta{color:#5b6473;font-size:13px;word-break:break-all}\
+.card{background:#fff;border-radius:6px;padding:16px 20px;margin:16px 0;\
+border-left:6px solid #54a24b;box-shadow:0 1px 2px rgba(0,0,0,.08)}\
+.card.warning{border-left-color:#f2a900}.card.critical{border-left-color:#d62728}\
+.verdict{font-size:22px;font-weight:700;letter-spacing:.02em}\
+.sev{font-size:13px;color:#5b6473;margin-left:10px}\
+.card dl{display:grid;grid-template-columns:56px 1fr;gap:6px 12px;margin:12px 0 0}\
+.card dt{font-weight:600;color:#5b6473}.card dd{margin:0}\
+table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}\
+th,td{padding:4px 8px;text-align:left;border-bottom:1px solid #e6e8ec;vertical-align:top}\
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+.bar{display:inline-block;height:10px;border-radius:2px}\
+.chart{width:100%;height:auto;background:#fff;border-radius:6px}\
+.chart .grid{stroke:#e6e8ec}.chart .axis{stroke:#9aa1ad}\
+.chart text{font-size:11px;fill:#5b6473}.chart .label{font-size:12px;fill:#1d2330}\
+.note{color:#5b6473;font-size:13px}code{font-size:12px;word-break:break-all}\
+footer{color:#8a919c;font-size:12px;margin:32px 0 0}";
+
+/// Writes the report.
+pub fn render_html(s: &Summary, w: &mut impl Write) -> io::Result<()> {
+    w.write_all(to_html(s).as_bytes())
+}
+
+/// The report as a string.
+pub fn to_html(s: &Summary) -> String {
+    let d = &s.primary_diagnosis;
+    let mut out = String::with_capacity(64 * 1024);
+    let title = format!(
+        "traceml-daemon · {} · {}",
+        d.kind.headline(),
+        s.target.comm.as_deref().unwrap_or("run")
+    );
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{}</title><style>{CSS}</style></head><body><main>\n",
+        html(&title)
+    );
+    header(s, &mut out);
+    verdict(s, &mut out);
+    timing(s, &mut out);
+    charts(s, &mut out);
+    code(s, &mut out);
+    findings(s, &mut out);
+    system(s, &mut out);
+    data_quality(s, &mut out);
+    overhead(s, &mut out);
+    let _ = write!(
+        out,
+        "<footer>Written by traceml-daemon {} from final_summary.json (schema {}). \
+         Self-contained: no script, no network resource.</footer>\n</main></body></html>\n",
+        html(s.daemon_version.as_deref().unwrap_or("(unknown version)")),
+        s.schema_version
+    );
+    out
+}
+
+fn header(s: &Summary, out: &mut String) {
+    let t = &s.target;
+    let mut first = vec!["traceml-daemon".to_owned()];
+    if let Some(pid) = t.pid {
+        first.push(format!("pid {pid}"));
+    }
+    if let Some(c) = &t.comm {
+        first.push(c.clone());
+    }
+    let _ = write!(out, "<h1>{}</h1>", html(&first.join(" · ")));
+    if !t.cmdline.is_empty() {
+        let _ = write!(
+            out,
+            "<div class=\"meta\"><code>{}</code></div>",
+            html(&t.cmdline.join(" "))
+        );
+    }
+    let mut meta = Vec::new();
+    if let Some(py) = &t.python {
+        meta.push(format!("Python {py}"));
+    }
+    if let Some(h) = &t.hostname {
+        meta.push(format!("host {h}"));
+    }
+    let boundary = s
+        .steps
+        .boundary
+        .map(|b| format!(" (boundary {})", crate::summary::boundary_name(b)))
+        .unwrap_or_default();
+    meta.push(format!("{} steps{boundary}", s.steps.count));
+    if let Some(d) = s.run.duration_s {
+        meta.push(format!("attached {}", duration(d)));
+    }
+    meta.push(format!("ended: {}", super::end_reason(s)));
+    let _ = write!(
+        out,
+        "<div class=\"meta\">{}</div>\n",
+        html(&meta.join(" · "))
+    );
+}
+
+fn severity_class(sev: Severity) -> &'static str {
+    match sev {
+        Severity::Critical => "critical",
+        Severity::Warning => "warning",
+        Severity::Info => "info",
+    }
+}
+
+fn verdict(s: &Summary, out: &mut String) {
+    let d = &s.primary_diagnosis;
+    let _ = write!(
+        out,
+        "<section id=\"verdict\" class=\"card {}\"><span class=\"verdict\">{}</span>\
+         <span class=\"sev\">{} · confidence {}</span><dl><dt>Why</dt><dd>{}</dd>\
+         <dt>Next</dt><dd>{}</dd></dl></section>\n",
+        severity_class(d.severity),
+        html(&d.kind.headline()),
+        d.severity.as_str(),
+        d.confidence.as_str(),
+        html(&d.why),
+        html(&d.next)
+    );
+}
+
+fn timing(s: &Summary, out: &mut String) {
+    out.push_str(
+        "<h2>Step timing</h2><table id=\"timing\"><tr><th></th><th class=\"n\">median</th>\
+         <th class=\"n\">mean</th><th class=\"n\">share</th><th></th></tr>",
+    );
+    let p90 = s
+        .step_ms
+        .p90
+        .map(|v| format!("p90 {}", ms(Some(v))))
+        .unwrap_or_default();
+    let _ = write!(
+        out,
+        "<tr><th>step</th><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+        ms(s.step_ms.median),
+        ms(s.step_ms.mean),
+        if s.step_ms.median.is_some() {
+            "100%"
+        } else {
+            "—"
+        },
+        html(&p90)
+    );
+    for (i, phase) in Phase::ALL.into_iter().enumerate() {
+        let st = &s.phases[phase];
+        let cause = if s.primary_diagnosis.phase == Some(phase) {
+            " ◀ cause"
+        } else {
+            ""
+        };
+        let bar = st
+            .share
+            .map(|sh| {
+                format!(
+                    "<span class=\"bar\" style=\"width:{:.1}px;background:{}\"></span>",
+                    (sh * 240.0).clamp(0.0, 240.0),
+                    PHASE_COLORS[i]
+                )
+            })
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            "<tr><td>{}{cause}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{bar}</td></tr>",
+            phase.name(),
+            ms(st.median_ms),
+            ms(st.mean_ms),
+            st.share.map(pct).unwrap_or_else(|| "—".to_owned())
+        );
+    }
+    out.push_str("</table>\n");
+    if let Some(cuda) = super::cuda_text(s) {
+        let _ = write!(out, "<p class=\"note\">CUDA: {}</p>\n", html(&cuda));
+    }
+}
+
+fn charts(s: &Summary, out: &mut String) {
+    let ss = &s.step_samples;
+    let n = ss.step_ms.len();
+    let stride = f64::from(ss.stride.max(1));
+    out.push_str("<h2>Step time over the run</h2>");
+    if n == 0 {
+        out.push_str("<p class=\"note\">No complete steps: nothing to chart.</p>\n");
+    } else {
+        let x_max = ((n - 1) as f64 * stride).max(1.0);
+        let mut series = vec![Series {
+            name: "step",
+            color: "#4c78a8",
+            points: ss
+                .step_ms
+                .iter()
+                .enumerate()
+                .map(|(k, &v)| (k as f64 * stride, Some(v)))
+                .collect(),
+            dashed: false,
+        }];
+        if let Some(m) = s.step_ms.median {
+            series.push(Series {
+                name: "median",
+                color: "#1d2330",
+                points: vec![(0.0, Some(m)), (x_max, Some(m))],
+                dashed: true,
+            });
+        }
+        let ms_fmt = |v: f64| format!("{v:.0}");
+        let step_fmt = |v: f64| format!("{v:.0}");
+        out.push_str(&svg::line_chart(
+            &Frame {
+                id: "chart-step-time",
+                title: "Step time over the run",
+                x: Axis {
+                    label: "step",
+                    fmt: &step_fmt,
+                },
+                y: Axis {
+                    label: "ms",
+                    fmt: &ms_fmt,
+                },
+                x_max,
+            },
+            &series,
+        ));
+        if ss.stride > 1 {
+            let _ = write!(
+                out,
+                "<p class=\"note\">Every {}th of {} steps.</p>",
+                ss.stride, s.steps.count
+            );
+        }
+        out.push('\n');
+        out.push_str("<h2>Phase shares over the run</h2>");
+        out.push_str(&phase_shares(s));
+        out.push('\n');
+    }
+    out.push_str("<h2>Memory over the run</h2>");
+    out.push_str(&memory(s));
+    out.push('\n');
+}
+
+/// Stacked bars of each phase's share of step time, per window of consecutive sampled steps.
+fn phase_shares(s: &Summary) -> String {
+    let ss = &s.step_samples;
+    let n = ss.step_ms.len();
+    let stride = f64::from(ss.stride.max(1));
+    let windows = n.min(SHARE_WINDOWS).max(1);
+    let mut bars = Vec::with_capacity(windows);
+    for wi in 0..windows {
+        let (a, b) = (wi * n / windows, (wi + 1) * n / windows);
+        if a == b {
+            continue;
+        }
+        let sums: Vec<f64> = Phase::ALL
+            .iter()
+            .map(|&p| {
+                ss.phase_ms[p]
+                    .get(a..b)
+                    .map_or(0.0, |v| v.iter().filter(|x| x.is_finite()).sum())
+            })
+            .collect();
+        let total: f64 = sums.iter().sum();
+        if total <= 0.0 {
+            continue;
+        }
+        let shares = sums.iter().map(|v| 100.0 * v / total).collect();
+        bars.push((a as f64 * stride, b as f64 * stride, shares));
+    }
+    let bands: Vec<Band> = Phase::ALL
+        .iter()
+        .zip(PHASE_COLORS)
+        .map(|(p, c)| Band {
+            name: p.name(),
+            color: c,
+        })
+        .collect();
+    let pct_fmt = |v: f64| format!("{v:.0}%");
+    let step_fmt = |v: f64| format!("{v:.0}");
+    svg::stacked_bars(
+        &Frame {
+            id: "chart-phase-shares",
+            title: "Phase shares over the run",
+            x: Axis {
+                label: "step",
+                fmt: &step_fmt,
+            },
+            y: Axis {
+                label: "share of step time",
+                fmt: &pct_fmt,
+            },
+            x_max: (n as f64 * stride).max(1.0),
+        },
+        &bands,
+        &bars,
+        100.0,
+    )
+}
+
+fn memory(s: &Summary) -> String {
+    let Some(m) = &s.memory.series else {
+        return "<p class=\"note\">Memory was not sampled (or the summary predates the memory \
+                series).</p>"
+            .to_owned();
+    };
+    let top = m
+        .rss_bytes
+        .iter()
+        .chain(&m.gpu_process_mem_bytes)
+        .flatten()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    let (unit, div) = if top >= 1 << 30 {
+        ("GiB", (1u64 << 30) as f64)
+    } else {
+        ("MiB", (1u64 << 20) as f64)
+    };
+    let line = |v: &[Option<u64>]| -> Vec<(f64, Option<f64>)> {
+        m.t_s
+            .iter()
+            .zip(v)
+            .map(|(&t, b)| (t, b.map(|b| b as f64 / div)))
+            .collect()
+    };
+    let mut series = vec![Series {
+        name: "host RSS",
+        color: "#4c78a8",
+        points: line(&m.rss_bytes),
+        dashed: false,
+    }];
+    if m.gpu_process_mem_bytes.iter().any(Option::is_some) {
+        series.push(Series {
+            name: "GPU memory",
+            color: "#e45756",
+            points: line(&m.gpu_process_mem_bytes),
+            dashed: false,
+        });
+    }
+    let y_fmt = |v: f64| format!("{v:.1}");
+    let x_fmt = |v: f64| format!("{v:.0}");
+    let y_label = format!("{unit} (target process)");
+    let mut out = svg::line_chart(
+        &Frame {
+            id: "chart-memory",
+            title: "Memory over the run",
+            x: Axis {
+                label: "seconds since attach",
+                fmt: &x_fmt,
+            },
+            y: Axis {
+                label: &y_label,
+                fmt: &y_fmt,
+            },
+            x_max: m.t_s.last().copied().unwrap_or(1.0),
+        },
+        &series,
+    );
+    if s.gpu.is_none() {
+        out.push_str("<p class=\"note\">GPU metrics unavailable.</p>");
+    }
+    out
+}
+
+/// The functions inside the residual (and the primary finding's phase), from stack samples.
+fn code(s: &Summary, out: &mut String) {
+    let mut phases = vec![Phase::Residual];
+    if let Some(p) = s.primary_diagnosis.phase
+        && p != Phase::Residual
+    {
+        phases.insert(0, p);
+    }
+    out.push_str("<h2>Code inside the phases</h2>");
+    let rows: Vec<(Phase, &crate::profile::TopFunction)> = phases
+        .iter()
+        .flat_map(|&p| s.phases[p].top_functions.iter().map(move |t| (p, t)))
+        .collect();
+    if rows.is_empty() {
+        out.push_str(
+            "<p class=\"note\" id=\"top-functions\">No Python stack samples: the functions \
+             inside the residual are not known (sampling off, or too few samples).</p>\n",
+        );
+        return;
+    }
+    out.push_str(
+        "<table id=\"top-functions\"><tr><th>phase</th><th>function</th><th>file</th>\
+         <th class=\"n\">share of phase samples</th><th class=\"n\">samples</th></tr>",
+    );
+    for (p, t) in rows {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td><code>{}</code></td><td><code>{}:{}</code></td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            p.name(),
+            html(&t.function),
+            html(&t.file),
+            t.line,
+            pct(t.share),
+            t.samples
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+fn findings(s: &Summary, out: &mut String) {
+    let primary = &s.primary_diagnosis;
+    let others: Vec<_> = s
+        .findings
+        .iter()
+        .filter(|f| !(f.kind == primary.kind && f.phase == primary.phase))
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    out.push_str("<h2>Other findings</h2>");
+    for f in others {
+        let _ = write!(
+            out,
+            "<section class=\"card {}\"><b>{}</b><span class=\"sev\">{}</span><dl>\
+             <dt>Why</dt><dd>{}</dd><dt>Next</dt><dd>{}</dd></dl></section>",
+            severity_class(f.severity),
+            html(&f.kind.headline()),
+            f.severity.as_str(),
+            html(&f.why),
+            html(&f.next)
+        );
+    }
+    out.push('\n');
+}
+
+fn system(s: &Summary, out: &mut String) {
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    let opt_pct = |x: Option<f64>| x.map_or("—".to_owned(), |v| format!("{v:.0}%"));
+    rows.push((
+        "system",
+        format!(
+            "CPU {} mean, {} peak{}",
+            opt_pct(s.system.cpu_pct_mean),
+            opt_pct(s.system.cpu_pct_max),
+            s.system
+                .num_cpus
+                .map(|n| format!(" · {n} CPUs"))
+                .unwrap_or_default()
+        ),
+    ));
+    let mut process = format!(
+        "CPU {} of one core",
+        opt_pct(s.process.cpu_pct_one_core_mean)
+    );
+    if let Some(m) = s.process.rss_bytes_max {
+        process.push_str(&format!(" · RSS peak {}", bytes_bin(m)));
+    }
+    rows.push(("process", process));
+    rows.push((
+        "workers",
+        match (s.workers.count, s.workers.cpu_pct_one_core_mean) {
+            (None, _) => "not sampled".to_owned(),
+            (Some(0), _) => "none (data loading on the training process)".to_owned(),
+            (Some(n), Some(c)) => format!("{n} · {c:.0}% of one core each"),
+            (Some(n), None) => format!("{n} · CPU not measured"),
+        },
+    ));
+    match &s.gpu {
+        None => rows.push(("GPU", "GPU metrics unavailable".to_owned())),
+        Some(g) => {
+            for d in &g.devices {
+                let mut parts = vec![d.name.clone().unwrap_or_else(|| "unknown GPU".into())];
+                parts.push(format!("util {}", opt_pct(d.util_pct_mean)));
+                if let (Some(u), Some(t)) = (d.mem_used_bytes_max, d.mem_total_bytes) {
+                    parts.push(format!("memory {} of {}", bytes_bin(u), bytes_bin(t)));
+                }
+                rows.push(("GPU", parts.join(" · ")));
+            }
+        }
+    }
+    out.push_str("<h2>System and process</h2><table id=\"system\">");
+    for (k, v) in rows {
+        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", html(&v));
+    }
+    out.push_str("</table>\n");
+}
+
+fn data_quality(s: &Summary, out: &mut String) {
+    let q = &s.data_quality;
+    let lost = match (&q.events_lost, q.lost_ratio) {
+        (Some(l), Some(r)) if l.total + l.seq_gaps > 0 => {
+            format!("{} lost ({})", l.total + l.seq_gaps, pct(r))
+        }
+        (Some(_), _) => "0 lost".to_owned(),
+        (None, _) => "loss unknown".to_owned(),
+    };
+    let mut rows: Vec<(&str, String)> = vec![
+        ("confidence", q.confidence.as_str().to_owned()),
+        ("events", format!("{} recorded, {lost}", q.events_recorded)),
+        (
+            "engine",
+            format!(
+                "unmatched {} · reordered {} · partial steps dropped {}",
+                q.unmatched_events, q.reordered_events, q.partial_steps_dropped
+            ),
+        ),
+        ("samples", q.samples.to_string()),
+        (
+            "CUDA libraries",
+            if q.cuda_libraries.is_empty() {
+                "none".to_owned()
+            } else {
+                q.cuda_libraries.join(", ")
+            },
+        ),
+    ];
+    for f in &q.probes_failed {
+        rows.push((
+            "probe not attached",
+            format!("{} in {}: {}", f.probe, f.file, f.reason),
+        ));
+    }
+    for n in &q.notes {
+        rows.push(("note", n.clone()));
+    }
+    out.push_str("<h2>Data quality</h2><table id=\"data-quality\">");
+    for (k, v) in rows {
+        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", html(&v));
+    }
+    out.push_str("</table>\n");
+}
+
+fn overhead(s: &Summary, out: &mut String) {
+    out.push_str("<h2>Daemon cost</h2>");
+    let Some(o) = &s.daemon_overhead else {
+        out.push_str(
+            "<p class=\"note\" id=\"daemon-cost\">Not in this summary (a stream recorded \
+             before the daemon counted its probe hits).</p>\n",
+        );
+        return;
+    };
+    let f2 = |x: Option<f64>, unit: &str| x.map_or("—".to_owned(), |v| format!("{v:.2}{unit}"));
+    let mut rows: Vec<(&str, String)> = vec![
+        (
+            "steady (since the last probe-set change)",
+            format!(
+                "{} per step · {} of step",
+                f2(o.steady_us_per_step, " µs"),
+                f2(o.steady_pct_of_step, "%")
+            ),
+        ),
+        (
+            "whole run",
+            format!(
+                "{} per step · {} of step",
+                f2(o.estimated_us_per_step, " µs"),
+                f2(o.estimated_pct_of_step, "%")
+            ),
+        ),
+        ("budget", f2(o.budget_pct, "% of step")),
+    ];
+    for p in &o.probe_sets {
+        rows.push((
+            "probe set",
+            format!(
+                "at {:.1} s: {}{} — {}",
+                p.at_s,
+                if p.python {
+                    "every probe (frame evaluator included)"
+                } else {
+                    "torch markers + CUDA probes"
+                },
+                if p.launch_events {
+                    ""
+                } else {
+                    ", launches counted only"
+                },
+                p.reason
+            ),
+        ));
+    }
+    out.push_str("<table id=\"daemon-cost\">");
+    for (k, v) in rows {
+        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", html(&v));
+    }
+    out.push_str(
+        "</table><p class=\"note\">An estimate: probe hits × measured per-hit cost \
+         (docs/overhead.md), not a measurement of the target.</p>\n",
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures::{self, Scenario};
+    use crate::profile::TopFunction;
+
+    fn report(s: &Summary) -> String {
+        let mut v = Vec::new();
+        render_html(s, &mut v).unwrap();
+        String::from_utf8(v).unwrap()
+    }
+
+    fn no_remote(h: &str) {
+        for bad in [
+            "http://", "https://", "<script", "<link", "<img", "<iframe", " src=\"", " href=\"",
+            "@import", "url(",
+        ] {
+            assert!(!h.contains(bad), "report holds {bad}");
+        }
+    }
+
+    #[test]
+    fn report_holds_the_verdict_and_the_charts() {
+        let s = fixtures::summary(&fixtures::input_bound());
+        let h = report(&s);
+        assert!(h.starts_with("<!DOCTYPE html>"));
+        assert!(h.trim_end().ends_with("</html>"));
+        assert!(
+            h.contains("<span class=\"verdict\">INPUT-BOUND</span>"),
+            "{h:.2000}"
+        );
+        assert!(h.contains(&html(&s.primary_diagnosis.why)));
+        for id in ["chart-step-time", "chart-phase-shares", "chart-memory"] {
+            assert!(h.contains(&format!("<svg id=\"{id}\"")), "{id}");
+        }
+        assert_eq!(h.matches("<svg").count(), h.matches("</svg>").count());
+        assert!(h.contains("class=\"bar\""));
+        assert!(h.contains("id=\"data-quality\""));
+        no_remote(&h);
+    }
+
+    #[test]
+    fn target_strings_are_escaped() {
+        let mut s = fixtures::summary(&fixtures::input_bound());
+        let evil = "<img src=x onerror=alert(1)>\"'&\x1b[2J";
+        s.target.comm = Some(evil.into());
+        s.target.cmdline = vec!["python".into(), evil.into()];
+        s.data_quality.cuda_libraries = vec![format!("/lib/{evil}.so")];
+        s.data_quality.probes_failed = vec![crate::summary::ProbeFailed {
+            probe: evil.into(),
+            file: evil.into(),
+            reason: evil.into(),
+        }];
+        s.phases.residual.top_functions = vec![TopFunction {
+            function: format!("Trainer.<locals>.{evil}"),
+            file: format!("/src/{evil}.py"),
+            line: 7,
+            share: 0.5,
+            samples: 12,
+        }];
+        let h = report(&s);
+        assert!(!h.contains("<img"), "unescaped markup");
+        assert!(!h.contains('\x1b'));
+        assert!(h.contains("&lt;img src=x onerror=alert(1)&gt;&quot;&#39;&amp;\\x1b[2J"));
+        assert!(h.contains("Trainer.&lt;locals&gt;."));
+        assert!(h.contains("id=\"top-functions\""));
+        no_remote(&h);
+    }
+
+    #[test]
+    fn empty_and_cpu_only_runs_render() {
+        let empty = crate::analysis::summarize(&Default::default(), &[]);
+        let h = report(&empty);
+        assert!(h.contains("INSUFFICIENT-DATA"));
+        assert!(h.contains("No complete steps"));
+        assert!(!h.contains("<svg id=\"chart-step-time\""));
+        no_remote(&h);
+        let cpu = fixtures::summary(&Scenario {
+            gpu: false,
+            cuda: false,
+            ..Scenario::default()
+        });
+        let h = report(&cpu);
+        assert!(h.contains("GPU metrics unavailable"));
+        assert!(h.contains("<svg id=\"chart-memory\""));
+        assert!(!h.contains("GPU memory</text>"), "no GPU line without NVML");
+    }
+
+    #[test]
+    fn long_runs_stay_small() {
+        let s = fixtures::summary(&Scenario {
+            steps: 5000,
+            ..Scenario::default()
+        });
+        let h = report(&s);
+        assert!(h.len() < 120_000, "{} bytes", h.len());
+        assert!(h.contains("Every 5th of 5000 steps"));
+        assert!(h.matches("<rect class=\"bar\"").count() <= SHARE_WINDOWS * 7);
+    }
+}

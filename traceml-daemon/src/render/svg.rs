@@ -1,0 +1,292 @@
+//! Inline SVG charts for the HTML report: a line chart and a stacked-bar chart with linear axes,
+//! "nice" ticks and a legend, written as text.
+//!
+//! Written by hand rather than with a charting crate: the report needs two chart kinds, and a
+//! hundred lines of SVG text give byte-for-byte deterministic output with no font, raster or
+//! template dependency, and every label passes through one escaping function
+//! ([`crate::sanitize::html`]). `plotters`' SVG backend would work too, but brings its font and
+//! layout machinery for two charts.
+use std::fmt::Write as _;
+
+use crate::sanitize::html;
+
+/// Drawing area and margins, in SVG user units (CSS pixels at 100 %).
+const W: f64 = 900.0;
+const H: f64 = 260.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 16.0;
+const TOP: f64 = 30.0;
+const BOTTOM: f64 = 36.0;
+
+/// One line of a [`line_chart`].
+pub struct Series<'a> {
+    pub name: &'a str,
+    pub color: &'a str,
+    /// `(x, y)`; a `None` y breaks the line.
+    pub points: Vec<(f64, Option<f64>)>,
+    pub dashed: bool,
+}
+
+/// One band of a [`stacked_bars`] chart.
+pub struct Band<'a> {
+    pub name: &'a str,
+    pub color: &'a str,
+}
+
+/// Axis labels: the quantity and how to print a tick value.
+pub struct Axis<'a> {
+    pub label: &'a str,
+    pub fmt: &'a dyn Fn(f64) -> String,
+}
+
+/// What every chart has: its element id, title, axes and x range `[0, x_max]`.
+pub struct Frame<'a> {
+    pub id: &'a str,
+    pub title: &'a str,
+    pub x: Axis<'a>,
+    pub y: Axis<'a>,
+    pub x_max: f64,
+}
+
+/// Ticks at 1, 2 or 5 × 10^k covering `[lo, hi]`, about `n` of them.
+pub fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    if !(lo.is_finite() && hi.is_finite()) || hi <= lo {
+        return vec![lo];
+    }
+    let raw = (hi - lo) / n.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    let first = (lo / step).ceil() * step;
+    (0..)
+        .map(|i| first + i as f64 * step)
+        .take_while(|t| *t <= hi + step * 1e-9)
+        .collect()
+}
+
+/// A line chart of `series` over `[0, x_max]` × `[0, y_max]` (the y range rounded up to a tick).
+pub fn line_chart(f: &Frame, series: &[Series]) -> String {
+    let y_top = series
+        .iter()
+        .flat_map(|s| s.points.iter().filter_map(|p| p.1))
+        .fold(0.0f64, f64::max);
+    let y_ticks = ticks(0.0, nice_top(y_top), 5);
+    let y_max = y_ticks
+        .last()
+        .copied()
+        .unwrap_or(1.0)
+        .max(f64::MIN_POSITIVE);
+    let x_max = if f.x_max > 0.0 { f.x_max } else { 1.0 };
+    let mut out = open(f.id, f.title);
+    grid(&mut out, &f.x, &f.y, x_max, y_max, &y_ticks);
+    for s in series {
+        let mut d = String::new();
+        let mut pen_down = false;
+        for &(px, py) in &s.points {
+            match py {
+                Some(py) => {
+                    let (sx, sy) = (sx(px, x_max), sy(py, y_max));
+                    let _ = write!(d, "{}{sx:.1},{sy:.1}", if pen_down { "L" } else { "M" });
+                    pen_down = true;
+                }
+                None => pen_down = false,
+            }
+        }
+        let dash = if s.dashed {
+            " stroke-dasharray=\"6 4\""
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "<path class=\"series\" d=\"{d}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{dash}><title>{}</title></path>",
+            s.color,
+            html(s.name)
+        );
+    }
+    let legend: Vec<(&str, &str)> = series.iter().map(|s| (s.name, s.color)).collect();
+    close(out, &legend)
+}
+
+/// Stacked bars: one bar per `(x_start, x_end, values)` with `values` aligned with `bands`,
+/// stacked bottom-up, over `[0, x_max]` × `[0, y_max]`.
+pub fn stacked_bars(
+    f: &Frame,
+    bands: &[Band],
+    bars: &[(f64, f64, Vec<f64>)],
+    y_max: f64,
+) -> String {
+    let x_max = if f.x_max > 0.0 { f.x_max } else { 1.0 };
+    let y_ticks = ticks(0.0, y_max, 4);
+    let mut out = open(f.id, f.title);
+    grid(&mut out, &f.x, &f.y, x_max, y_max, &y_ticks);
+    for (x0, x1, values) in bars {
+        let (a, b) = (sx(*x0, x_max), sx(*x1, x_max));
+        let mut base = 0.0;
+        for (band, v) in bands.iter().zip(values) {
+            if *v <= 0.0 {
+                continue;
+            }
+            let (top, bottom) = (sy(base + v, y_max), sy(base, y_max));
+            let _ = write!(
+                out,
+                "<rect class=\"bar\" x=\"{a:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{} {}</title></rect>",
+                (b - a).max(0.5),
+                (bottom - top).max(0.0),
+                band.color,
+                html(band.name),
+                html(&(f.y.fmt)(*v))
+            );
+            base += v;
+        }
+    }
+    let legend: Vec<(&str, &str)> = bands.iter().map(|b| (b.name, b.color)).collect();
+    close(out, &legend)
+}
+
+/// `top` rounded up so the axis ends on a tick a little above the data.
+fn nice_top(top: f64) -> f64 {
+    if top <= 0.0 || !top.is_finite() {
+        return 1.0;
+    }
+    let t = ticks(0.0, top * 1.05, 5);
+    let step = if t.len() > 1 { t[1] - t[0] } else { top };
+    (top * 1.05 / step).ceil() * step
+}
+
+fn sx(x: f64, x_max: f64) -> f64 {
+    LEFT + (x / x_max).clamp(0.0, 1.0) * (W - LEFT - RIGHT)
+}
+
+fn sy(y: f64, y_max: f64) -> f64 {
+    H - BOTTOM - (y / y_max).clamp(0.0, 1.0) * (H - TOP - BOTTOM)
+}
+
+fn open(id: &str, title: &str) -> String {
+    format!(
+        "<svg id=\"{}\" class=\"chart\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{t}\"><title>{t}</title>",
+        html(id),
+        t = html(title)
+    )
+}
+
+fn grid(out: &mut String, x: &Axis, y: &Axis, x_max: f64, y_max: f64, y_ticks: &[f64]) {
+    for &t in y_ticks {
+        let py = sy(t, y_max);
+        let _ = write!(
+            out,
+            "<line class=\"grid\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{py:.1}\" y2=\"{py:.1}\"/><text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            W - RIGHT,
+            LEFT - 6.0,
+            py + 4.0,
+            html(&(y.fmt)(t))
+        );
+    }
+    for t in ticks(0.0, x_max, 8) {
+        let px = sx(t, x_max);
+        let _ = write!(
+            out,
+            "<line class=\"axis\" x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text class=\"tick\" x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            H - BOTTOM,
+            H - BOTTOM + 4.0,
+            H - BOTTOM + 16.0,
+            html(&(x.fmt)(t))
+        );
+    }
+    let _ = write!(
+        out,
+        "<line class=\"axis\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{b:.1}\" y2=\"{b:.1}\"/><text class=\"label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text><text class=\"label\" x=\"{LEFT}\" y=\"{:.1}\">{}</text>",
+        W - RIGHT,
+        (LEFT + W - RIGHT) / 2.0,
+        H - 4.0,
+        html(x.label),
+        TOP - 12.0,
+        html(y.label),
+        b = H - BOTTOM,
+    );
+}
+
+fn close(mut out: String, legend: &[(&str, &str)]) -> String {
+    // The legend, right-aligned on the top margin.
+    let mut x = W - RIGHT;
+    for (name, color) in legend.iter().rev() {
+        let w = 16.0 + 7.0 * name.chars().count() as f64;
+        x -= w + 10.0;
+        let _ = write!(
+            out,
+            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text class=\"legend\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            TOP - 22.0,
+            x + 14.0,
+            TOP - 13.0,
+            html(name)
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nice_ticks() {
+        assert_eq!(ticks(0.0, 10.0, 5), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+        assert_eq!(ticks(0.0, 0.9, 3), vec![0.0, 0.5]);
+        assert_eq!(ticks(0.0, 0.0, 5), vec![0.0]);
+        assert_eq!(ticks(0.0, 157.0, 5), vec![0.0, 50.0, 100.0, 150.0]);
+        assert!(nice_top(157.0) >= 157.0 && nice_top(157.0) <= 200.0);
+    }
+
+    #[test]
+    fn charts_are_svg_with_escaped_labels() {
+        let fmt = |v: f64| format!("{v:.0}");
+        let frame = |id| Frame {
+            id,
+            title: "a & b",
+            x: Axis {
+                label: "step",
+                fmt: &fmt,
+            },
+            y: Axis {
+                label: "ms <b>",
+                fmt: &fmt,
+            },
+            x_max: 2.0,
+        };
+        let s = line_chart(
+            &frame("c1"),
+            &[Series {
+                name: "<script>",
+                color: "#123456",
+                points: vec![(0.0, Some(1.0)), (1.0, None), (2.0, Some(3.0))],
+                dashed: false,
+            }],
+        );
+        assert!(s.starts_with("<svg id=\"c1\"") && s.ends_with("</svg>"));
+        assert!(s.contains("a &amp; b") && s.contains("ms &lt;b&gt;"));
+        assert!(!s.contains("<script>") && s.contains("&lt;script&gt;"));
+        // The missing point breaks the line: two moves.
+        let d = s.split(" d=\"").nth(1).unwrap();
+        assert_eq!(d.split('"').next().unwrap().matches('M').count(), 2);
+        let b = stacked_bars(
+            &frame("c2"),
+            &[
+                Band {
+                    name: "a",
+                    color: "#111",
+                },
+                Band {
+                    name: "b",
+                    color: "#222",
+                },
+            ],
+            &[(0.0, 1.0, vec![0.25, 0.75]), (1.0, 2.0, vec![0.5, 0.5])],
+            1.0,
+        );
+        assert_eq!(b.matches("class=\"bar\"").count(), 4);
+    }
+}
