@@ -29,6 +29,7 @@ pub mod event;
 #[cfg(feature = "live")]
 pub mod live;
 pub mod overhead;
+pub mod procinfo;
 pub mod profile;
 pub mod record;
 pub mod render;

@@ -21,6 +21,7 @@ use crate::event::{
     ProbeSet, ProbeStats, StackSample, StreamItem, TargetInfo,
 };
 use crate::overhead::{Governor, GovernorConfig, Markers, Policy, Tick};
+use crate::procinfo;
 use crate::sampler::Sampler;
 use crate::sanitize::{self, terminal};
 
@@ -106,17 +107,12 @@ const CAP_BPF: u32 = 39;
 
 /// Checks everything that can be checked before touching the kernel.
 pub fn preflight(pid: u32) -> Result<(), LiveError> {
-    if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() || process_gone(pid, None) {
+    if pid == 0 || process_gone(pid, None) {
         return Err(LiveError::NoSuchProcess(pid));
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let eff = status
-            .lines()
-            .find_map(|l| l.strip_prefix("CapEff:"))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0);
+        let eff = procinfo::own_effective_caps().unwrap_or(0);
         let missing: Vec<&str> = [
             (CAP_BPF, "CAP_BPF"),
             (CAP_PERFMON, "CAP_PERFMON"),
@@ -151,19 +147,9 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The process's start time (field 22 of stat) and state, to tell exit and pid reuse apart.
-fn stat_start_state(pid: u32) -> Option<(u64, char)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    let start = fields.get(19)?.parse().ok()?;
-    Some((start, state))
-}
-
 /// True when the process is gone, a zombie, or another process now holds the pid.
 fn process_gone(pid: u32, start: Option<u64>) -> bool {
-    match stat_start_state(pid) {
+    match procinfo::start_state(pid) {
         None => true,
         Some((_, 'Z' | 'X' | 'x')) => true,
         Some((s, _)) => start.is_some_and(|st| st != s),
@@ -535,12 +521,6 @@ fn launch_totals(attacher: &Attacher) -> LaunchTotals {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
-}
-
 /// Attaches to `opts.pid` and streams until the run ends; every item goes to `sink`.
 pub async fn run(
     opts: &Options,
@@ -548,7 +528,7 @@ pub async fn run(
 ) -> Result<EndReason, LiveError> {
     preflight(opts.pid)?;
     let pid = opts.pid;
-    let start = stat_start_state(pid).map(|(s, _)| s);
+    let start = procinfo::start_state(pid).map(|(s, _)| s);
     let mappings = maps::read(pid).map_err(|_| LiveError::NoSuchProcess(pid))?;
     let py = python::find(pid, &mappings)?;
     tracing::info!(
@@ -610,10 +590,10 @@ pub async fn run(
     };
 
     // Chosen by the target: lossy UTF-8, bounded.
-    let comm = std::fs::read(format!("/proc/{pid}/comm"))
+    let comm = procinfo::comm(pid)
         .map(|b| sanitize::comm(&b))
         .unwrap_or_default();
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+    let cmdline = procinfo::cmdline(pid)
         .map(|b| sanitize::cmdline(&b))
         .unwrap_or_default();
     let mut run = Run {
@@ -659,8 +639,8 @@ pub async fn run(
         num_cpus: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1),
-        mem_total_bytes: None,
-        hostname: hostname(),
+        mem_total_bytes: procinfo::mem_total_bytes(),
+        hostname: procinfo::hostname(),
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         launch_count_only: !opts.launch_events,
         overhead_budget_pct: Some(opts.overhead_budget * 100.0),

@@ -313,7 +313,7 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     opts.stack_rate = args.stack_rate;
 
     live::preflight(pid).map_err(|e| Failure::new(e.exit_code() as u8, &e))?;
-    let comm = std::fs::read(format!("/proc/{pid}/comm"))
+    let comm = traceml_daemon::procinfo::comm(pid)
         .map(|b| traceml_daemon::sanitize::comm(&b))
         .unwrap_or_default();
     let now = std::time::SystemTime::now()

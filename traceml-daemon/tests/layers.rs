@@ -12,7 +12,8 @@ const LAYERS: &[&[&str]] = &[
     &["sample"],
     &["event"],
     // Readers of the target and the stream format.
-    &["procinfo", "classify", "record", "attach", "sampler"],
+    &["procinfo"],
+    &["classify", "record", "attach", "sampler"],
     // Events → steps and probe governance, then what code fills each phase.
     &["engine", "overhead"],
     &["profile"],

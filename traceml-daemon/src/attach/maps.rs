@@ -1,53 +1,17 @@
-//! Parsing `/proc/<pid>/maps`: which files the target maps, where, and which of them matter to us
-//! (the Python evaluator, CUDA runtime and driver, torch).
+//! The target's memory maps (read and parsed by [`crate::procinfo`]): which files it maps, where,
+//! and which of them matter to us (the Python evaluator, CUDA runtime and driver, torch).
 use std::path::{Path, PathBuf};
 
-/// One line of `/proc/<pid>/maps` that maps a file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mapping {
-    pub start: u64,
-    pub end: u64,
-    /// The permission field, e.g. `r-xp`.
-    pub perms: String,
-    /// Offset in the file of `start`.
-    pub offset: u64,
-    pub path: PathBuf,
-}
+pub use crate::procinfo::Mapping;
 
-/// Parses the text of a maps file; lines without a file path (anonymous, `[heap]`, ...) and
-/// deleted files are skipped.
+/// Parses the text of a maps file (see [`crate::procinfo::maps_from`]).
 pub fn parse(text: &str) -> Vec<Mapping> {
-    text.lines().filter_map(parse_line).collect()
+    crate::procinfo::maps_from(text.as_bytes())
 }
 
-fn parse_line(line: &str) -> Option<Mapping> {
-    let mut it = line.split_ascii_whitespace();
-    let range = it.next()?;
-    let perms = it.next()?;
-    let offset = it.next()?;
-    let _dev = it.next()?;
-    let _inode = it.next()?;
-    let path: Vec<&str> = it.collect();
-    let path = path.join(" ");
-    if !path.starts_with('/') || path.ends_with(" (deleted)") {
-        return None;
-    }
-    let (s, e) = range.split_once('-')?;
-    Some(Mapping {
-        start: u64::from_str_radix(s, 16).ok()?,
-        end: u64::from_str_radix(e, 16).ok()?,
-        perms: perms.to_owned(),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        path: PathBuf::from(path),
-    })
-}
-
-/// Reads and parses `/proc/<pid>/maps`. The target names its files: a path that is not UTF-8
-/// is read lossily (that file cannot be opened by its name then) instead of failing the read.
+/// Reads and parses `/proc/<pid>/maps` (see [`crate::procinfo::maps`]).
 pub fn read(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse(&String::from_utf8_lossy(&std::fs::read(format!(
-        "/proc/{pid}/maps"
-    ))?)))
+    crate::procinfo::maps(pid)
 }
 
 /// The distinct file paths, in first-mapped order.

@@ -1,8 +1,8 @@
 //! /proc sampling: system CPU and RAM, the target's CPU, RSS and threads, and the same for its
 //! child processes (DataLoader workers).
 use procfs::process::Stat;
-use procfs::{FromRead, Meminfo};
 
+use crate::procinfo::{self, Meminfo};
 use crate::sample::{ProcessSample, Sample, SystemSample};
 
 /// Raw /proc readings at one instant.
@@ -17,64 +17,25 @@ pub struct Snapshot {
 }
 
 pub fn ticks_per_second() -> u64 {
-    procfs::ticks_per_second()
+    procinfo::ticks_per_second()
 }
 
 pub fn page_size() -> u64 {
-    procfs::page_size()
+    procinfo::page_size()
 }
 
-/// Parses the first line of `/proc/stat` into (busy, total) ticks.
-pub fn parse_cpu_line(stat: &str) -> Option<(u64, u64)> {
-    let line = stat.lines().next()?;
-    let mut it = line.split_ascii_whitespace();
-    if it.next()? != "cpu" {
-        return None;
-    }
-    let v: Vec<u64> = it.filter_map(|x| x.parse().ok()).collect();
-    if v.len() < 4 {
-        return None;
-    }
-    // user nice system idle iowait irq softirq steal (guest is included in user)
-    let idle = v[3] + v.get(4).copied().unwrap_or(0);
-    let total: u64 = v.iter().take(8).sum();
-    Some((total - idle, total))
-}
-
-/// Children of `pid` (DataLoader workers are forked from the training process).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(
-                    s.split_ascii_whitespace()
-                        .filter_map(|c| c.parse::<u32>().ok()),
-                );
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
-fn read_stat(pid: u32) -> Option<Stat> {
-    Stat::from_read(std::fs::File::open(format!("/proc/{pid}/stat")).ok()?).ok()
-}
-
-/// Reads everything one sample needs. Missing pieces (a worker that just exited) are skipped.
+/// Reads everything one sample needs (through [`crate::procinfo`]). Missing pieces (a worker
+/// that just exited) are skipped.
 pub fn read_snapshot(pid: u32, ts: u64) -> Snapshot {
     Snapshot {
         ts,
-        cpu_busy_total: std::fs::read_to_string("/proc/stat")
-            .ok()
-            .and_then(|s| parse_cpu_line(&s)),
-        meminfo: std::fs::File::open("/proc/meminfo")
-            .ok()
-            .and_then(|f| Meminfo::from_read(f).ok()),
-        target: read_stat(pid),
-        children: children(pid).into_iter().filter_map(read_stat).collect(),
+        cpu_busy_total: procinfo::kernel_stats().map(|k| procinfo::cpu_busy_total(&k)),
+        meminfo: procinfo::meminfo(),
+        target: procinfo::stat(pid),
+        children: procinfo::children(pid)
+            .into_iter()
+            .filter_map(procinfo::stat)
+            .collect(),
     }
 }
 
@@ -144,6 +105,7 @@ pub fn to_sample(prev: &Snapshot, cur: &Snapshot, tps: u64, page: u64) -> Sample
 #[cfg(test)]
 mod tests {
     use super::*;
+    use procfs::FromRead as _;
 
     fn stat(pid: i32, utime: u64, stime: u64, threads: i64, rss: u64) -> Stat {
         // A real /proc/<pid>/stat line with the fields we use substituted.
@@ -153,13 +115,6 @@ mod tests {
              0 0 0 0 0 0 0 0"
         );
         Stat::from_read(line.as_bytes()).unwrap()
-    }
-
-    #[test]
-    fn cpu_line() {
-        let text = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n";
-        assert_eq!(parse_cpu_line(text), Some((150, 1000)));
-        assert_eq!(parse_cpu_line("intr 1 2"), None);
     }
 
     #[test]
