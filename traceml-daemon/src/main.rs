@@ -38,7 +38,8 @@ struct AttachArgs {
     /// Pid of the running training process to attach to.
     #[arg(long, short)]
     pid: Option<u32>,
-    /// Directory for final_summary.json/.txt [default: traceml-logs/<name>-<pid>-<time>/].
+    /// Directory for final_summary.json/.txt and final_report.html [default:
+    /// traceml-logs/<name>-<pid>-<time>/].
     #[arg(long, short)]
     output: Option<PathBuf>,
     /// Also write the decoded event stream to this file (replay it with `replay`).
@@ -112,6 +113,14 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Write the self-contained HTML report of a final_summary.json or a recording.
+    Report {
+        /// A final_summary.json, or a recording (--record FILE) to summarise first.
+        input: PathBuf,
+        /// The HTML file to write.
+        #[arg(long, short)]
+        output: PathBuf,
+    },
     /// Compare every job of two directory trees: jobs are the directories holding a
     /// final_summary.json, paired by their path under each root (docs/sweep.md).
     Sweep {
@@ -171,6 +180,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Some(Cmd::Replay { file, output }) => replay(&file, output, &cli.attach.common),
         Some(Cmd::Compare { a, b, format }) => run_compare(&a, &b, format, &cli.attach.common),
+        Some(Cmd::Report { input, output }) => run_report(&input, &output),
         Some(Cmd::Sweep {
             baseline,
             candidate,
@@ -243,20 +253,40 @@ fn write_outputs(summary: &Summary, dir: &Path, common: &Common) -> Result<(), F
     render::render_card(summary, &mut txt, false).context("rendering the card")?;
     std::fs::write(dir.join("final_summary.txt"), &txt)
         .with_context(|| format!("writing {}", dir.join("final_summary.txt").display()))?;
+    let report = dir.join("final_report.html");
+    std::fs::write(&report, render::to_html(summary))
+        .with_context(|| format!("writing {}", report.display()))?;
     if !common.quiet {
+        // On a terminal the card follows its width (80 to 100 columns); the file keeps 100.
         let mut out = std::io::stdout().lock();
-        if use_color(common.color) {
-            render::render_card(summary, &mut out, true).context("printing the card")?;
-        } else {
-            use std::io::Write;
-            out.write_all(&txt).context("printing the card")?;
-        }
+        render::render_card_width(summary, &mut out, use_color(common.color), card_width())
+            .context("printing the card")?;
     }
     eprintln!(
-        "traceml-daemon: summary written to {}",
-        dir.join("final_summary.json").display()
+        "traceml-daemon: summary written to {} (report: {})",
+        dir.join("final_summary.json").display(),
+        report.display()
     );
     Ok(())
+}
+
+/// Columns of the terminal on stdout; [`render::WIDTH`] when stdout is not a terminal (the
+/// card clamps it to 80–100).
+fn card_width() -> usize {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ only writes one `winsize` through the pointer, which points to `ws`;
+    // on a non-terminal it fails with ENOTTY and writes nothing.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    if rc == 0 && ws.ws_col > 0 {
+        usize::from(ws.ws_col)
+    } else {
+        render::WIDTH
+    }
 }
 
 /// Built without the `live` feature: no eBPF programs, no attach.
@@ -383,6 +413,22 @@ fn sanitize(s: &str) -> String {
 }
 
 fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, Failure> {
+    let summary = recorded_summary(file)?;
+    let dir = output.unwrap_or_else(|| {
+        let stem = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "replay".into());
+        PathBuf::from("traceml-logs").join(format!("replay-{}", sanitize(&stem)))
+    });
+    prepare_output(&dir)?;
+    write_outputs(&summary, &dir, common)?;
+    Ok(0)
+}
+
+/// The summary of a recorded run (a recording without its end record is summarised up to its
+/// last event, with a note).
+fn recorded_summary(file: &Path) -> Result<Summary, Failure> {
     let rec = record::read(file).map_err(|e| Failure::new(2, e))?;
     let mut items = rec.items;
     if !items.iter().any(|i| matches!(i, StreamItem::End(_))) {
@@ -403,16 +449,32 @@ fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, F
             reason: EndReason::Truncated,
         }));
     }
-    let dir = output.unwrap_or_else(|| {
-        let stem = file
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "replay".into());
-        PathBuf::from("traceml-logs").join(format!("replay-{}", sanitize(&stem)))
-    });
-    prepare_output(&dir)?;
-    let summary = analysis::analyze(&items);
-    write_outputs(&summary, &dir, common)?;
+    Ok(analysis::analyze(&items))
+}
+
+/// `report`: the HTML report of a summary or a recording (told apart by their first bytes: a
+/// recording is gzip or starts with its header line).
+fn run_report(input: &Path, output: &Path) -> Result<u8, Failure> {
+    let head = {
+        use std::io::Read;
+        let mut buf = [0u8; 64];
+        let n = std::fs::File::open(input)
+            .and_then(|mut f| f.read(&mut buf))
+            .map_err(|e| Failure::new(2, format!("cannot read {}: {e}", input.display())))?;
+        buf[..n].to_vec()
+    };
+    let is_recording = head.starts_with(&[0x1f, 0x8b])
+        || String::from_utf8_lossy(&head)
+            .trim_start()
+            .starts_with("{\"format\":\"traceml-recording\"");
+    let summary = if is_recording {
+        recorded_summary(input)?
+    } else {
+        read_summary(input)?
+    };
+    std::fs::write(output, render::to_html(&summary))
+        .map_err(|e| Failure::new(2, format!("cannot write {}: {e}", output.display())))?;
+    eprintln!("traceml-daemon: report written to {}", output.display());
     Ok(0)
 }
 

@@ -57,6 +57,18 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"))
     })?;
     step(
+        "Chromium (apt chromium; the HTML report's headless-browser test)",
+        || {
+            if Path::new("/usr/bin/chromium").exists() {
+                return Ok(());
+            }
+            run(Command::new("apt-get").arg("update"))?;
+            run(Command::new("apt-get")
+                .args(["install", "-y", "chromium"])
+                .env("DEBIAN_FRONTEND", "noninteractive"))
+        },
+    )?;
+    step(
         "nightly toolchain with rust-src (builds the eBPF crate)",
         || {
             if !output(Command::new("rustup").args(["toolchain", "list"])).contains("nightly") {

@@ -41,7 +41,7 @@ border-left:6px solid #54a24b;box-shadow:0 1px 2px rgba(0,0,0,.08)}\
 table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}\
 th,td{padding:4px 8px;text-align:left;border-bottom:1px solid #e6e8ec;vertical-align:top}\
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
-.bar{display:inline-block;height:10px;border-radius:2px}\
+span.bar{display:inline-block;height:10px;border-radius:2px}\
 .chart{width:100%;height:auto;background:#fff;border-radius:6px}\
 .chart .grid{stroke:#e6e8ec}.chart .axis{stroke:#9aa1ad}\
 .chart text{font-size:11px;fill:#5b6473}.chart .label{font-size:12px;fill:#1d2330}\
@@ -123,11 +123,7 @@ fn header(s: &Summary, out: &mut String) {
         meta.push(format!("attached {}", duration(d)));
     }
     meta.push(format!("ended: {}", super::end_reason(s)));
-    let _ = write!(
-        out,
-        "<div class=\"meta\">{}</div>\n",
-        html(&meta.join(" · "))
-    );
+    let _ = writeln!(out, "<div class=\"meta\">{}</div>", html(&meta.join(" · ")));
 }
 
 fn severity_class(sev: Severity) -> &'static str {
@@ -140,11 +136,11 @@ fn severity_class(sev: Severity) -> &'static str {
 
 fn verdict(s: &Summary, out: &mut String) {
     let d = &s.primary_diagnosis;
-    let _ = write!(
+    let _ = writeln!(
         out,
         "<section id=\"verdict\" class=\"card {}\"><span class=\"verdict\">{}</span>\
          <span class=\"sev\">{} · confidence {}</span><dl><dt>Why</dt><dd>{}</dd>\
-         <dt>Next</dt><dd>{}</dd></dl></section>\n",
+         <dt>Next</dt><dd>{}</dd></dl></section>",
         severity_class(d.severity),
         html(&d.kind.headline()),
         d.severity.as_str(),
@@ -204,7 +200,7 @@ fn timing(s: &Summary, out: &mut String) {
     }
     out.push_str("</table>\n");
     if let Some(cuda) = super::cuda_text(s) {
-        let _ = write!(out, "<p class=\"note\">CUDA: {}</p>\n", html(&cuda));
+        let _ = writeln!(out, "<p class=\"note\">CUDA: {}</p>", html(&cuda));
     }
 }
 
@@ -236,8 +232,8 @@ fn charts(s: &Summary, out: &mut String) {
                 dashed: true,
             });
         }
-        let ms_fmt = |v: f64| format!("{v:.0}");
-        let step_fmt = |v: f64| format!("{v:.0}");
+        let ms_fmt = svg::num;
+        let step_fmt = svg::num;
         out.push_str(&svg::line_chart(
             &Frame {
                 id: "chart-step-time",
@@ -276,7 +272,7 @@ fn phase_shares(s: &Summary) -> String {
     let ss = &s.step_samples;
     let n = ss.step_ms.len();
     let stride = f64::from(ss.stride.max(1));
-    let windows = n.min(SHARE_WINDOWS).max(1);
+    let windows = n.clamp(1, SHARE_WINDOWS);
     let mut bars = Vec::with_capacity(windows);
     for wi in 0..windows {
         let (a, b) = (wi * n / windows, (wi + 1) * n / windows);
@@ -306,8 +302,8 @@ fn phase_shares(s: &Summary) -> String {
             color: c,
         })
         .collect();
-    let pct_fmt = |v: f64| format!("{v:.0}%");
-    let step_fmt = |v: f64| format!("{v:.0}");
+    let pct_fmt = |v: f64| format!("{}%", svg::num(v));
+    let step_fmt = svg::num;
     svg::stacked_bars(
         &Frame {
             id: "chart-phase-shares",
@@ -368,8 +364,8 @@ fn memory(s: &Summary) -> String {
             dashed: false,
         });
     }
-    let y_fmt = |v: f64| format!("{v:.1}");
-    let x_fmt = |v: f64| format!("{v:.0}");
+    let y_fmt = svg::num;
+    let x_fmt = svg::num;
     let y_label = format!("{unit} (target process)");
     let mut out = svg::line_chart(
         &Frame {

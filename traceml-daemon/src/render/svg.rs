@@ -48,6 +48,17 @@ pub struct Frame<'a> {
     pub x_max: f64,
 }
 
+/// A tick value: at most 2 decimals, trailing zeros dropped ("0.25", "1.5", "40").
+pub fn num(v: f64) -> String {
+    let s = format!("{v:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_owned()
+    } else {
+        s.to_owned()
+    }
+}
+
 /// Ticks at 1, 2 or 5 × 10^k covering `[lo, hi]`, about `n` of them.
 pub fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     if !(lo.is_finite() && hi.is_finite()) || hi <= lo {
@@ -231,6 +242,15 @@ fn close(mut out: String, legend: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tick_numbers() {
+        assert_eq!(num(0.25), "0.25");
+        assert_eq!(num(1.5), "1.5");
+        assert_eq!(num(40.0), "40");
+        assert_eq!(num(0.0), "0");
+        assert_eq!(num(1e-9), "0");
+    }
 
     #[test]
     fn nice_ticks() {
