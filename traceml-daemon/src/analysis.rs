@@ -41,6 +41,8 @@ pub struct Collector {
     stats: Option<StreamItem>,
     lost: Option<StreamItem>,
     events: u64,
+    /// A probe-set change was seen; its first settled counter reading is kept.
+    await_settled: bool,
 }
 
 impl Default for Collector {
@@ -58,6 +60,7 @@ impl Collector {
             stats: None,
             lost: None,
             events: 0,
+            await_settled: false,
         }
     }
 
@@ -71,12 +74,21 @@ impl Collector {
             StreamItem::Sample(_) => self.samples.push(item.clone()),
             StreamItem::Lost(_) => self.lost = Some(item.clone()),
             // The cost estimate is linear in the counters' deltas: the reading before each
-            // probe-set change and the last one give the same sums as every reading.
-            StreamItem::ProbeStats(_) => self.stats = Some(item.clone()),
+            // probe-set change, the first settled one after it, and the last one give the same
+            // sums as every reading.
+            StreamItem::ProbeStats(s) => {
+                if self.await_settled && !s.switching {
+                    self.kept.push(item.clone());
+                    self.await_settled = false;
+                } else {
+                    self.stats = Some(item.clone());
+                }
+            }
             StreamItem::ProbeSet(_) => {
                 self.kept.extend(self.stats.take());
                 self.engine.push(item);
                 self.kept.push(item.clone());
+                self.await_settled = true;
             }
             _ => self.kept.push(item.clone()),
         }
@@ -85,6 +97,45 @@ impl Collector {
     /// Probe events seen so far.
     pub fn events(&self) -> u64 {
         self.events
+    }
+
+    /// The summary of the run so far, leaving the fold as it is (a copy of its bounded state).
+    pub fn snapshot(&self) -> Summary {
+        Collector {
+            engine: self.engine.clone(),
+            kept: self.kept.clone(),
+            samples: self.samples.clone(),
+            stats: self.stats.clone(),
+            lost: self.lost.clone(),
+            events: self.events,
+            await_settled: self.await_settled,
+        }
+        .finish()
+    }
+
+    /// An empty fold for a new window that knows what the run knows so far: the target, its
+    /// libraries, code classes, function names, the probe set in force and its counters.
+    pub fn fresh_window(&self) -> Collector {
+        let mut c = Collector::new();
+        c.engine = crate::engine::Engine::with_codes_of(&self.engine);
+        let last_set = self
+            .kept
+            .iter()
+            .rev()
+            .find(|i| matches!(i, StreamItem::ProbeSet(_)))
+            .cloned();
+        for i in &self.kept {
+            if !matches!(
+                i,
+                StreamItem::ProbeSet(_) | StreamItem::ProbeStats(_) | StreamItem::End(_)
+            ) {
+                c.kept.push(i.clone());
+            }
+        }
+        // The window's cost starts from the counters now, in the probe set in force.
+        c.kept.extend(self.stats.clone());
+        c.kept.extend(last_set);
+        c
     }
 
     pub fn finish(self) -> Summary {
@@ -193,26 +244,29 @@ fn daemon_overhead(
     items: &[StreamItem],
     target: Option<&TargetInfo>,
 ) -> Option<DaemonOverhead> {
-    use crate::event::{ProbeSet, ProbeStats};
-    let stats: Vec<ProbeStats> = items
+    use crate::overhead::Observation;
+    let seq: Vec<Observation> = items
         .iter()
         .filter_map(|i| match i {
-            StreamItem::ProbeStats(s) => Some(*s),
+            StreamItem::ProbeStats(s) => Some(Observation::Stats(*s)),
+            StreamItem::ProbeSet(p) => Some(Observation::Set {
+                launch_events: p.launch_events,
+            }),
             _ => None,
         })
         .collect();
-    if stats.is_empty() {
+    if !seq.iter().any(|o| matches!(o, Observation::Stats(_))) {
         return None;
     }
-    let sets: Vec<ProbeSet> = items
+    let sets: Vec<&crate::event::ProbeSet> = items
         .iter()
         .filter_map(|i| match i {
-            StreamItem::ProbeSet(p) => Some((**p).clone()),
+            StreamItem::ProbeSet(p) => Some(&**p),
             _ => None,
         })
         .collect();
     let initial_events = !target.is_some_and(|t| t.launch_count_only);
-    let est = crate::overhead::estimate(&stats, &sets, initial_events);
+    let est = crate::overhead::estimate(&seq, initial_events);
     let median_step_ms = median(
         &steps
             .iter()
@@ -236,7 +290,7 @@ fn daemon_overhead(
             .filter(|&(_, m)| m > 0.0)
             .map(|(us, m)| us / (m * 1e3) * 100.0)
     };
-    let hits = |h: &ProbeStats, n: usize| {
+    let hits = |h: &crate::event::ProbeStats, n: usize| {
         let f = |v: u64| (n > 0).then(|| v as f64 / n as f64);
         ProbeHits {
             python: f(h.py_enter),

@@ -73,6 +73,10 @@ pub struct ProbeStats {
     pub record: u64,
     /// Kernel launches seen (both modes).
     pub launch: u64,
+    /// A probe-set change was still being carried out by the kernel at this reading (detaching
+    /// uprobes takes seconds): the steady state starts after it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub switching: bool,
 }
 
 /// A Python function named in stack samples.

@@ -28,7 +28,9 @@ pub mod engine;
 pub mod event;
 #[cfg(feature = "live")]
 pub mod live;
+pub mod output;
 pub mod overhead;
+pub mod policy;
 pub mod procinfo;
 pub mod profile;
 pub mod record;
@@ -36,6 +38,8 @@ pub mod render;
 pub mod sample;
 pub mod sampler;
 pub mod sanitize;
+#[cfg(feature = "live")]
+pub mod serve;
 pub mod stats;
 pub mod summary;
 pub mod sweep;

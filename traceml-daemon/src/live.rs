@@ -44,6 +44,9 @@ pub struct Options {
     pub overhead_budget: f64,
     /// Python stack samples of the training thread per second (0: none).
     pub stack_rate: u32,
+    /// Ends the run when it holds a reason (a supervisor holding many targets: `serve`). With
+    /// it, the run leaves SIGINT/SIGTERM/SIGHUP to the supervisor; without, it ends on them.
+    pub stop: Option<tokio::sync::watch::Receiver<Option<EndReason>>>,
 }
 
 impl Options {
@@ -59,6 +62,7 @@ impl Options {
             policy: Policy::Auto,
             overhead_budget: 0.005,
             stack_rate: 100,
+            stop: None,
         }
     }
 }
@@ -71,8 +75,9 @@ pub enum LiveError {
     #[error(transparent)]
     NotPython(#[from] python::PythonError),
     #[error(
-        "traceml-daemon needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE \
-         (and CAP_SYS_ADMIN where the kernel requires it for uprobes); this process lacks {0}"
+        "traceml-daemon needs root, or the capabilities CAP_SYS_ADMIN and CAP_SYS_PTRACE (kernels \
+         with the 2025 uprobe fix refuse uprobes without CAP_SYS_ADMIN; see docs/privileges.md); \
+         this process lacks {0}"
     )]
     Privileges(String),
     #[error("this kernel cannot run traceml-daemon: {0}")]
@@ -113,17 +118,17 @@ pub fn preflight(pid: u32) -> Result<(), LiveError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         let eff = procinfo::own_effective_caps().unwrap_or(0);
-        let missing: Vec<&str> = [
-            (CAP_BPF, "CAP_BPF"),
-            (CAP_PERFMON, "CAP_PERFMON"),
-            (CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
-        ]
-        .into_iter()
-        .filter(|(bit, _)| {
-            eff & (1 << bit) == 0 && (*bit == CAP_SYS_PTRACE || eff & (1 << CAP_SYS_ADMIN) == 0)
-        })
-        .map(|(_, name)| name)
-        .collect();
+        let has = |bit: u32| eff & (1 << bit) != 0;
+        let mut missing = Vec::new();
+        // CAP_SYS_ADMIN covers CAP_BPF and CAP_PERFMON, and current kernels need it for uprobes.
+        // CAP_BPF + CAP_PERFMON without it still pass here: older kernels accept them, and on a
+        // newer one the uprobe's EACCES names CAP_SYS_ADMIN (see `run`).
+        if !has(CAP_SYS_ADMIN) && !(has(CAP_BPF) && has(CAP_PERFMON)) {
+            missing.push("CAP_SYS_ADMIN");
+        }
+        if !has(CAP_SYS_PTRACE) {
+            missing.push("CAP_SYS_PTRACE");
+        }
         if !missing.is_empty() {
             return Err(LiveError::Privileges(missing.join(", ")));
         }
@@ -159,6 +164,8 @@ fn process_gone(pid: u32, start: Option<u64>) -> bool {
 /// What the live loop needs from the kernel side.
 struct Kernel {
     attacher: Attacher,
+    /// Set by the thread detaching probes when it is done (see [`apply`]).
+    detaching: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     ring: RingBuf<MapData>,
     classes: BpfHashMap<MapData, u64, u32>,
     pending: BpfHashMap<MapData, u64, traceml_common::Pending>,
@@ -166,6 +173,24 @@ struct Kernel {
 }
 
 impl Kernel {
+    /// The kernel's probe hit counters now.
+    fn probe_stats(&mut self) -> ProbeStats {
+        let switching = self.switching();
+        probe_stats(&self.attacher, switching)
+    }
+
+    /// A probe-set change is still being carried out by the kernel.
+    fn switching(&mut self) -> bool {
+        match &self.detaching {
+            Some(done) if !done.load(std::sync::atomic::Ordering::Acquire) => true,
+            Some(_) => {
+                self.detaching = None;
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Writes a code object's class for the kernel and ends its pending count.
     fn publish(&mut self, code: u64, class: Class) {
         if let Err(e) = self.classes.insert(code, CodeClass::from(class) as u32, 0) {
@@ -481,12 +506,13 @@ fn percpu_sum<T: std::borrow::Borrow<MapData>>(map: &PerCpuArray<T, u64>, index:
     map.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0)
 }
 
-/// The kernel's probe hit counters now.
-fn probe_stats(attacher: &Attacher) -> ProbeStats {
+/// The kernel's probe hit counters now; `switching` while a probe-set change is under way.
+fn probe_stats(attacher: &Attacher, switching: bool) -> ProbeStats {
     use traceml_common::Stat;
     let ts = monotonic_ns();
     let mut out = ProbeStats {
         ts,
+        switching,
         ..ProbeStats::default()
     };
     if let Some(m) = attacher.ebpf.map("STATS")
@@ -583,6 +609,7 @@ pub async fn run(
         .map_err(|e| LiveError::Kernel(e.to_string()))?;
     let mut k = Kernel {
         attacher,
+        detaching: None,
         ring,
         classes,
         pending,
@@ -696,9 +723,10 @@ pub async fn run(
         opts.launch_events,
     );
     if !python {
-        k.attacher.set_python(false).map_err(LiveError::Kernel)?;
+        // Not armed yet at all: dropping its links here is quick.
+        drop(k.attacher.take_python().map_err(LiveError::Kernel)?);
     }
-    run.emit(StreamItem::ProbeStats(probe_stats(&k.attacher)))?;
+    run.emit(StreamItem::ProbeStats(k.probe_stats()))?;
     run.emit(StreamItem::ProbeSet(Box::new(ProbeSet {
         ts: monotonic_ns(),
         python,
@@ -747,7 +775,7 @@ pub async fn run(
             run.reinserted
         );
     }
-    run.emit(StreamItem::ProbeStats(probe_stats(&k.attacher)))?;
+    run.emit(StreamItem::ProbeStats(k.probe_stats()))?;
     if run.stack_errors > 0 {
         tracing::info!("{} stack samples could not be read", run.stack_errors);
     }
@@ -765,6 +793,28 @@ pub async fn run(
     Ok(reason)
 }
 
+/// The next delivery of a signal the run listens to; never, when it does not.
+async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The reason the supervisor gives to stop; never, without a supervisor (or once it is gone).
+async fn stopped(stop: &mut Option<tokio::sync::watch::Receiver<Option<EndReason>>>) -> EndReason {
+    let Some(rx) = stop else {
+        return std::future::pending().await;
+    };
+    match rx.wait_for(|r| r.is_some()).await {
+        Ok(r) => (*r).unwrap_or(EndReason::Terminated),
+        // The supervisor dropped its end: it is going away.
+        Err(_) => EndReason::Terminated,
+    }
+}
+
 /// Carries out a governor decision and records it in the stream.
 fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
     run: &mut Run<'_, F>,
@@ -772,7 +822,23 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
     d: crate::overhead::Decision,
 ) -> Result<(), LiveError> {
     let mut reason = d.reason;
-    if let Err(e) = k.attacher.set_python(d.python) {
+    let switched = if d.python {
+        k.attacher.arm_python()
+    } else {
+        k.attacher.take_python().map(|links| {
+            // The kernel unregisters each uprobe after an RCU grace period (seconds): off the
+            // event loop, which keeps draining meanwhile.
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            k.detaching = Some(done.clone());
+            std::thread::spawn(move || {
+                for l in links {
+                    drop(l);
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+        })
+    };
+    if let Err(e) = switched {
         tracing::warn!("cannot switch the frame-evaluator probe: {e}");
         reason.push_str(&format!(" (failed: {e})"));
     }
@@ -810,11 +876,20 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     // through `k`). The kernel wakes us for events of unclassified code objects only; the rest
     // waits for the 10 ms poll.
     let ready = ring_readiness(&k.ring)?;
-    let mut sigint =
-        signal(SignalKind::interrupt()).map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let mut sigterm =
-        signal(SignalKind::terminate()).map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(|e| LiveError::Kernel(e.to_string()))?;
+    // OS signals end a run of its own; a supervised run ends when its supervisor says.
+    let own_signals = run.opts.stop.is_none();
+    let sig = |k: SignalKind| {
+        if own_signals {
+            signal(k).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let kernel = |e: std::io::Error| LiveError::Kernel(e.to_string());
+    let mut sigint = sig(SignalKind::interrupt()).map_err(kernel)?;
+    let mut sigterm = sig(SignalKind::terminate()).map_err(kernel)?;
+    let mut sighup = sig(SignalKind::hangup()).map_err(kernel)?;
+    let mut stop = run.opts.stop.clone();
     let deadline = run.opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut last_lost = Lost::default();
     loop {
@@ -856,7 +931,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 // Markers are counted as events are processed: bring them up to date first.
                 run.drain(k);
                 run.process(Some(Duration::from_millis(20)))?;
-                let stats = probe_stats(&k.attacher);
+                let stats = k.probe_stats();
                 run.emit(StreamItem::ProbeStats(stats))?;
                 let tick = Tick {
                     now: stats.ts,
@@ -869,11 +944,12 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                     apply(run, k, d)?;
                 }
             }
-            _ = sigint.recv() => return Ok(EndReason::Interrupted),
-            _ = sigterm.recv() => return Ok(EndReason::Terminated),
-            // A daemon started from a terminal that closes (or by a supervisor's reload) ends
-            // like on SIGTERM, with its summary.
-            _ = sighup.recv() => return Ok(EndReason::Terminated),
+            _ = recv(&mut sigint) => return Ok(EndReason::Interrupted),
+            _ = recv(&mut sigterm) => return Ok(EndReason::Terminated),
+            // A daemon started from a terminal that closes ends like on SIGTERM, with its
+            // summary.
+            _ = recv(&mut sighup) => return Ok(EndReason::Terminated),
+            reason = stopped(&mut stop) => return Ok(reason),
             _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
                 return Ok(EndReason::DurationElapsed);
             }

@@ -16,6 +16,14 @@ use traceml_daemon::overhead::Policy;
 use traceml_daemon::sanitize::terminal;
 use traceml_daemon::{analysis, compare, record, render, summary::Summary, sweep};
 
+/// `--version`: the crate version and the commit it was built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TRACEML_GIT_COMMIT"),
+    ")"
+);
+
 const AFTER_HELP: &str = "\
 Exit status: 0 success; 1 unexpected failure, or compare or sweep found a REGRESSION (sweep \
 --fail-on any: a job neither EQUIVALENT nor IMPROVEMENT); 2 bad arguments or input files; 3 the \
@@ -25,7 +33,7 @@ Proven on real GPUs: not yet. The CUDA probes are exercised against a stand-in C
 attached to the real libcudart from PyPI; see docs/gpu-validation.md.";
 
 #[derive(Debug, Parser)]
-#[command(name = "traceml-daemon", version, about, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+#[command(name = "traceml-daemon", version = VERSION, about, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -42,7 +50,8 @@ struct AttachArgs {
     /// traceml-logs/<name>-<pid>-<time>/].
     #[arg(long, short)]
     output: Option<PathBuf>,
-    /// Also write the decoded event stream to this file (replay it with `replay`).
+    /// Also write the decoded event stream to this file, replayable with `replay`: `*.trec` is
+    /// the compact binary format; `*.jsonl` (`*.jsonl.gz` compressed) is JSON Lines.
     #[arg(long)]
     record: Option<PathBuf>,
     /// Stop after this many seconds (default: when the target exits, or on SIGINT/SIGTERM).
@@ -113,6 +122,14 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Copy a recording into another format, chosen by OUTPUT's name: `*.jsonl` (or
+    /// `*.jsonl.gz`) JSON Lines, `*.trec` binary.
+    Export {
+        /// A recording of either format.
+        input: PathBuf,
+        #[arg(long, short)]
+        output: PathBuf,
+    },
     /// Write the self-contained HTML report of a final_summary.json or a recording.
     Report {
         /// A final_summary.json, or a recording (--record FILE) to summarise first.
@@ -133,6 +150,44 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = FailOn::Regression)]
         fail_on: FailOn,
     },
+    /// Run as a service: find the node's training processes (Python processes that map
+    /// libtorch) by itself, attach to each, write each job's summaries under --state-dir, and
+    /// keep running as jobs come and go (SIGTERM: summaries written, exit 0; SIGHUP: re-read
+    /// the config file).
+    #[cfg(feature = "live")]
+    Serve(ServeArgs),
+}
+
+#[cfg(feature = "live")]
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// One directory per job under it: <comm>-<pid>-<start time>/.
+    #[arg(long, default_value = "/var/lib/traceml")]
+    state_dir: PathBuf,
+    /// Config file with the same keys (TOML; docs/serve.md); a missing default is fine.
+    #[arg(long, default_value = "/etc/traceml/config.toml")]
+    config: PathBuf,
+    /// Attach only to processes whose command line matches one of these globs.
+    #[arg(long)]
+    include: Vec<String>,
+    /// Never attach to processes whose command line matches one of these globs.
+    #[arg(long)]
+    exclude: Vec<String>,
+    /// Seconds between window summaries (summary-<n>.json) and verdict log lines.
+    #[arg(long, default_value_t = 300.0)]
+    window: f64,
+    /// Seconds between scans of /proc for new training processes.
+    #[arg(long, default_value_t = 1.0)]
+    scan_interval: f64,
+    #[arg(long, value_enum, default_value_t = Policy::Auto)]
+    probe_set: Policy,
+    #[arg(long, default_value_t = 0.5)]
+    overhead_budget: f64,
+    #[arg(long, default_value_t = 100)]
+    stack_rate: u32,
+    /// Write this file once the service runs (for scripts and tests).
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -172,13 +227,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
+            // TRACEML_LOG, else RUST_LOG (same syntax: `info`, `traceml_daemon=debug`), else warn.
             tracing_subscriber::EnvFilter::try_from_env("TRACEML_LOG")
+                .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // journald and files get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match cli.cmd {
         Some(Cmd::Replay { file, output }) => replay(&file, output, &cli.attach.common),
+        Some(Cmd::Export { input, output }) => run_export(&input, &output),
         Some(Cmd::Compare { a, b, format }) => run_compare(&a, &b, format, &cli.attach.common),
         Some(Cmd::Report { input, output }) => run_report(&input, &output),
         Some(Cmd::Sweep {
@@ -187,6 +247,8 @@ fn main() -> ExitCode {
             format,
             fail_on,
         }) => run_sweep(&baseline, &candidate, format, fail_on, &cli.attach.common),
+        #[cfg(feature = "live")]
+        Some(Cmd::Serve(args)) => serve(args),
         None => attach(cli.attach),
     };
     match result {
@@ -197,6 +259,38 @@ fn main() -> ExitCode {
             ExitCode::from(f.code)
         }
     }
+}
+
+#[cfg(feature = "live")]
+fn serve(a: ServeArgs) -> Result<u8, Failure> {
+    if !(a.window.is_finite() && a.window >= 1.0) {
+        return Err(Failure::new(2, "--window must be at least 1 second"));
+    }
+    if !(a.scan_interval.is_finite() && a.scan_interval > 0.0 && a.scan_interval <= 60.0) {
+        return Err(Failure::new(
+            2,
+            "--scan-interval must be between 0 and 60 seconds",
+        ));
+    }
+    let config_required = a.config != Path::new("/etc/traceml/config.toml");
+    traceml_daemon::serve::run(traceml_daemon::serve::ServeOptions {
+        state_dir: a.state_dir,
+        config: a.config,
+        config_required,
+        cli_policy: traceml_daemon::policy::PolicyConfig {
+            include: a.include,
+            exclude: a.exclude,
+            ..Default::default()
+        },
+        window: Duration::from_secs_f64(a.window),
+        scan_interval: Duration::from_secs_f64(a.scan_interval),
+        probe_policy: a.probe_set,
+        overhead_budget: a.overhead_budget / 100.0,
+        stack_rate: a.stack_rate,
+        ready_file: a.ready_file,
+    })
+    .map_err(|e| Failure::new(2, e))?;
+    Ok(0)
 }
 
 fn use_color(c: Color) -> bool {
@@ -210,23 +304,7 @@ fn use_color(c: Color) -> bool {
 /// UTC `YYYYmmdd-HHMMSS` for directory names.
 #[cfg_attr(not(feature = "live"), allow(dead_code))]
 fn timestamp(unix_s: u64) -> String {
-    let (days, secs) = (unix_s / 86_400, unix_s % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    traceml_daemon::units::utc_stamp(unix_s)
 }
 
 /// Creates the output directory now, so an unwritable one is refused before attaching.
@@ -429,31 +507,70 @@ fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, F
 /// The summary of a recorded run (a recording without its end record is summarised up to its
 /// last event, with a note).
 fn recorded_summary(file: &Path) -> Result<Summary, Failure> {
-    let rec = record::read(file).map_err(|e| Failure::new(2, e))?;
-    let mut items = rec.items;
-    if !items.iter().any(|i| matches!(i, StreamItem::End(_))) {
-        let ts = items
-            .iter()
-            .rev()
-            .find_map(|i| match i {
-                StreamItem::Event(e) => Some(e.ts),
-                _ => None,
-            })
-            .unwrap_or(0);
+    // Folded item by item, as live: memory does not grow with the recording's length.
+    let mut reader = record::Reader::open(file).map_err(|e| Failure::new(2, e))?;
+    let mut collector = analysis::Collector::new();
+    let (mut ended, mut last_event_ts) = (false, 0);
+    while let Some(item) = reader.next_item().map_err(|e| Failure::new(2, e))? {
+        match &item {
+            StreamItem::End(_) => ended = true,
+            StreamItem::Event(e) => last_event_ts = e.ts,
+            _ => {}
+        }
+        collector.push(&item);
+    }
+    report_tail(file, reader.tail());
+    if !ended {
         eprintln!(
             "traceml-daemon: {} has no end record (the daemon was stopped abruptly); summarising what it holds",
             file.display()
         );
-        items.push(StreamItem::End(End {
-            ts,
+        collector.push(&StreamItem::End(End {
+            ts: last_event_ts,
             reason: EndReason::Truncated,
         }));
     }
-    Ok(analysis::analyze(&items))
+    Ok(collector.finish())
+}
+
+/// Says on stderr what a reader dropped or skipped at the end of a recording.
+fn report_tail(file: &Path, tail: record::Tail) {
+    if tail.truncated {
+        eprintln!(
+            "traceml-daemon: {} was cut short: its incomplete last block or line ({} bytes) was dropped",
+            file.display(),
+            tail.dropped_bytes
+        );
+    }
+    if tail.skipped_frames > 0 {
+        eprintln!(
+            "traceml-daemon: {} holds {} frames of kinds this build does not know (written by a newer traceml-daemon); they were skipped",
+            file.display(),
+            tail.skipped_frames
+        );
+    }
+}
+
+/// `export`: a recording copied into the format of `output`'s name.
+fn run_export(input: &Path, output: &Path) -> Result<u8, Failure> {
+    if input == output {
+        return Err(Failure::new(
+            2,
+            "export: give an output file other than the input",
+        ));
+    }
+    let (items, tail) = record::export(input, output).map_err(|e| Failure::new(2, e))?;
+    report_tail(input, tail);
+    eprintln!(
+        "traceml-daemon: {items} items exported to {} ({:?})",
+        output.display(),
+        record::Format::for_path(output)
+    );
+    Ok(0)
 }
 
 /// `report`: the HTML report of a summary or a recording (told apart by their first bytes: a
-/// recording is gzip or starts with its header line).
+/// recording is gzip, binary, or starts with its header line).
 fn run_report(input: &Path, output: &Path) -> Result<u8, Failure> {
     let head = {
         use std::io::Read;
@@ -463,11 +580,7 @@ fn run_report(input: &Path, output: &Path) -> Result<u8, Failure> {
             .map_err(|e| Failure::new(2, format!("cannot read {}: {e}", input.display())))?;
         buf[..n].to_vec()
     };
-    let is_recording = head.starts_with(&[0x1f, 0x8b])
-        || String::from_utf8_lossy(&head)
-            .trim_start()
-            .starts_with("{\"format\":\"traceml-recording\"");
-    let summary = if is_recording {
+    let summary = if record::looks_like_recording(&head) {
         recorded_summary(input)?
     } else {
         read_summary(input)?

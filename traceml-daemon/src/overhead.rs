@@ -12,7 +12,7 @@
 //! Trainer (1.3–2 µs per frame-evaluator entry + return pair, cache effects included). They
 //! are what an uprobe costs on x86-64 with a kernel that emulates the probed instruction; a
 //! single-stepped site costs ~10 µs and is never chosen (see `attach::elf`).
-use crate::event::{ProbeSet, ProbeStats};
+use crate::event::ProbeStats;
 
 /// Added target time per probe hit, in ns.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -56,6 +56,7 @@ impl CostModel {
 pub fn delta(a: &ProbeStats, b: &ProbeStats) -> ProbeStats {
     ProbeStats {
         ts: b.ts,
+        switching: b.switching,
         py_enter: b.py_enter.saturating_sub(a.py_enter),
         exit: b.exit.saturating_sub(a.exit),
         call_enter: b.call_enter.saturating_sub(a.call_enter),
@@ -254,43 +255,51 @@ impl Governor {
 pub struct Estimate {
     /// Estimated added ns over the whole run.
     pub added_ns: f64,
-    /// Added ns in the last probe set's period (the steady state), and that period's length.
+    /// Added ns in the steady state: since the last probe-set change was carried out.
     pub steady_added_ns: f64,
+    /// When the steady state starts (its first counter reading).
     pub steady_from_ns: u64,
     /// Hits over the whole run.
     pub hits: ProbeStats,
-    /// Hits in the steady period.
+    /// Hits in the steady state.
     pub steady_hits: ProbeStats,
 }
 
-/// Sums the cost of every counter delta in `stats` (cumulative readings in stream order),
-/// costing launches in the mode in force (`sets`, in stream order) at each reading.
-pub fn estimate(stats: &[ProbeStats], sets: &[ProbeSet], initial_launch_events: bool) -> Estimate {
+/// What the estimate reads from the stream, in stream order.
+#[derive(Clone, Copy, Debug)]
+pub enum Observation {
+    /// Cumulative counters.
+    Stats(ProbeStats),
+    /// A probe-set change; whether launches are events from then on.
+    Set { launch_events: bool },
+}
+
+/// Sums the cost of every counter delta, costing launches in the mode in force when the delta
+/// ends (a change applies to the deltas after it in the stream). The steady state starts at
+/// the first reading after the last change that is not `switching`.
+pub fn estimate(seq: &[Observation], initial_launch_events: bool) -> Estimate {
     let mut out = Estimate::default();
-    let steady_from = sets.last().map(|s| s.ts).unwrap_or(0);
-    out.steady_from_ns = steady_from;
+    let last_set = seq
+        .iter()
+        .rposition(|o| matches!(o, Observation::Set { .. }));
+    let mut mode = initial_launch_events;
     let mut prev = ProbeStats::default();
     let mut steady_base: Option<ProbeStats> = None;
-    for s in stats {
-        let d = delta(&prev, s);
-        let mode = sets
-            .iter()
-            .rev()
-            // A switch at the reading's own instant governs the hits after it, not these.
-            .find(|p| p.ts < s.ts)
-            .map(|p| p.launch_events)
-            .unwrap_or(initial_launch_events);
-        let c = COSTS.cost(&d, mode);
-        out.added_ns += c;
-        // The live loop reads the counters at each switch, so the steady period starts at a
-        // reading of its own.
-        if s.ts > steady_from || sets.is_empty() {
-            if steady_base.is_none() {
-                steady_base = Some(prev);
+    for (i, o) in seq.iter().enumerate() {
+        match *o {
+            Observation::Set { launch_events } => mode = launch_events,
+            Observation::Stats(s) => {
+                let c = COSTS.cost(&delta(&prev, &s), mode);
+                out.added_ns += c;
+                if steady_base.is_some() {
+                    out.steady_added_ns += c;
+                } else if last_set.is_none_or(|l| i > l) && !s.switching {
+                    steady_base = Some(s);
+                    out.steady_from_ns = s.ts;
+                }
+                prev = s;
             }
-            out.steady_added_ns += c;
         }
-        prev = *s;
     }
     out.hits = prev;
     if let Some(base) = steady_base {
@@ -308,9 +317,8 @@ mod tests {
             ts,
             py_enter: py,
             exit: py,
-            call_enter: 0,
-            record: 0,
             launch,
+            ..ProbeStats::default()
         }
     }
 
@@ -445,29 +453,42 @@ mod tests {
 
     #[test]
     fn estimate_costs_launches_in_the_mode_in_force() {
-        let sets = [ProbeSet {
-            ts: 2 * S,
-            python: false,
-            launch_events: false,
-            reason: String::new(),
-        }];
-        let readings = [
-            stats(S, 1000, 100),
-            stats(2 * S, 2000, 200),
-            stats(3 * S, 2000, 300),
+        use Observation::{Set, Stats};
+        let switching = ProbeStats {
+            switching: true,
+            ..stats(2 * S + 1, 5000, 250)
+        };
+        let seq = [
+            Stats(stats(S, 1000, 100)),
+            Stats(stats(2 * S, 2000, 200)),
+            Set {
+                launch_events: false,
+            },
+            // The detach is still under way: its hits are paid, but not the steady state.
+            Stats(switching),
+            Stats(stats(3 * S, 5000, 300)),
+            Stats(stats(4 * S, 5000, 400)),
         ];
-        let e = estimate(&readings, &sets, true);
-        let want_first =
-            1000.0 * (COSTS.py_enter_ns + COSTS.exit_ns) + 100.0 * COSTS.launch_event_ns;
-        let want_third = 100.0 * COSTS.launch_count_ns;
-        assert!(
-            (e.added_ns - (2.0 * want_first + want_third)).abs() < 1e-6,
-            "{e:?}"
-        );
-        // The switch came with the second reading: the steady period is what followed it.
+        let e = estimate(&seq, true);
+        let py = |n: f64| n * (COSTS.py_enter_ns + COSTS.exit_ns);
+        let want = py(1000.0)
+            + 100.0 * COSTS.launch_event_ns
+            + py(1000.0)
+            + 100.0 * COSTS.launch_event_ns
+            + py(3000.0)
+            + 50.0 * COSTS.launch_count_ns
+            + 50.0 * COSTS.launch_count_ns
+            + 100.0 * COSTS.launch_count_ns;
+        assert!((e.added_ns - want).abs() < 1e-6, "{e:?}");
+        // Steady: from the first settled reading after the change (3 s) on.
+        assert_eq!(e.steady_from_ns, 3 * S);
         assert_eq!(e.steady_hits.py_enter, 0);
         assert_eq!(e.steady_hits.launch, 100);
-        assert!((e.steady_added_ns - want_third).abs() < 1e-6);
-        assert_eq!(e.hits.launch, 300);
+        assert!((e.steady_added_ns - 100.0 * COSTS.launch_count_ns).abs() < 1e-6);
+        assert_eq!(e.hits.launch, 400);
+        // Without any change, the steady state is the whole run.
+        let e = estimate(&[Stats(stats(S, 10, 0)), Stats(stats(2 * S, 20, 0))], true);
+        assert_eq!(e.steady_from_ns, S);
+        assert_eq!(e.steady_hits.py_enter, 10);
     }
 }

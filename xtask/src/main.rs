@@ -28,8 +28,14 @@ enum Cmd {
         #[arg(long)]
         torch: bool,
     },
-    /// Set up, build, and run the daemon against the bundled input-bound demo training run.
-    Demo,
+    /// Set up, build, and run the daemon against the bundled input-bound demo training run: a
+    /// look-alike `torch` on a simulated GPU (the stand-in CUDA runtime), no GPU needed.
+    Demo {
+        /// Real PyTorch on CPU instead (an input-bound DataLoader loop; sets up the torch
+        /// virtualenv first, about 3 GB once).
+        #[arg(long)]
+        real: bool,
+    },
     /// Set up and run every test: fmt, clippy (warnings denied), unit tests, root eBPF tests.
     Test {
         /// Skip the tests that need real PyTorch (no large download).
@@ -95,7 +101,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Setup { torch } => setup::all(torch),
-        Cmd::Demo => demo(),
+        Cmd::Demo { real } => demo(real),
         Cmd::GpuCheck { prepare } => gpu_check(prepare),
         Cmd::Test { no_torch, rest } => test(!no_torch, &rest),
         Cmd::Bench {
@@ -115,8 +121,8 @@ impl Drop for Workload {
     }
 }
 
-fn demo() -> anyhow::Result<()> {
-    let env = setup::all(false).and_then(|_| setup::test_env())?;
+fn demo(real: bool) -> anyhow::Result<()> {
+    let env = setup::all(real).and_then(|_| setup::test_env())?;
     let root = root();
     // The dev profile shares its build with `cargo xtask test` and builds in about half the time;
     // the eBPF object is always built optimised.
@@ -126,13 +132,28 @@ fn demo() -> anyhow::Result<()> {
     let daemon = root.join("target/debug/traceml-daemon");
     let ready = std::env::temp_dir().join(format!("traceml-demo-ready-{}", std::process::id()));
     let _ = std::fs::remove_file(&ready);
-    let python = setup::pyenv_python("3.11").context("the demo runs on pyenv's CPython 3.11")?;
-    eprintln!("xtask: starting the demo training run (input-bound by construction)");
-    let mut cmd = Command::new(&python);
-    cmd.arg(root.join("tests/workloads/demo_train.py"))
-        .arg("--ready")
-        .arg(&ready)
-        .current_dir(&root);
+    let mut cmd = if real {
+        let python = setup::torch_python();
+        eprintln!(
+            "xtask: starting the real-PyTorch demo run on CPU: a DataLoader whose items take 8 ms \
+             each (input-bound by construction), a 3-layer MLP, SGD"
+        );
+        let mut cmd = Command::new(python);
+        cmd.arg(root.join("tests/workloads/real_torch_train.py"))
+            .args(["--scenario", "input_bound"]);
+        cmd
+    } else {
+        let python =
+            setup::pyenv_python("3.11").context("the demo runs on pyenv's CPython 3.11")?;
+        eprintln!(
+            "xtask: starting the demo training run (input-bound by construction; a look-alike \
+             torch on a simulated GPU)"
+        );
+        let mut cmd = Command::new(&python);
+        cmd.arg(root.join("tests/workloads/demo_train.py"));
+        cmd
+    };
+    cmd.arg("--ready").arg(&ready).current_dir(&root);
     env.apply(&mut cmd);
     let child = Workload(
         cmd.stdout(Stdio::inherit())
@@ -142,7 +163,11 @@ fn demo() -> anyhow::Result<()> {
     let pid = child.0.id();
     // Attach after the workload has started, as a user would.
     std::thread::sleep(Duration::from_millis(500));
-    let out = root.join("traceml-logs/demo");
+    let out = root.join(if real {
+        "traceml-logs/demo-real"
+    } else {
+        "traceml-logs/demo"
+    });
     eprintln!(
         "xtask: $ sudo traceml-daemon --pid {pid} --output {}",
         out.display()

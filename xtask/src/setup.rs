@@ -226,6 +226,11 @@ impl TestEnv {
     }
 }
 
+/// The interpreter of the real-PyTorch virtualenv (`setup --torch` builds it).
+pub fn torch_python() -> PathBuf {
+    cache_dir().join(format!("venv-torch-py{TORCH_PYTHON}/bin/python"))
+}
+
 pub fn test_env() -> anyhow::Result<TestEnv> {
     let mut vars = vec![("TRACEML_TESTS_BUILD".to_owned(), root().join("tests/build"))];
     let cudart_py = cache_dir().join(format!("venv-cudart-py{TORCH_PYTHON}/bin/python"));
@@ -236,7 +241,7 @@ pub fn test_env() -> anyhow::Result<TestEnv> {
         vars.push(("TRACEML_REAL_CUDART".into(), lib));
         vars.push(("TRACEML_CUDART_PYTHON".into(), cudart_py));
     }
-    let torch_py = cache_dir().join(format!("venv-torch-py{TORCH_PYTHON}/bin/python"));
+    let torch_py = torch_python();
     if torch_py.exists() {
         vars.push(("TRACEML_TORCH_PYTHON".into(), torch_py));
     }

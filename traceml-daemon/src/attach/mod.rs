@@ -353,20 +353,10 @@ impl Attacher {
         !self.python_links.is_empty()
     }
 
-    /// Detaches (`false`) or re-arms (`true`) the frame-evaluator probe placed by
-    /// [`Attacher::attach_file`] for [`Role::Python`]. Frames entered while it was armed and
-    /// returning after the detach report no exit: the engine closes them at the switch.
-    pub fn set_python(&mut self, on: bool) -> Result<(), String> {
-        if on == self.python_armed() {
-            return Ok(());
-        }
-        if !on {
-            for (name, link) in std::mem::take(&mut self.python_links) {
-                self.program(name)
-                    .map_err(|e| e.to_string())?
-                    .detach(link)
-                    .map_err(|e| error_chain(&e))?;
-            }
+    /// Re-arms the frame-evaluator probe placed by [`Attacher::attach_file`] for
+    /// [`Role::Python`] (no-op when armed).
+    pub fn arm_python(&mut self) -> Result<(), String> {
+        if self.python_armed() {
             return Ok(());
         }
         let (host, offset) = self
@@ -375,6 +365,27 @@ impl Attacher {
             .ok_or("the frame evaluator was never probed")?;
         self.python_links = self.place(&PYTHON[0], &host, offset)?;
         Ok(())
+    }
+
+    /// Takes the frame-evaluator probe's links out (entry first): the probe goes when
+    /// they are dropped, which takes the kernel up to seconds (an RCU grace period per uprobe
+    /// unregistered), so callers drop them off the event loop. Until then the breakpoint stays
+    /// and the return program still runs; frames entered while it was armed report no exit,
+    /// and the engine closes them at the switch.
+    pub fn take_python(&mut self) -> Result<Vec<aya::programs::uprobe::UProbeLink>, String> {
+        // Entry probe first: were the return probe to go first, frames entered meanwhile would
+        // stay on the kernel's per-thread stack of open calls (no return pops them) and fill it,
+        // and native calls pushed after them (backward, copies, syncs) would be lost. Exits seen
+        // meanwhile are dropped by the engine after the switch.
+        std::mem::take(&mut self.python_links)
+            .into_iter()
+            .map(|(name, link)| {
+                self.program(name)
+                    .map_err(|e| e.to_string())?
+                    .take_link(link)
+                    .map_err(|e| error_chain(&e))
+            })
+            .collect()
     }
 
     /// Whether probes were already placed in this file.

@@ -87,7 +87,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Class, StreamItem};
+use crate::event::{Class, Kind, StreamItem};
 
 #[cfg(test)]
 mod tests;
@@ -325,7 +325,7 @@ impl<T> Thinned<T> {
 }
 
 /// An event waiting in the reorder buffer (ordered by timestamp, then arrival).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Queued {
     ts: u64,
     seq: u64,
@@ -362,7 +362,7 @@ struct Cutter {
 /// output. Memory is bounded by the nesting of open calls, the reorder window, the time since
 /// the last harvest, the number of code objects and threads, and the kept samples — never by
 /// the run's length.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Engine {
     codes: HashMap<u64, Class>,
     queue: std::collections::BinaryHeap<std::cmp::Reverse<Queued>>,
@@ -370,7 +370,11 @@ pub struct Engine {
     max_ts: u64,
     released_ts: u64,
     reordered: u64,
-    python_off: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
+    /// Frame-evaluator probe switches `(ts, armed)`, applied in timestamp order.
+    python_marks: std::collections::BinaryHeap<std::cmp::Reverse<(u64, bool)>>,
+    /// Python events are folded (false from a detach to a re-arm: frames entered while the
+    /// kernel was still detaching would never report an exit).
+    python_on: bool,
     folds: HashMap<u32, ThreadFold>,
     stacks: Vec<crate::event::StackSample>,
     events: u64,
@@ -401,7 +405,8 @@ impl Engine {
             max_ts: 0,
             released_ts: 0,
             reordered: 0,
-            python_off: Default::default(),
+            python_marks: Default::default(),
+            python_on: true,
             folds: HashMap::new(),
             stacks: Vec::new(),
             events: 0,
@@ -417,14 +422,22 @@ impl Engine {
         }
     }
 
+    /// A new engine that knows `other`'s code classes (a window of a run in progress).
+    pub fn with_codes_of(other: &Engine) -> Engine {
+        Engine {
+            codes: other.codes.clone(),
+            ..Engine::new()
+        }
+    }
+
     /// Folds one stream item.
     pub fn push(&mut self, item: &StreamItem) {
         match item {
             StreamItem::Code(c) if c.class != Class::Pending => {
                 self.codes.insert(c.ptr, c.class);
             }
-            StreamItem::ProbeSet(p) if !p.python => {
-                self.python_off.push(std::cmp::Reverse(p.ts));
+            StreamItem::ProbeSet(p) => {
+                self.python_marks.push(std::cmp::Reverse((p.ts, p.python)));
             }
             StreamItem::Stack(s) => self.stacks.push((**s).clone()),
             StreamItem::Event(e) => {
@@ -464,12 +477,9 @@ impl Engine {
     }
 
     fn fold(&mut self, e: crate::event::Event) {
-        while let Some(&std::cmp::Reverse(off)) = self.python_off.peek() {
-            if off > e.ts {
-                break;
-            }
-            self.folds.values_mut().for_each(|f| f.close_python(off));
-            self.python_off.pop();
+        self.apply_python_marks(e.ts);
+        if !self.python_on && matches!(e.kind, Kind::PyEnter { .. } | Kind::PyExit { .. }) {
+            return;
         }
         if self.first_ts.is_none() {
             self.first_ts = Some(e.ts);
@@ -483,6 +493,20 @@ impl Engine {
             .entry(e.tid)
             .or_default()
             .push(e.ts, e.tgid, &e.kind, class);
+    }
+
+    /// Applies the probe switches up to `ts`: a detach closes every open Python frame there.
+    fn apply_python_marks(&mut self, ts: u64) {
+        while let Some(&std::cmp::Reverse((at, on))) = self.python_marks.peek() {
+            if at > ts {
+                break;
+            }
+            if !on && self.python_on {
+                self.folds.values_mut().for_each(|f| f.close_python(at));
+            }
+            self.python_on = on;
+            self.python_marks.pop();
+        }
     }
 
     /// The training thread and its boundary from what was seen so far (see the module doc).
@@ -595,11 +619,7 @@ impl Engine {
     /// counted as lost), the last steps harvested.
     pub fn finish(mut self) -> EngineOutput {
         self.release(u64::MAX);
-        while let Some(std::cmp::Reverse(off)) = self.python_off.pop() {
-            if off <= self.last_ts {
-                self.folds.values_mut().for_each(|f| f.close_python(off));
-            }
-        }
+        self.apply_python_marks(self.last_ts);
         let mut out = EngineOutput {
             reordered_events: self.reordered,
             boundary: Some(Boundary::None),

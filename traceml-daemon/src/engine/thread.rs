@@ -161,7 +161,7 @@ impl Open {
 }
 
 /// The fold over one thread's events, in timestamp order.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct ThreadFold {
     out: ThreadTrace,
     stack: Vec<Open>,

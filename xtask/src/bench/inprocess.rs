@@ -51,6 +51,25 @@ pub struct Window {
     pub summary: Option<Kv>,
     /// On windows: daemon start → ready file, seconds.
     pub attach_s: Option<f64>,
+    /// (CLOCK_MONOTONIC ns, CPU ns of the training thread), sampled every ~20 ms over the window.
+    pub cpu: Vec<(u64, u64)>,
+}
+
+/// CPU time the target's main (training) thread has run, ns (`/proc/P/schedstat`). Uprobe
+/// handlers run in the thread's context and count here; time it waits for a core does not.
+fn cpu_ns(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn sample(pid: u32, into: &mut Vec<(u64, u64)>) {
+    if let Some(c) = cpu_ns(pid) {
+        into.push((monotonic_ns(), c));
+    }
 }
 
 pub struct InprocRun {
@@ -250,8 +269,14 @@ fn run_one(ctx: &mut Ctx, w: &Workload, s: &Schedule) -> anyhow::Result<InprocRu
     for i in 0..2 * s.on + 1 {
         exited(&mut target)?;
         if i % 2 == 0 {
+            let mut cpu = vec![];
             let start_ns = monotonic_ns();
-            sleep_s(s.window_s);
+            let end_ns = start_ns + (s.window_s * 1e9) as u64;
+            sample(pid, &mut cpu);
+            while monotonic_ns() < end_ns {
+                std::thread::sleep(Duration::from_millis(20));
+                sample(pid, &mut cpu);
+            }
             windows.push(Window {
                 span: Span {
                     on: false,
@@ -261,6 +286,7 @@ fn run_one(ctx: &mut Ctx, w: &Workload, s: &Schedule) -> anyhow::Result<InprocRu
                 steady: None,
                 summary: None,
                 attach_s: None,
+                cpu,
             });
             continue;
         }
@@ -321,9 +347,17 @@ fn on_window(ctx: &Ctx, dir: &Path, pid: u32, s: &Schedule) -> anyhow::Result<Wi
             dir.display()
         );
     }
+    let mut cpu = vec![];
+    sample(pid, &mut cpu);
     let start_ns = monotonic_ns();
     let attach_s = t0.elapsed().as_secs_f64();
+    let window_end = start_ns + (s.window_s * 1e9) as u64;
+    let mut last = Instant::now();
     let st = loop {
+        if monotonic_ns() <= window_end && last.elapsed() >= Duration::from_millis(20) {
+            sample(pid, &mut cpu);
+            last = Instant::now();
+        }
         if let Some(st) = d.0.as_mut().unwrap().try_wait()? {
             d.0 = None;
             break st;
@@ -360,5 +394,6 @@ fn on_window(ctx: &Ctx, dir: &Path, pid: u32, s: &Schedule) -> anyhow::Result<Wi
         steady,
         summary,
         attach_s: Some(attach_s),
+        cpu,
     })
 }

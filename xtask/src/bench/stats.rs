@@ -88,6 +88,48 @@ pub fn on_added_us(windows: &[Span], medians: &[f64]) -> Vec<Option<f64>> {
         .collect()
 }
 
+/// CPU ms per step over a span: the CPU time between the first sample at or after its start and
+/// the last one at or before its end, over the steps that ended between those two samples.
+pub fn cpu_ms_per_step(step_ends: &[u64], cpu: &[(u64, u64)], span: &Span) -> f64 {
+    let a = cpu.iter().find(|(t, _)| *t >= span.start_ns);
+    let b = cpu.iter().rev().find(|(t, _)| *t <= span.end_ns);
+    let (Some(&(ta, ca)), Some(&(tb, cb))) = (a, b) else {
+        return f64::NAN;
+    };
+    let steps = step_ends.iter().filter(|&&e| e > ta && e <= tb).count();
+    if tb <= ta || steps == 0 {
+        return f64::NAN;
+    }
+    (cb.saturating_sub(ca)) as f64 / 1e6 / steps as f64
+}
+
+/// Per-window values (NaN where none) of on windows against their off neighbours: (median off,
+/// median on, per-on-window ratios, per-on-window added µs).
+pub fn compare_windows(on: &[bool], values: &[f64]) -> (f64, f64, Vec<f64>, Vec<f64>) {
+    let windows: Vec<Span> = on
+        .iter()
+        .map(|&on| Span {
+            on,
+            start_ns: 0,
+            end_ns: 0,
+        })
+        .collect();
+    let pick = |want: bool| -> Vec<f64> {
+        values
+            .iter()
+            .zip(on)
+            .filter(|(v, o)| **o == want && v.is_finite())
+            .map(|(v, _)| *v)
+            .collect()
+    };
+    (
+        med(&pick(false)),
+        med(&pick(true)),
+        on_ratios(&windows, values).into_iter().flatten().collect(),
+        on_added_us(&windows, values).into_iter().flatten().collect(),
+    )
+}
+
 /// Step times of one run under its windows.
 pub struct OnOff {
     pub steps_off: usize,
@@ -244,6 +286,17 @@ mod tests {
         assert_eq!(r.off_spread, 0.0);
         let r = on_off(&ends, &[spans[0], None, spans[2]], &[false, true, false]);
         assert!(r.ratios.is_empty() && r.on_ms.is_nan() && r.steps_on == 0);
+    }
+
+    #[test]
+    fn cpu_per_step_between_samples() {
+        let ends = [10, 20, 30, 40, 50];
+        let cpu = [(5, 0), (25, 4_000_000), (45, 8_000_000)];
+        // samples at 5 and 45: steps ending 10..40, 4 of them, 8 ms of CPU
+        assert_eq!(cpu_ms_per_step(&ends, &cpu, &span(true, 0, 50)), 2.0);
+        assert!(cpu_ms_per_step(&ends, &cpu, &span(true, 20, 30)).is_nan());
+        let (off, on, r, added) = compare_windows(&[false, true, false], &[2.0, 3.0, 2.0]);
+        assert_eq!((off, on, r, added), (2.0, 3.0, vec![1.5], vec![1000.0]));
     }
 
     #[test]

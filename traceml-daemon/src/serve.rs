@@ -1,0 +1,504 @@
+//! `traceml-daemon serve`: the long-lived service. Every second it scans /proc for training
+//! processes ([`crate::policy`]), attaches to each new one (a [`live::run`] per target on one
+//! thread, each folding its stream into a bounded [`Collector`]), writes each job's window
+//! summaries while it runs and its final summary when it ends, and keeps running as jobs come
+//! and go. SIGTERM/SIGINT detach everything, write every open job's summary and exit 0; SIGHUP
+//! re-reads the config file. Readiness and stopping are told to systemd (`sd_notify`).
+//!
+//! Job directories: `<state-dir>/<comm>-<pid>-<start time UTC>/` holding `final_summary.json`,
+//! `final_summary.txt`, `final_report.html`, and `summary-<n>.json` for each `--window` (a normal
+//! summary of that window alone, readable by `compare`).
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::analysis::Collector;
+use crate::event::{EndReason, StreamItem};
+use crate::live;
+use crate::overhead::Policy as ProbePolicy;
+use crate::policy::{Decision, Policy, PolicyConfig, ProcInfo};
+use crate::summary::{DiagnosisKind, Summary};
+
+/// The config file (`/etc/traceml/config.toml`): the same keys as the flags.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    pub state_dir: Option<PathBuf>,
+    /// Seconds between window summaries.
+    pub window_s: Option<f64>,
+    /// Percent of step time.
+    pub overhead_budget: Option<f64>,
+    pub stack_rate: Option<u32>,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub include_users: Vec<String>,
+    pub exclude_users: Vec<String>,
+    pub include_cgroups: Vec<String>,
+    pub exclude_cgroups: Vec<String>,
+}
+
+impl ServeConfig {
+    /// Reads a config file; a missing default file is an empty config.
+    pub fn read(path: &Path, must_exist: bool) -> Result<ServeConfig, String> {
+        match std::fs::read_to_string(path) {
+            Ok(s) => toml::from_str(&s).map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
+                Ok(ServeConfig::default())
+            }
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    fn policy(&self, cli: &PolicyConfig) -> Result<Policy, String> {
+        let cat = |a: &[String], b: &[String]| [a, b].concat();
+        Policy::new(PolicyConfig {
+            include: cat(&self.include, &cli.include),
+            exclude: cat(&self.exclude, &cli.exclude),
+            include_users: cat(&self.include_users, &cli.include_users),
+            exclude_users: cat(&self.exclude_users, &cli.exclude_users),
+            include_cgroups: cat(&self.include_cgroups, &cli.include_cgroups),
+            exclude_cgroups: cat(&self.exclude_cgroups, &cli.exclude_cgroups),
+        })
+    }
+}
+
+/// `serve`'s validated options (flags over the config file).
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub state_dir: PathBuf,
+    pub config: PathBuf,
+    /// The config file was named on the command line (so it must exist).
+    pub config_required: bool,
+    pub cli_policy: PolicyConfig,
+    pub window: Duration,
+    pub scan_interval: Duration,
+    /// Settings for each target's run.
+    pub probe_policy: ProbePolicy,
+    pub overhead_budget: f64,
+    pub stack_rate: u32,
+    /// Written once the supervisor runs (for scripts and tests).
+    pub ready_file: Option<PathBuf>,
+}
+
+/// Reads what the policy needs about one process; `None` when it vanished or is unreadable.
+pub fn proc_info(pid: u32) -> Option<ProcInfo> {
+    let p = procfs::process::Process::new(pid as i32).ok()?;
+    let stat = p.stat().ok()?;
+    let uid = p.uid().ok()?;
+    let cmdline = p
+        .cmdline()
+        .ok()?
+        .into_iter()
+        .map(|a| crate::sanitize::bounded(&a, 4096).into_owned())
+        .collect();
+    let exe_name = p
+        .exe()
+        .ok()
+        .and_then(|e| e.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let (mut python, mut torch) = (exe_name.starts_with("python"), false);
+    for m in p.maps().ok()? {
+        if let procfs::process::MMapPath::Path(path) = &m.pathname {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            python |= name.starts_with("libpython");
+            torch |= name.starts_with("libtorch_cpu") || name.starts_with("libtorch_python");
+        }
+    }
+    let disable_env = if python && torch {
+        p.environ().ok().and_then(|env| {
+            env.get(std::ffi::OsStr::new("TRACEML_DISABLE"))
+                .map(|v| v.to_string_lossy().into_owned())
+        })
+    } else {
+        None
+    };
+    let cgroup = p
+        .cgroups()
+        .ok()
+        .and_then(|cgs| {
+            let cgs: Vec<_> = cgs.into_iter().collect();
+            cgs.iter()
+                .find(|c| c.hierarchy == 0)
+                .or(cgs.first())
+                .map(|c| c.pathname.clone())
+        })
+        .unwrap_or_default();
+    Some(ProcInfo {
+        pid,
+        ppid: stat.ppid as u32,
+        uid,
+        user: user_name(uid),
+        cmdline,
+        exe_name,
+        python,
+        torch,
+        disable_env,
+        cgroup,
+    })
+}
+
+/// The user's name from /etc/passwd.
+fn user_name(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        let id = f.nth(1)?.parse::<u32>().ok()?;
+        (id == uid).then(|| name.to_owned())
+    })
+}
+
+/// `<comm>-<pid>-<start time>`: a new directory for a new process with a reused pid.
+fn job_dir_name(pid: u32) -> String {
+    let p = procfs::process::Process::new(pid as i32).ok();
+    let stat = p.and_then(|p| p.stat().ok());
+    let comm = stat.as_ref().map(|s| s.comm.clone()).unwrap_or_default();
+    let start = stat
+        .and_then(|s| {
+            let boot = procfs::boot_time_secs().ok()?;
+            Some(boot + s.starttime / procfs::ticks_per_second())
+        })
+        .unwrap_or(0);
+    let name: String = comm
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let name = if name.is_empty() {
+        "target".into()
+    } else {
+        name
+    };
+    format!("{name}-{pid}-{}", crate::units::utc_stamp(start))
+}
+
+/// Writes a summary's JSON, card and report into `dir` (`stem` = `final_summary` or
+/// `summary-<n>`; the report only for the final one).
+pub fn write_summary(dir: &Path, stem: &str, s: &Summary) -> std::io::Result<()> {
+    let mut json = Vec::new();
+    crate::render::render_json(s, &mut json)?;
+    std::fs::write(dir.join(format!("{stem}.json")), json)?;
+    if stem == "final_summary" {
+        let mut txt = Vec::new();
+        crate::render::render_card(s, &mut txt, false)?;
+        std::fs::write(dir.join(format!("{stem}.txt")), txt)?;
+        std::fs::write(dir.join("final_report.html"), crate::render::to_html(s))?;
+    }
+    Ok(())
+}
+
+/// One line for the log: `INPUT-BOUND warning (input_wait 34%)`.
+fn verdict_line(s: &Summary) -> String {
+    let d = &s.primary_diagnosis;
+    let share = d
+        .phase
+        .zip(d.share)
+        .map(|(p, sh)| format!(" ({} {:.0}%)", p.name(), sh * 100.0))
+        .unwrap_or_default();
+    format!(
+        "{} {}{share}, {} steps",
+        d.kind.headline(),
+        d.severity.as_str(),
+        s.steps.count
+    )
+}
+
+/// A target's collectors: the whole run and the current window.
+struct Folds {
+    run: Collector,
+    window: Collector,
+}
+
+impl Folds {
+    fn push(&mut self, item: &StreamItem) {
+        self.run.push(item);
+        self.window.push(item);
+    }
+}
+
+/// Attaches to `pid` and runs until the target ends or `stop` says; writes its summaries.
+async fn run_target(
+    pid: u32,
+    dir: PathBuf,
+    mut opts: live::Options,
+    stop: watch::Receiver<Option<EndReason>>,
+    window: Duration,
+) {
+    opts.stop = Some(stop);
+    let folds = Rc::new(RefCell::new(Folds {
+        run: Collector::new(),
+        window: Collector::new(),
+    }));
+    let sink_folds = folds.clone();
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
+    let mut n = 0u32;
+    let mut last_kind: Option<DiagnosisKind> = None;
+    // The run (and the sink's handle on the folds) ends with this block.
+    let result = {
+        let run = live::run(&opts, move |item| {
+            sink_folds.borrow_mut().push(item);
+            Ok(())
+        });
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                r = &mut run => break r,
+                _ = ticks.tick() => {
+                    n += 1;
+                    let (win, so_far) = {
+                        let mut f = folds.borrow_mut();
+                        let fresh = f.run.fresh_window();
+                        let win = std::mem::replace(&mut f.window, fresh).finish();
+                        (win, f.run.snapshot())
+                    };
+                    if let Err(e) = write_summary(&dir, &format!("summary-{n}"), &win) {
+                        tracing::warn!("pid {pid}: cannot write window summary {n}: {e}");
+                    }
+                    let line = format!(
+                        "pid {pid} window {n}: {} · run so far: {}",
+                        verdict_line(&win),
+                        verdict_line(&so_far)
+                    );
+                    let kind = win.primary_diagnosis.kind;
+                    match last_kind.replace(kind) {
+                        Some(k) if k != kind && kind != DiagnosisKind::InsufficientData => {
+                            tracing::warn!("{line} (verdict changed from {})", k.headline())
+                        }
+                        _ => tracing::info!("{line}"),
+                    }
+                }
+            }
+        }
+    };
+    let Ok(folds) = Rc::try_unwrap(folds).map(RefCell::into_inner) else {
+        unreachable!("the run and its sink are gone");
+    };
+    match result {
+        Ok(reason) => tracing::info!("pid {pid}: run ended ({reason:?})"),
+        Err(e) if folds.run.events() == 0 => {
+            tracing::warn!("pid {pid}: not attached: {e}");
+            let _ = std::fs::remove_dir(&dir);
+            return;
+        }
+        Err(e) => tracing::warn!("pid {pid}: {e}; writing the summary of what was gathered"),
+    }
+    let summary = folds.run.finish();
+    match write_summary(&dir, "final_summary", &summary) {
+        Ok(()) => tracing::info!(
+            "pid {pid}: {} → {}",
+            verdict_line(&summary),
+            dir.join("final_summary.json").display()
+        ),
+        Err(e) => tracing::warn!("pid {pid}: cannot write the final summary: {e}"),
+    }
+}
+
+/// Tells systemd (`$NOTIFY_SOCKET`), when it is listening.
+fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let p = path.to_string_lossy();
+    let r = if let Some(abs) = p.strip_prefix('@') {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abs.as_bytes())
+            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+    } else {
+        sock.send_to(state.as_bytes(), &*p)
+    };
+    if let Err(e) = r {
+        tracing::debug!("sd_notify {state}: {e}");
+    }
+}
+
+struct Target {
+    stop: watch::Sender<Option<EndReason>>,
+    done: tokio::task::JoinHandle<()>,
+    start: u64,
+}
+
+/// What the supervisor knows of the node's processes between scans.
+#[derive(Default)]
+struct Node {
+    targets: HashMap<u32, Target>,
+    /// The policy's decision per (pid, start time), logged once.
+    decided: HashMap<(u32, u64), Decision>,
+    /// Processes attached once (a run that ended is not restarted on the same process).
+    attached: std::collections::HashSet<(u32, u64)>,
+}
+
+/// Runs the service until SIGTERM/SIGINT.
+pub fn run(opts: ServeOptions) -> Result<(), String> {
+    let mut cfg = ServeConfig::read(&opts.config, opts.config_required)?;
+    let mut policy = cfg.policy(&opts.cli_policy)?;
+    let state_dir = cfg.state_dir.clone().unwrap_or(opts.state_dir.clone());
+    crate::output::create_dir_private(&state_dir)
+        .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let sig = |k| signal(k).map_err(|e: std::io::Error| e.to_string());
+        let (mut term, mut int, mut hup) = (
+            sig(SignalKind::terminate())?,
+            sig(SignalKind::interrupt())?,
+            sig(SignalKind::hangup())?,
+        );
+        let mut node = Node::default();
+        let mut scan = tokio::time::interval(opts.scan_interval);
+        scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tracing::info!("serving: state in {}", state_dir.display());
+        sd_notify("READY=1\nSTATUS=scanning for training processes");
+        if let Some(f) = &opts.ready_file {
+            let _ = std::fs::write(f, "serving\n");
+        }
+        let window = Duration::from_secs_f64(cfg.window_s.unwrap_or(opts.window.as_secs_f64()))
+            .max(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = scan.tick() => {
+                    node.targets.retain(|_, t| !t.done.is_finished());
+                    scan_once(&opts, &cfg, &policy, &state_dir, window, &mut node);
+                }
+                _ = hup.recv() => {
+                    match ServeConfig::read(&opts.config, opts.config_required)
+                        .and_then(|c| c.policy(&opts.cli_policy).map(|p| (c, p)))
+                    {
+                        Ok((c, p)) => {
+                            tracing::info!("config {} re-read", opts.config.display());
+                            cfg = c;
+                            policy = p;
+                            node.decided.clear();
+                        }
+                        Err(e) => tracing::warn!("config not re-read, keeping the old one: {e}"),
+                    }
+                }
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+        }
+        sd_notify("STOPPING=1");
+        tracing::info!("stopping: detaching {} targets", node.targets.len());
+        let deadline = Instant::now() + Duration::from_secs(9);
+        for t in node.targets.values() {
+            let _ = t.stop.send(Some(EndReason::Terminated));
+        }
+        for (_, t) in node.targets.drain() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, t.done).await.is_err() {
+                tracing::warn!("a target did not finish its summary in time");
+            }
+        }
+        Ok::<(), String>(())
+    })
+}
+
+/// One scan of /proc: attaches to new training processes the policy admits.
+fn scan_once(
+    opts: &ServeOptions,
+    cfg: &ServeConfig,
+    policy: &Policy,
+    state_dir: &Path,
+    window: Duration,
+    node: &mut Node,
+) {
+    let Node {
+        targets,
+        decided,
+        attached,
+    } = node;
+    let Ok(all) = procfs::process::all_processes() else {
+        return;
+    };
+    let me = std::process::id();
+    let infos: HashMap<u32, ProcInfo> = all
+        .flatten()
+        .filter_map(|p| {
+            let pid = p.pid() as u32;
+            (pid != me)
+                .then(|| proc_info(pid))
+                .flatten()
+                .map(|i| (pid, i))
+        })
+        .collect();
+    // Forget decisions about processes that are gone (bounded by the node's processes).
+    decided.retain(|(pid, _), _| infos.contains_key(pid));
+    attached.retain(|(pid, _)| infos.contains_key(pid));
+    for (pid, info) in &infos {
+        let start = start_time(*pid).unwrap_or(0);
+        if targets.get(pid).is_some_and(|t| t.start == start) {
+            continue;
+        }
+        let parent = infos.get(&info.ppid);
+        let d = policy.decide(info, parent);
+        if d == Decision::NotTraining {
+            continue;
+        }
+        if decided.insert((*pid, start), d.clone()).is_none() && d != Decision::Attach {
+            match &d {
+                Decision::OptedOut => {
+                    tracing::info!("pid {pid} opted out (TRACEML_DISABLE): not attached")
+                }
+                Decision::Excluded(why) => tracing::info!("pid {pid} not attached: {why}"),
+                _ => tracing::debug!("pid {pid}: {d:?}"),
+            }
+        }
+        if d != Decision::Attach || !attached.insert((*pid, start)) {
+            continue;
+        }
+        let dir = state_dir.join(job_dir_name(*pid));
+        if let Err(e) = crate::output::create_dir_private(&dir) {
+            tracing::warn!("pid {pid}: cannot create {}: {e}", dir.display());
+            continue;
+        }
+        let mut lo = live::Options::new(*pid);
+        lo.policy = opts.probe_policy;
+        lo.overhead_budget = cfg
+            .overhead_budget
+            .map_or(opts.overhead_budget, |b| b / 100.0);
+        lo.stack_rate = cfg.stack_rate.unwrap_or(opts.stack_rate);
+        let (tx, rx) = watch::channel(None);
+        tracing::info!(
+            "attaching to pid {pid} ({}) → {}",
+            crate::sanitize::terminal(&info.cmdline.join(" ")),
+            dir.display()
+        );
+        let done = tokio::task::spawn_local(run_target(*pid, dir, lo, rx, window));
+        targets.insert(
+            *pid,
+            Target {
+                stop: tx,
+                done,
+                start,
+            },
+        );
+    }
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()
+        .map(|s| s.starttime)
+}

@@ -1,0 +1,218 @@
+//! The documentation says what the code does: every option the binary's `--help` lists and every
+//! environment variable the code reads is in docs/cli.md, and the README names the verdicts as
+//! the card prints them. No root, no eBPF: built with or without the `live` feature.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use traceml_daemon::summary::DiagnosisKind;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(workspace().join(rel)).unwrap()
+}
+
+fn help(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_traceml-daemon"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?} --help failed");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `--long-option` names in a help text.
+fn long_options(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("--") {
+        let name: String = text[i + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        let before = text[..i].chars().next_back();
+        if !name.is_empty() && before.is_none_or(|c| c.is_whitespace() || c == '(' || c == ',') {
+            out.push(format!("--{name}"));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `opt` appears in `doc` as a whole option name (not as the start of a longer one).
+fn mentions(doc: &str, opt: &str) -> bool {
+    doc.match_indices(opt).any(|(i, _)| {
+        doc[i + opt.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-'))
+    })
+}
+
+/// The subcommands listed under `Commands:`.
+fn subcommands(top: &str) -> Vec<String> {
+    top.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_option_is_in_docs_cli() {
+    let doc = read("docs/cli.md");
+    let top = help(&[]);
+    let mut missing = Vec::new();
+    let mut all = vec![(String::new(), top.clone())];
+    for c in subcommands(&top) {
+        let h = help(&[&c]);
+        all.push((c, h));
+    }
+    assert!(all.len() >= 3, "no subcommands found in:\n{top}");
+    for (cmd, text) in &all {
+        if !cmd.is_empty() && !doc.contains(&format!("traceml-daemon {cmd}")) {
+            missing.push(format!("subcommand {cmd}"));
+        }
+        for opt in long_options(text) {
+            if !mentions(&doc, &opt) {
+                missing.push(format!("{cmd} {opt}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not documented in docs/cli.md: {missing:?}"
+    );
+}
+
+/// Environment variable names read in `text`: `var("X")`, `var_os("X")`, `from_env("X")`, and
+/// any `TRACEML_*` string (names built with `format!` are matched by their prefix).
+fn env_names(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for call in ["var(\"", "var_os(\"", "from_env(\""] {
+        for (i, _) in text.match_indices(call) {
+            let rest = &text[i + call.len()..];
+            out.push(rest[..rest.find('"').unwrap_or(0)].to_owned());
+        }
+    }
+    for (i, _) in text.match_indices("\"TRACEML_") {
+        let name: String = text[i + 1..]
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        out.push(name);
+    }
+    out.retain(|n| !n.is_empty());
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_environment_variable_is_in_docs_cli() {
+    let doc = read("docs/cli.md");
+    let root = workspace();
+    let mut files = vec![root.join("traceml-daemon/build.rs")];
+    for d in ["traceml-daemon/src", "traceml-daemon/tests", "xtask/src"] {
+        rust_files(&root.join(d), &mut files);
+    }
+    // Generic variables, and those cargo sets for the build.
+    let generic = [
+        "HOME",
+        "PATH",
+        "OUT_DIR",
+        "CARGO_MANIFEST_DIR",
+        "CARGO_PKG_VERSION",
+    ];
+    let mut missing = Vec::new();
+    for f in files {
+        if f.ends_with("tests/docs.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        for name in env_names(&text) {
+            if !generic.contains(&name.as_str()) && !doc.contains(&name) {
+                missing.push(format!(
+                    "{name} ({})",
+                    f.strip_prefix(&root).unwrap().display()
+                ));
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "environment variables not documented in docs/cli.md: {missing:?}"
+    );
+}
+
+#[test]
+fn the_readme_names_the_verdicts_as_the_card_prints_them() {
+    use DiagnosisKind::*;
+    let all = [
+        InputBound,
+        H2dBound,
+        ComputeBound,
+        ResidualHeavy,
+        MemoryCreep,
+        LowGpuUtilizationUnexplained,
+        Balanced,
+        InsufficientData,
+    ];
+    // A new kind fails to compile here until it is added above (and to the README).
+    for k in all {
+        match k {
+            InputBound
+            | H2dBound
+            | ComputeBound
+            | ResidualHeavy
+            | MemoryCreep
+            | LowGpuUtilizationUnexplained
+            | Balanced
+            | InsufficientData => {}
+        }
+    }
+    let readme = read("README.md");
+    for k in all {
+        assert!(
+            readme.contains(&format!("`{}`", k.headline())),
+            "README.md does not name {} as the card prints it",
+            k.headline()
+        );
+    }
+}
+
+#[test]
+fn the_parsers_see_what_they_should() {
+    assert_eq!(
+        long_options("  -o, --output <DIR>  x (--a-b)\n  x--no"),
+        ["--a-b", "--output"]
+    );
+    assert!(mentions("a `--format text` b", "--format"));
+    assert!(!mentions("a --format-x b", "--format"));
+    assert_eq!(
+        env_names(
+            "var_os(\"A\") var(\"B\") from_env(\"C\") \"TRACEML_X_1\" format!(\"TRACEML_P_{m}\")"
+        ),
+        ["B", "A", "C", "TRACEML_X_1", "TRACEML_P_"]
+    );
+}

@@ -1,0 +1,294 @@
+//! `traceml-daemon serve` (issue 12): started before a job, it finds the job without a pid,
+//! skips a neighbour started with `TRACEML_DISABLE=1`, writes window summaries while the job
+//! runs and its final summary within 5 s of its exit with the verdict the job's own truth gives,
+//! and exits 0 within 10 s of SIGTERM, writing the summary of a job still running. The systemd
+//! unit passes `systemd-analyze verify`, and its ExecStart line works under exactly the
+//! capability set the unit grants, run with `setpriv` as an unprivileged user.
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+use traceml_daemon::engine::Phase;
+
+/// A `serve` process, killed on drop.
+struct Serve(Child);
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A workload started without the daemon's handshake (serve finds it by itself), killed on drop.
+struct Job(Child);
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts an input-bound fake-torch loop of `steps` steps (a step count no other test uses: the
+/// serve under test only includes command lines with it).
+fn job(steps: u32, truth: &Path, opt_out: bool) -> Job {
+    let mut cmd = Command::new(python(11));
+    cmd.arg(workspace().join("tests/workloads/input_bound_single.py"))
+        .args(["--steps", &steps.to_string(), "--truth"])
+        .arg(truth)
+        .env("PYTHONPATH", workspace().join("tests/faketorch"))
+        .env("TRACEML_TESTS_BUILD", tests_build())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if opt_out {
+        cmd.env("TRACEML_DISABLE", "1");
+    }
+    Job(cmd.spawn().expect("start the workload"))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The job directory of `pid` under the state directory (`<comm>-<pid>-<start>`).
+fn job_dir(state: &Path, pid: u32) -> Option<PathBuf> {
+    std::fs::read_dir(state)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains(&format!("-{pid}-")))
+        })
+}
+
+/// The verdict the share rules give on the truth's own totals.
+fn truth_kind(truth: &Path) -> String {
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(truth).expect("truth")).unwrap();
+    let wall = t["totals"]["wall_ns"].as_f64().unwrap();
+    let shares: Vec<(Phase, f64)> = Phase::ALL
+        .iter()
+        .map(|&p| {
+            let ns = t["totals"][format!("{}_ns", p.name())].as_f64().unwrap();
+            (p, ns / wall)
+        })
+        .collect();
+    traceml_daemon::diagnosis::kind_for_shares(&shares, t["step_count"].as_u64().unwrap() as u32)
+        .as_str()
+        .to_owned()
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("final_summary.json")).unwrap()).unwrap()
+}
+
+/// `serve` as `cmd` (root, or under setpriv), for the jobs of `steps` steps, windows of 2 s.
+fn start_serve(mut cmd: Command, state: &Path, ready: &Path, steps: &[u32]) -> Serve {
+    cmd.arg("serve")
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--window", "2"])
+        .arg("--ready-file")
+        .arg(ready)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for s in steps {
+        cmd.args([
+            "--include",
+            &format!("*input_bound_single.py --steps {s} *"),
+        ]);
+    }
+    let serve = Serve(cmd.spawn().expect("start serve"));
+    wait_for("serve's ready file", Duration::from_secs(10), || {
+        ready.exists()
+    });
+    serve
+}
+
+fn stop(mut serve: Serve) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = serve.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "serve still running 10 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "serve exited with {status}");
+}
+
+#[test]
+fn serve_finds_jobs_skips_opt_outs_and_stops_cleanly() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("serve");
+    let state = dir.join("state");
+    // A config file that is named must exist and parse: exit 2, naming it.
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "inclde = []\n").unwrap();
+    for config in [bad.clone(), dir.join("missing.toml")] {
+        let out = Command::new(daemon())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&*config.to_string_lossy()), "{err}");
+    }
+    let serve = start_serve(
+        Command::new(daemon()),
+        &state,
+        &dir.join("ready"),
+        &[171, 172, 3001],
+    );
+    let (t1, t2) = (dir.join("t1.json"), dir.join("t2.json"));
+    let mut a = job(171, &t1, false);
+    let mut b = job(172, &t2, true);
+    let (pa, pb) = (a.0.id(), b.0.id());
+    assert!(a.0.wait().unwrap().success() && b.0.wait().unwrap().success());
+    let ended = Instant::now();
+    wait_for("the job's final summary", Duration::from_secs(5), || {
+        job_dir(&state, pa).is_some_and(|d| d.join("final_summary.json").exists())
+    });
+    eprintln!("final summary {:?} after the job's exit", ended.elapsed());
+    let d = job_dir(&state, pa).unwrap();
+    let s = summary(&d);
+    assert_eq!(s["primary_diagnosis"]["kind"], truth_kind(&t1), "{s:#}");
+    assert!(
+        s["steps"]["count"].as_u64().unwrap() >= 20,
+        "{}",
+        s["steps"]
+    );
+    assert!(
+        job_dir(&state, pb).is_none(),
+        "the opted-out job was attached"
+    );
+    // A long job: window summaries while it runs, its final summary at SIGTERM.
+    let t3 = dir.join("t3.json");
+    let c = job(3001, &t3, false);
+    let pc = c.0.id();
+    wait_for("two window summaries", Duration::from_secs(30), || {
+        job_dir(&state, pc).is_some_and(|d| d.join("summary-2.json").exists())
+    });
+    let d = job_dir(&state, pc).unwrap();
+    let w: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("summary-2.json")).unwrap()).unwrap();
+    assert_eq!(w["primary_diagnosis"]["kind"], "INPUT_BOUND", "{w:#}");
+    stop(serve);
+    let s = summary(&d);
+    assert_eq!(
+        s["data_quality"]["end_reason"], "terminated",
+        "{}",
+        s["data_quality"]
+    );
+    assert!(s["steps"]["count"].as_u64().unwrap() > 0);
+    drop(c);
+    // The state directory is private to the daemon's group.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o750);
+}
+
+/// The capabilities the unit grants, from its `AmbientCapabilities=` line.
+fn unit_caps(unit: &str) -> Vec<String> {
+    let bounding: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let ambient: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(bounding, ambient, "the unit grants what it bounds");
+    ambient
+}
+
+#[test]
+fn unit_file_verifies_and_its_capability_set_is_enough() {
+    if !root_or_skip() {
+        return;
+    }
+    let unit_path = workspace().join("packaging/traceml-daemon.service");
+    let unit = std::fs::read_to_string(&unit_path).unwrap();
+    let dir = scratch("unit");
+    // systemd-analyze checks the ExecStart binary exists: point it at this build.
+    let local = dir.join("traceml-daemon.service");
+    std::fs::write(
+        &local,
+        unit.replace(
+            "/usr/local/bin/traceml-daemon",
+            &daemon().display().to_string(),
+        ),
+    )
+    .unwrap();
+    match Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&local)
+        .output()
+    {
+        Ok(out) => assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "systemd-analyze verify: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("systemd-analyze not available ({e}): unit not verified"),
+    }
+    // The same ExecStart, as an unprivileged user holding exactly the unit's capabilities.
+    let caps: Vec<String> = unit_caps(&unit)
+        .iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    let caps = caps.join(",");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&dir).unwrap();
+    // `nobody` must be able to reach the scratch directory to create its state directory.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--no-new-privs",
+    ])
+    .arg(format!("--inh-caps=-all,{caps}"))
+    .arg(format!("--ambient-caps=-all,{caps}"))
+    .arg(format!("--bounding-set=-all,{caps}"))
+    .arg(daemon());
+    let serve = start_serve(cmd, &state, &dir.join("ready"), &[173]);
+    let t = dir.join("t.json");
+    let mut a = job(173, &t, false);
+    let pa = a.0.id();
+    assert!(a.0.wait().unwrap().success());
+    wait_for("the job's final summary", Duration::from_secs(5), || {
+        job_dir(&state, pa).is_some_and(|d| d.join("final_summary.json").exists())
+    });
+    let s = summary(&job_dir(&state, pa).unwrap());
+    assert_eq!(s["primary_diagnosis"]["kind"], truth_kind(&t), "{s:#}");
+    stop(serve);
+}
