@@ -123,7 +123,8 @@ pub fn preflight(pid: u32) -> Result<(), LiveError> {
         // CAP_SYS_ADMIN covers CAP_BPF and CAP_PERFMON, and current kernels need it for uprobes.
         // CAP_BPF + CAP_PERFMON without it still pass here: older kernels accept them, and on a
         // newer one the uprobe's EACCES names CAP_SYS_ADMIN (see `run`).
-        if !has(CAP_SYS_ADMIN) && !(has(CAP_BPF) && has(CAP_PERFMON)) {
+        let admin_or_pair = has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
+        if !admin_or_pair {
             missing.push("CAP_SYS_ADMIN");
         }
         if !has(CAP_SYS_PTRACE) {
