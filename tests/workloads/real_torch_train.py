@@ -7,6 +7,13 @@ Usage: python real_torch_train.py --scenario {input_bound,residual_heavy,balance
 Same protocol and truth format as the fake-torch scenarios (tests/README.md), with
 "backend": "torch-cpu". No CUDA work happens, so h2d/gpu_wait are 0 and the byte/launch counters
 are absent. Run it with a venv that has torch (e.g. /tmp/invest/venv311/bin/python).
+
+`balanced` must sit inside a narrow band (input wait and residual each under 10 % of the step,
+compute under 90 %) on any machine and under CPU load. Its input and residual work are therefore
+CPU work on the training thread, sized from the model step's own CPU time measured at start-up:
+when another process takes CPU, every phase slows by the same factor and the shares stay put.
+(A sleep would not slow down while the model's CPU work does, and the run would drift to
+COMPUTE_BOUND.) The other scenarios sit far from every line and keep their sleeps.
 """
 import argparse
 import json
@@ -24,9 +31,14 @@ SCENARIOS = {
                         verdict="input_bound"),
     "residual_heavy": dict(steps=60, batch_size=4, getitem_ns=200_000, hidden=256, residual_sleep_ns=40 * MS,
                            verdict="residual_heavy"),
-    # balanced: input wait and residual each well under the 10 % warning line, compute under 90 %
-    "balanced": dict(steps=80, batch_size=16, getitem_ns=70_000, hidden=3072, residual_sleep_ns=1_500_000,
-                     verdict="balanced"),
+    # balanced: input wait ~6-8 % (the DataLoader's own work topped up with CPU work in
+    # __getitem__ to 5 %, + the loop's Python and load jitter) and residual ~5.5 % (zero_grad
+    # topped up to 5 %) of the step, compute ~87 %: 2 to 4 points from each line, the middle of a
+    # narrow band. CPU work sized at start-up (see above).
+    # Hidden 2048: a weight's gradient (16 MB) stays under glibc's mmap threshold, so zero_grad
+    # does not unmap it every step (at 3072 that page-fault churn was a quarter of the step).
+    "balanced": dict(steps=80, batch_size=16, getitem_ns=0, hidden=2048, residual_sleep_ns=0,
+                     input_cpu_share=0.05, residual_cpu_share=0.05, verdict="balanced"),
 }
 
 
@@ -51,6 +63,12 @@ def main():
     torch.set_num_threads(1)
     H = cfg["hidden"]
 
+    def cpu_spin(ns):
+        """Busy for `ns` of this thread's CPU time (longer in wall time when the CPU is shared)."""
+        end = time.thread_time_ns() + ns
+        while time.thread_time_ns() < end:
+            pass
+
     class SlowDataset(Dataset):
         def __init__(self, n):
             self.n = n
@@ -61,7 +79,10 @@ def main():
             return self.n
 
         def __getitem__(self, i):
-            time.sleep(cfg["getitem_ns"] / 1e9)
+            if cfg.get("getitem_cpu_ns"):
+                cpu_spin(cfg["getitem_cpu_ns"])
+            if cfg["getitem_ns"]:
+                time.sleep(cfg["getitem_ns"] / 1e9)
             return self.x[i], self.y[i]
 
     loader = DataLoader(SlowDataset(cfg["steps"] * cfg["batch_size"]), batch_size=cfg["batch_size"],
@@ -71,9 +92,38 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     # warm up once (first-call allocations / lazy init), outside the measured loop
     xb = torch.randn(cfg["batch_size"], 64)
-    lossf(model(xb), torch.randn(cfg["batch_size"], 1)).backward()
+    yb = torch.randn(cfg["batch_size"], 1)
+    lossf(model(xb), yb).backward()
     opt.step()
     opt.zero_grad()
+    if cfg.get("input_cpu_share"):
+        # The model step's CPU time (forward, loss, backward, SGD), zero_grad's and the
+        # DataLoader's own per batch, medians of 9; the input and residual CPU work top the last
+        # two up to their shares of the whole step.
+        probe = iter(DataLoader(SlowDataset(9 * cfg["batch_size"]), batch_size=cfg["batch_size"]))
+        loader_cpu = []
+        for _ in range(9):
+            c0 = time.thread_time_ns()
+            next(probe)
+            loader_cpu.append(time.thread_time_ns() - c0)
+        model_cpu, zero_cpu = [], []
+        for _ in range(9):
+            c0 = time.thread_time_ns()
+            lossf(model(xb), yb).backward()
+            opt.step()
+            c1 = time.thread_time_ns()
+            opt.zero_grad()
+            model_cpu.append(c1 - c0)
+            zero_cpu.append(time.thread_time_ns() - c1)
+        step_cpu = statistics.median(model_cpu)
+        compute_share = 1.0 - cfg["input_cpu_share"] - cfg["residual_cpu_share"]
+        residual_cpu = step_cpu * cfg["residual_cpu_share"] / compute_share
+        cfg["model_step_cpu_ns"] = int(step_cpu)
+        cfg["zero_grad_cpu_ns"] = int(statistics.median(zero_cpu))
+        cfg["loader_cpu_ns"] = int(statistics.median(loader_cpu))
+        input_cpu = step_cpu * cfg["input_cpu_share"] / compute_share - cfg["loader_cpu_ns"]
+        cfg["getitem_cpu_ns"] = max(0, int(input_cpu / cfg["batch_size"]))
+        cfg["residual_cpu_ns"] = max(0, int(residual_cpu - cfg["zero_grad_cpu_ns"]))
 
     # The start line goes out once torch is imported and the model is built: the harness attaches
     # then, to a process that has started, as a user attaches to a running job.
@@ -107,6 +157,8 @@ def main():
         t7 = now()
         if cfg["residual_sleep_ns"]:
             time.sleep(cfg["residual_sleep_ns"] / 1e9)
+        if cfg.get("residual_cpu_ns"):
+            cpu_spin(cfg["residual_cpu_ns"])
         t9 = now()
         del batch, out, loss
         t10 = now()
