@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use super::runs::{Ctx, Killer, monotonic_ns, sh};
+use super::runs::{Ctx, Killer, monotonic_ns, proc_sample, sh};
 use super::stats::{Kv, Span, f};
 use crate::{root, setup};
 
@@ -53,6 +53,8 @@ pub struct Window {
     pub attach_s: Option<f64>,
     /// (CLOCK_MONOTONIC ns, CPU ns of the training thread), sampled every ~20 ms over the window.
     pub cpu: Vec<(u64, u64)>,
+    /// On windows: the daemon's CPU time over the window, % of one core.
+    pub daemon_cpu_pct: Option<f64>,
 }
 
 /// CPU time the target's main (training) thread has run, ns (`/proc/P/schedstat`). Uprobe
@@ -287,6 +289,7 @@ fn run_one(ctx: &mut Ctx, w: &Workload, s: &Schedule) -> anyhow::Result<InprocRu
                 summary: None,
                 attach_s: None,
                 cpu,
+                daemon_cpu_pct: None,
             });
             continue;
         }
@@ -352,11 +355,18 @@ fn on_window(ctx: &Ctx, dir: &Path, pid: u32, s: &Schedule) -> anyhow::Result<Wi
     let start_ns = monotonic_ns();
     let attach_s = t0.elapsed().as_secs_f64();
     let window_end = start_ns + (s.window_s * 1e9) as u64;
+    let dpid = d.0.as_ref().unwrap().id();
+    let daemon_cpu = || proc_sample(dpid, ctx.clk_tck).map(|x| x.0);
+    let daemon_start = daemon_cpu();
+    let mut daemon_end = None;
     let mut last = Instant::now();
     let st = loop {
         if monotonic_ns() <= window_end && last.elapsed() >= Duration::from_millis(20) {
             sample(pid, &mut cpu);
             last = Instant::now();
+        }
+        if daemon_end.is_none() && monotonic_ns() >= window_end {
+            daemon_end = daemon_cpu();
         }
         if let Some(st) = d.0.as_mut().unwrap().try_wait()? {
             d.0 = None;
@@ -395,5 +405,8 @@ fn on_window(ctx: &Ctx, dir: &Path, pid: u32, s: &Schedule) -> anyhow::Result<Wi
         summary,
         attach_s: Some(attach_s),
         cpu,
+        daemon_cpu_pct: daemon_start
+            .zip(daemon_end)
+            .map(|(a, b)| 100.0 * (b - a) / s.window_s),
     })
 }

@@ -7,7 +7,9 @@ use super::Plan;
 use super::inprocess::{InprocRun, Schedule};
 use super::measure::{Measured, Overhead, per_hit};
 use super::runs::{Ctx, DaemonStats, TRACEML_PIN, sh};
-use super::stats::{Kv, f, hits_by_probe, med, mmm, on_off};
+use super::stats::{
+    Kv, Span, compare_windows, cpu_ms_per_step, f, hits_by_probe, med, mmm, on_off,
+};
 
 const PHASES: [&str; 7] = [
     "input_wait",
@@ -647,36 +649,49 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
          {}; load average at start / end {} / {}). One long run of each workload; after a warm-up, \
          {windows} windows of {secs:.0} s alternate off / on / off …, starting and ending off. In an \
          on window the daemon (`{daemon}`) runs as `traceml-daemon --pid P --duration {secs:.0} \
-         --output DIR --quiet --ready-file F`; the window is the {secs:.0} s from its ready file (probes \
-         live) on, so its attach and teardown fall outside every window. Off windows start 1 s after \
-         the daemon exited. Step times are from the workload's `--steps-log` (CLOCK_MONOTONIC at each \
-         step's end; a step counts in a window when it starts and ends inside it). Ratio = an on \
-         window's median step / the mean of the medians of the off windows on both sides of it; the \
-         row gives the median over on windows (min–max beside it). Measured added µs/step = on median \
-         − that off mean. Estimated = the daemon's own `daemon_overhead.estimated_us_per_step` from \
-         the on windows' `final_summary.json` (median), \"—\" where the summary has no such field. \
-         Off spread = (largest − smallest off-window median) / smallest: the noise floor of the row. \
-         Attach s = daemon start → ready file (median over on windows; outside the windows). The daemon \
-         may change its probe set while attached (`daemon_overhead.probe_sets`, e.g. a costly set \
-         while it learns the loop, then a cheaper one): the \"after the last probe-set change\" \
-         column measures only the part of each on window after the last change (when ≥ 1 s is \
-         left), against the daemon's `steady_us_per_step`.\n",
+         --output DIR --quiet --ready-file F`; the window is the {secs:.0} s from its ready file \
+         (probes live) on, so its attach and teardown fall outside every window. Off windows start \
+         {:.0} s after the daemon exited. Per on window, ratio = its value / the mean of the values \
+         of the off windows on both sides; rows give the median over on windows (min–max beside \
+         it) and added = on − that off mean.\n\n\
+         - **Wall clock**: step times from the workload's `--steps-log` (CLOCK_MONOTONIC at each \
+         step's end; a step counts in a window when it starts and ends inside it), median per \
+         window. Off spread = (largest − smallest off-window median) / smallest: the noise floor \
+         of the row (other jobs on this shared machine stretch steps; the real-torch and fake \
+         loops also sleep, and their wake-ups vary with load).\n\
+         - **CPU**: the training thread's CPU time (`/proc/P/schedstat`, sampled every 20 ms) per \
+         step ended in the window. Uprobe handlers run in the thread's context and count; time \
+         spent waiting for a core does not, so this is the steadier measure of what the probes add \
+         on a loaded machine. It still includes what the daemon's own CPU use costs the target \
+         (two vCPUs that may share a physical core and its caches): the daemon's CPU, % of one \
+         core over the on windows (utime + stime at 100 Hz), is in the last column. The fake \
+         loops' host work busy-waits for a set wall time, so their CPU per step falls when they \
+         are preempted: on a loaded machine neither measure is clean for them.\n\
+         - **Estimated**: the daemon's own `daemon_overhead` from each on window's \
+         `final_summary.json` (median over windows): `estimated_us_per_step` over the whole \
+         attachment and `steady_us_per_step`; \"—\" where the summary has no such field.\n\
+         - The daemon may change its probe set while attached (`daemon_overhead.probe_sets`: \
+         every probe while it learns the loop, then a cheaper set): the \"after the last change\" \
+         columns use only the part of each on window after it (when ≥ 1 s is left), to compare with \
+         the steady estimate.\n",
         sh("date -u '+%Y-%m-%d %H:%M'"),
         runs.first()
             .map(|r| first3(&r.load_start))
             .unwrap_or_default(),
-        first3(&sh("cat /proc/loadavg"))
+        first3(&sh("cat /proc/loadavg")),
+        s.guard_s
     );
     let _ = writeln!(
         md,
-        "| workload | steps off / on | off step ms | on step ms | ratio median (min–max) | added | off spread | measured added µs/step | estimated µs/step (% of step) | after the last probe-set change: ratio / measured µs/step / estimated steady µs/step | daemon verdict | attach s |"
+        "| workload | steps off / on | wall ms/step off | on | ratio median (min–max) | added | off spread | after the last change: ratio / added µs | daemon verdict | attach s |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+    let mut cpu_rows = String::new();
     for r in runs {
         if let Some(e) = &r.error {
             let _ = writeln!(
                 md,
-                "| {} | not run: {} | | | | | | | | | | |",
+                "| {} | not run: {} | | | | | | | | |",
                 r.name,
                 e.replace('\n', " ").replace('|', "/")
             );
@@ -698,11 +713,6 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
             .filter_map(|w| w.summary.as_ref())
             .collect();
         let field = |k: &str| -> Vec<f64> { summaries.iter().filter_map(|s| f(s, k)).collect() };
-        let (est, est_pct, est_steady) = (
-            field("overhead.estimated_us_per_step"),
-            field("overhead.estimated_pct_of_step"),
-            field("overhead.steady_us_per_step"),
-        );
         let mut verdicts: Vec<String> = summaries
             .iter()
             .filter_map(|s| s.get("verdict").cloned())
@@ -712,7 +722,7 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
         let or_dash = |v: &[f64], s: String| if v.is_empty() { "—".to_owned() } else { s };
         let _ = writeln!(
             md,
-            "| {} | {} / {} | {:.2} | {:.2} | {rm:.4} ({rlo:.4}–{rhi:.4}) | {:+.2} % | {:.1} % | {:.0} | {} | {} / {} / {} | {} | {:.1} |",
+            "| {} | {} / {} | {:.2} | {:.2} | {rm:.4} ({rlo:.4}–{rhi:.4}) | {:+.2} % | {:.1} % | {} / {} | {} | {:.1} |",
             r.name,
             a.steps_off,
             a.steps_on,
@@ -720,11 +730,8 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
             a.on_ms,
             (rm - 1.0) * 100.0,
             a.off_spread * 100.0,
-            med(&a.added_us),
-            or_dash(&est, format!("{:.0} ({:.2} %)", med(&est), med(&est_pct))),
             or_dash(&st.ratios, format!("{:.4}", med(&st.ratios))),
             or_dash(&st.added_us, format!("{:.0}", med(&st.added_us))),
-            or_dash(&est_steady, format!("{:.0}", med(&est_steady))),
             if verdicts.is_empty() {
                 "—".to_owned()
             } else {
@@ -736,11 +743,54 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
                 .filter_map(|w| w.attach_s)
                 .collect::<Vec<_>>())
         );
+        // CPU of the training thread per step, whole windows and after the last change.
+        let cpu_of = |spans: &[Option<Span>]| -> Vec<f64> {
+            r.windows
+                .iter()
+                .zip(spans)
+                .map(|(w, sp)| {
+                    sp.map(|sp| cpu_ms_per_step(&r.step_ends, &w.cpu, &sp))
+                        .unwrap_or(f64::NAN)
+                })
+                .collect()
+        };
+        let (c_off, c_on, c_ratios, c_added) = compare_windows(&on, &cpu_of(&whole));
+        let (_, _, _, cs_added) = compare_windows(&on, &cpu_of(&steady));
+        let (cm, clo, chi) = mmm(&c_ratios);
+        let (est, est_pct, est_steady) = (
+            field("overhead.estimated_us_per_step"),
+            field("overhead.estimated_pct_of_step"),
+            field("overhead.steady_us_per_step"),
+        );
+        let _ = writeln!(
+            cpu_rows,
+            "| {} | {c_off:.2} | {c_on:.2} | {cm:.4} ({clo:.4}–{chi:.4}) | {:.0} | {} | {} / {} | {:.0} |",
+            r.name,
+            med(&c_added),
+            or_dash(&cs_added, format!("{:.0}", med(&cs_added))),
+            or_dash(&est, format!("{:.0} ({:.2} %)", med(&est), med(&est_pct))),
+            or_dash(&est_steady, format!("{:.0}", med(&est_steady))),
+            med(&r
+                .windows
+                .iter()
+                .filter_map(|w| w.daemon_cpu_pct)
+                .collect::<Vec<_>>()),
+        );
     }
     let _ = writeln!(
         md,
+        "\nCPU time of the training thread per step, and the daemon's own estimate:\n"
+    );
+    let _ = writeln!(
+        md,
+        "| workload | CPU ms/step off | on | ratio median (min–max) | measured added µs/step | after the last change: added µs/step | estimated µs/step (% of step) / steady µs/step | daemon CPU % of a core |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    md.push_str(&cpu_rows);
+    let _ = writeln!(
+        md,
         "\nProbe hits per step (`daemon_overhead.hits_per_step`, median over on windows) and the \
-         daemon's probe sets:\n"
+         daemon's probe sets (seconds from the daemon's start):\n"
     );
     let _ = writeln!(md, "| workload | probe sets | hits per step by probe |");
     let _ = writeln!(md, "|---|---|---|");

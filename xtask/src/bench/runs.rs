@@ -64,7 +64,8 @@ impl Drop for Killer {
     }
 }
 
-fn proc_sample(pid: u32, clk: f64) -> Option<(f64, u64, u64)> {
+/// (CPU seconds, VmHWM kB, RssAnon kB) of a process.
+pub fn proc_sample(pid: u32, clk: f64) -> Option<(f64, u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();

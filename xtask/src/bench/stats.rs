@@ -57,34 +57,37 @@ pub fn window_steps_ms(step_ends: &[u64], w: &Span) -> Vec<f64> {
         .collect()
 }
 
-/// Per on-window: its median step time over the mean of the medians of the off windows next to
-/// it (both when there are two). `None` where a window has no whole step.
-pub fn on_ratios(windows: &[Span], medians: &[f64]) -> Vec<Option<f64>> {
+/// The mean of the values of the off windows next to window `i` (both when there are two).
+fn off_neighbours(windows: &[Span], values: &[f64], i: usize) -> Option<f64> {
+    let n: Vec<f64> = [i.checked_sub(1), Some(i + 1)]
+        .into_iter()
+        .flatten()
+        .filter(|&j| j < windows.len() && !windows[j].on && values[j].is_finite())
+        .map(|j| values[j])
+        .collect();
+    (!n.is_empty()).then(|| n.iter().sum::<f64>() / n.len() as f64)
+}
+
+/// Per on-window: its value (median step ms) over the mean of its off neighbours' values.
+/// `None` where a window has no value.
+pub fn on_ratios(windows: &[Span], values: &[f64]) -> Vec<Option<f64>> {
     (0..windows.len())
         .filter(|&i| windows[i].on)
         .map(|i| {
-            let neighbours: Vec<f64> = [i.checked_sub(1), Some(i + 1)]
-                .into_iter()
-                .flatten()
-                .filter(|&j| j < windows.len() && !windows[j].on && medians[j].is_finite())
-                .map(|j| medians[j])
-                .collect();
-            if neighbours.is_empty() || !medians[i].is_finite() {
-                return None;
-            }
-            let off = neighbours.iter().sum::<f64>() / neighbours.len() as f64;
-            Some(medians[i] / off)
+            let off = off_neighbours(windows, values, i)?;
+            values[i].is_finite().then(|| values[i] / off)
         })
         .collect()
 }
 
-/// Per on-window: its median step time minus the mean of its off neighbours, in µs.
-pub fn on_added_us(windows: &[Span], medians: &[f64]) -> Vec<Option<f64>> {
-    let ratios = on_ratios(windows, medians);
+/// Per on-window: its value (ms) minus the mean of its off neighbours', in µs.
+pub fn on_added_us(windows: &[Span], values: &[f64]) -> Vec<Option<f64>> {
     (0..windows.len())
         .filter(|&i| windows[i].on)
-        .zip(ratios)
-        .map(|(i, r)| r.map(|r| medians[i] * 1000.0 * (1.0 - 1.0 / r)))
+        .map(|i| {
+            let off = off_neighbours(windows, values, i)?;
+            values[i].is_finite().then(|| (values[i] - off) * 1000.0)
+        })
         .collect()
 }
 
@@ -126,7 +129,10 @@ pub fn compare_windows(on: &[bool], values: &[f64]) -> (f64, f64, Vec<f64>, Vec<
         med(&pick(false)),
         med(&pick(true)),
         on_ratios(&windows, values).into_iter().flatten().collect(),
-        on_added_us(&windows, values).into_iter().flatten().collect(),
+        on_added_us(&windows, values)
+            .into_iter()
+            .flatten()
+            .collect(),
     )
 }
 
