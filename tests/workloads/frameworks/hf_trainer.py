@@ -17,7 +17,7 @@ Truth clocks (all from this script, CLOCK_MONOTONIC):
   residual    the rest: the gradient norm (transformers 5.24 computes it every step, even with
               clipping off: max_grad_norm=0 here), lr scheduler, zero_grad, the Trainer's
               bookkeeping; ~3 ms a step. The model is narrow (hidden 128, vocab 1000) with long
-              sequences (80) so that compute, which grows with tokens, dominates what grows with
+              sequences (96) so that compute, which grows with tokens, dominates what grows with
               the parameter count (norm, zero_grad, optimizer)
 """
 import os
@@ -30,10 +30,10 @@ from truthlib import MS, now  # noqa: E402
 
 CONFIGS = {
     # seq_len tokens per item, getitem_ns sleep per item, expected verdict
-    "compute": dict(steps=60, batch_size=8, seq_len=80, hidden=128, layers=2, heads=2, intermediate=512,
+    "compute": dict(steps=60, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
                     vocab=1000, getitem_ns=0, max_grad_norm=0.0, verdict="compute_bound"),
-    "input": dict(steps=40, batch_size=8, seq_len=80, hidden=128, layers=2, heads=2, intermediate=512,
-                  vocab=1000, getitem_ns=8 * MS, max_grad_norm=0.0, verdict="input_bound"),
+    "input": dict(steps=40, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
+                  vocab=1000, getitem_ns=10 * MS, max_grad_norm=0.0, verdict="input_bound"),
 }
 POOL = 64  # distinct synthetic items; item i is POOL item i % POOL (long runs need no memory)
 
