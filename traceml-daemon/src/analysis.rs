@@ -407,6 +407,10 @@ fn run_info(
         first_step_s: attach_ns
             .zip(steps.first())
             .and_then(|(a, s)| secs(a, s.start_ns)),
+        end: items.iter().find_map(|i| match i {
+            StreamItem::End(e) => e.target.as_deref().cloned(),
+            _ => None,
+        }),
     }
 }
 
@@ -1086,6 +1090,7 @@ pub(crate) mod fixtures {
         items.push(StreamItem::End(End {
             ts: end,
             reason: EndReason::TargetExited,
+            target: None,
         }));
         let engine = EngineOutput {
             steps,

@@ -438,6 +438,29 @@ pub struct LibraryInfo {
 pub struct End {
     pub ts: u64,
     pub reason: EndReason,
+    /// How the target ended, when it did (exit status, signal, program exec'd); absent when
+    /// the daemon stopped first, and in recordings of older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Box<TargetEnd>>,
+}
+
+/// What the daemon learned of the target's end (`crate::ending`). Every field is `None` (or
+/// false) when unknown; `source` says where the facts came from or why they are unknown.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TargetEnd {
+    /// Exit status (0–255) of a target that exited.
+    pub exit_status: Option<i32>,
+    /// The signal that killed the target.
+    pub signal: Option<i32>,
+    /// Its name (`SIGKILL`).
+    pub signal_name: Option<String>,
+    /// The kernel wrote a core dump.
+    pub core_dumped: bool,
+    /// The program the target exec'd (its new `/proc/<pid>/exe`, else its new `comm`).
+    pub exec: Option<String>,
+    /// `process events connector`, `/proc/<pid>/stat of the zombie`, or `status unknown: why`.
+    pub source: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -447,6 +470,8 @@ pub enum EndReason {
     TargetExited,
     /// The target called exec: its memory (and our probes) are gone.
     TargetExeced,
+    /// The target was killed by a signal (which: [`TargetEnd::signal`]).
+    TargetKilled,
     /// SIGINT / Ctrl-C.
     Interrupted,
     /// SIGTERM.

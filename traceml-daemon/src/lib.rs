@@ -25,6 +25,7 @@ pub mod classify;
 pub mod compare;
 pub mod diagnosis;
 pub mod engine;
+pub mod ending;
 pub mod event;
 #[cfg(feature = "live")]
 pub mod live;

@@ -16,6 +16,7 @@ use crate::attach::pystack::StackReader;
 use crate::attach::python::{self, CodeReader};
 use crate::attach::{self, AttachError, Attacher, LoadConfig, maps};
 use crate::classify::{self, RecordClass};
+use crate::ending;
 use crate::event::{
     self, Api, Class, CodeInfo, End, EndReason, FuncInfo, Kind, LaunchTotals, LibraryInfo, Lost,
     ProbeSet, ProbeStats, StackSample, StreamItem, TargetInfo,
@@ -738,7 +739,9 @@ pub async fn run(
             Policy::Markers => "--probe-set markers: no frame-evaluator probe".into(),
         },
     })))?;
-    let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, start).await?;
+    // Subscribed before the loop: the target's exit or exec is reported while it happens.
+    let mut watch = ending::Watch::new(pid, start, run.python_base);
+    let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, &mut watch).await?;
     // Final drain: what the kernel wrote before we stopped.
     run.drain(&mut k);
     run.process(None)?;
@@ -786,6 +789,7 @@ pub async fn run(
     run.emit(StreamItem::End(End {
         ts: monotonic_ns(),
         reason,
+        target: watch.take_end().map(Box::new),
     }))?;
     // Detaching hundreds of uprobes takes the kernel seconds (one RCU grace period per probe).
     // Do it off the path to the verdict: the summary is written meanwhile, and the kernel
@@ -860,7 +864,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     k: &mut Kernel,
     sampler: &mut Sampler,
     governor: &mut Governor,
-    start: Option<u64>,
+    watch: &mut ending::Watch,
 ) -> Result<EndReason, LiveError> {
     use tokio::signal::unix::{SignalKind, signal};
     use tokio::time::{MissedTickBehavior, interval};
@@ -906,14 +910,16 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 run.drain(k);
             }
             _ = rescan.tick() => {
-                if process_gone(pid, start) {
-                    return Ok(EndReason::TargetExited);
+                // Maps first, then the process's state (see crate::ending: a process tearing
+                // down its memory on exit is not an exec).
+                let mappings = maps::read(pid).ok();
+                let base = mappings.as_ref().map(|m| maps::base_of(m, &run.python_path));
+                if let Some(reason) = watch.check(base) {
+                    return Ok(reason);
                 }
-                let Ok(mappings) = maps::read(pid) else { return Ok(EndReason::TargetExited) };
-                if maps::base_of(&mappings, &run.python_path) != run.python_base {
-                    return Ok(EndReason::TargetExeced);
+                if let Some(mappings) = mappings {
+                    run.rescan(k, &mappings)?;
                 }
-                run.rescan(k, &mappings)?;
                 let lost = run.lost(k);
                 if lost != last_lost {
                     run.emit(StreamItem::Lost(lost.clone()))?;

@@ -467,6 +467,7 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
             collector.push(&StreamItem::End(End {
                 ts: live::monotonic_ns(),
                 reason: EndReason::Truncated,
+                target: None,
             }));
         }
         Err(e) => return Err(Failure::new(e.exit_code() as u8, &e)),
@@ -528,6 +529,7 @@ fn recorded_summary(file: &Path) -> Result<Summary, Failure> {
         collector.push(&StreamItem::End(End {
             ts: last_event_ts,
             reason: EndReason::Truncated,
+            target: None,
         }));
     }
     Ok(collector.finish())

@@ -242,18 +242,47 @@ fn header(s: &Summary, out: &mut Lines) {
         second.push(format!("attached {}", duration(d)));
     }
     second.push(format!("ended: {}", end_reason(s)));
-    out.push(cut(&second.join(" · "), out.width));
+    // Wrapped, not cut: how the run ended comes last. The program a target exec'd is named by
+    // the target.
+    for line in wrap_safe(&second.join(" · "), out.width) {
+        out.push(line);
+    }
 }
 
-fn end_reason(s: &Summary) -> &'static str {
+/// How the run ended, with the target's exit status, signal or new program when known.
+fn end_reason(s: &Summary) -> String {
     use crate::event::EndReason as E;
+    let end = s.run.end.as_ref();
     match s.data_quality.end_reason {
-        E::TargetExited => "target exited",
-        E::TargetExeced => "target exec'd",
-        E::Interrupted => "interrupted",
-        E::Terminated => "terminated",
-        E::DurationElapsed => "duration elapsed",
-        E::Truncated => "truncated",
+        E::TargetExited => match (end, end.and_then(|e| e.exit_status)) {
+            (_, Some(c)) => format!("target exited, status {c}"),
+            (Some(_), None) => "target exited, status unknown".into(),
+            (None, None) => "target exited".into(),
+        },
+        E::TargetKilled => {
+            let sig = end.and_then(|e| {
+                e.signal_name
+                    .clone()
+                    .or_else(|| e.signal.map(|n| format!("signal {n}")))
+            });
+            let core = if end.is_some_and(|e| e.core_dumped) {
+                " (core dumped)"
+            } else {
+                ""
+            };
+            match sig {
+                Some(sig) => format!("target killed by {sig}{core}"),
+                None => "target killed by a signal".into(),
+            }
+        }
+        E::TargetExeced => match end.and_then(|e| e.exec.as_deref()) {
+            Some(p) => format!("target exec'd {p}"),
+            None => "target exec'd".into(),
+        },
+        E::Interrupted => "interrupted".into(),
+        E::Terminated => "terminated".into(),
+        E::DurationElapsed => "duration elapsed".into(),
+        E::Truncated => "truncated".into(),
     }
 }
 
@@ -772,11 +801,9 @@ mod tests {
             let text = String::from_utf8(v).unwrap();
             let widest = text.lines().map(|l| l.chars().count()).max().unwrap();
             assert!(widest <= want, "{asked}: {widest} columns\n{text}");
-            assert_eq!(
-                text.lines().nth(2).unwrap().chars().count(),
-                want,
-                "the rule"
-            );
+            // The header's second line wraps when narrow (how the run ended comes last).
+            let rule = text.lines().find(|l| l.starts_with('═')).unwrap();
+            assert_eq!(rule.chars().count(), want, "the rule");
             assert!(text.contains("VERDICT   INPUT-BOUND"));
         }
     }

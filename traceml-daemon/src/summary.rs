@@ -116,6 +116,10 @@ pub struct RunInfo {
     pub measured_s: Option<f64>,
     /// Seconds from attach to the start of the first complete step.
     pub first_step_s: Option<f64>,
+    /// How the target ended (exit status, signal, program exec'd) when it did; absent when the
+    /// daemon stopped first or the recording predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<crate::event::TargetEnd>,
 }
 
 /// What the rules say about the run.

@@ -379,6 +379,8 @@ fn target_exit_ends_the_run_with_a_valid_summary() {
     assert!(target.child.wait().unwrap().success());
     assert_eq!(f.summary.data_quality.end_reason, EndReason::TargetExited);
     assert_eq!(end_item(&f.items), Some(EndReason::TargetExited));
+    let end = f.summary.run.end.as_ref().expect("how the target ended");
+    assert_eq!(end.exit_status, Some(0), "{end:?}");
     let c = count(&f.items, pid);
     assert_eq!(c.launches(), truth["launch"].as_u64().unwrap());
     assert_eq!(c.next_enter, truth["next_calls"].as_u64().unwrap());
@@ -421,6 +423,14 @@ fn target_exec_ends_the_run_with_what_came_before() {
         f.stderr
     );
     assert_eq!(end_item(&f.items), Some(EndReason::TargetExeced));
+    let program = f.summary.run.end.as_ref().and_then(|e| e.exec.clone());
+    assert!(
+        program.as_deref().is_some_and(|p| p.ends_with("sh")),
+        "the exec'd program is named (/bin/sh or what it links to): {program:?}"
+    );
+    let card = std::fs::read_to_string(d.out_dir.join("final_summary.txt")).unwrap();
+    let words = card.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("ended: target exec'd"), "{card}");
     let c = count(&f.items, pid);
     assert_eq!(c.launches(), truth["launch"].as_u64().unwrap());
     assert_eq!(c.next_enter, truth["next_calls"].as_u64().unwrap());
@@ -428,6 +438,99 @@ fn target_exec_ends_the_run_with_what_came_before() {
     touch(&dir.join("stop"));
     assert_eq!(lines.next_with("execed"), 1, "the exec'd program ran");
     assert!(target.child.wait().unwrap().success());
+}
+
+/// Runs `lifecycle.py exit` with `extra` arguments (through `sh -c` when `via_shell`: then the
+/// target is not the test's child, and its parent reaps it the moment it exits); returns what
+/// the daemon left and the card it wrote.
+fn ended(name: &str, extra: &[&str], via_shell: bool) -> (Finished, String) {
+    let dir = scratch(name);
+    let py = lifecycle("exit");
+    let mut cmd = if via_shell {
+        let mut sh = Command::new("/bin/sh");
+        sh.args(["-c", "\"$@\"; echo reaped >&2", "sh"])
+            .arg(py.get_program())
+            .args(py.get_args());
+        sh
+    } else {
+        py
+    };
+    cmd.args(["--iters", "10"]).args(extra);
+    let mut target = spawn(cmd, &dir);
+    let first: serde_json::Value = serde_json::from_str(&target.first_line).unwrap();
+    let pid = first["pid"].as_u64().unwrap() as u32;
+    let mut d = Daemon::start(pid, &dir, "d", &[]);
+    wait_ready_as(&mut d, &target.ready);
+    let f = d.finish();
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let _ = target.child.wait();
+    let card = std::fs::read_to_string(d.out_dir.join("final_summary.txt")).unwrap();
+    // Words as the card shows them, whatever the line breaks.
+    (f, card.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// Each way a target ends is told apart: an exit status, a killing signal (and a core dump),
+/// both in the summary and on the card.
+#[test]
+fn exit_status_and_killing_signal_are_reported() {
+    if !root_or_skip() {
+        return;
+    }
+    let (f, card) = ended("exit3", &["--code", "3"], false);
+    assert_eq!(f.summary.data_quality.end_reason, EndReason::TargetExited);
+    let end = f.summary.run.end.clone().unwrap();
+    assert_eq!((end.exit_status, end.signal), (Some(3), None), "{end:?}");
+    assert!(card.contains("ended: target exited, status 3"), "{card}");
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGKILL, "SIGKILL")] {
+        let (f, card) = ended(&format!("sig{sig}"), &["--signal", &sig.to_string()], false);
+        assert_eq!(
+            f.summary.data_quality.end_reason,
+            EndReason::TargetKilled,
+            "{}",
+            f.stderr
+        );
+        let end = f.summary.run.end.clone().unwrap();
+        assert_eq!(end.signal, Some(sig), "{end:?}");
+        assert_eq!(end.signal_name.as_deref(), Some(name));
+        assert_eq!(end.exit_status, None);
+        assert!(
+            card.contains(&format!("ended: target killed by {name}")),
+            "{card}"
+        );
+    }
+}
+
+/// A target that is not the daemon's child, reaped by its own parent (a shell) the instant it
+/// exits: no zombie to read, and still its status is known (the kernel's process events
+/// connector, which this daemon subscribes to as root).
+#[test]
+fn the_status_of_a_target_reaped_by_its_parent_is_known() {
+    if !root_or_skip() {
+        return;
+    }
+    let (f, _) = ended("reaped", &["--code", "5"], true);
+    let end = f.summary.run.end.clone().unwrap();
+    assert_eq!(f.summary.data_quality.end_reason, EndReason::TargetExited);
+    assert_eq!(end.exit_status, Some(5), "{end:?}\n{}", f.stderr);
+    assert_eq!(end.source, "process events connector");
+}
+
+/// A target with a large address space exits: while the kernel tears its memory down its maps
+/// read empty and its state is still `R`. That is an exit, not an exec (what plain HF Trainer
+/// runs were reported as).
+#[test]
+fn a_large_target_exiting_is_not_an_exec() {
+    if !root_or_skip() {
+        return;
+    }
+    let (f, _) = ended("bigexit", &["--big-mib", "1536"], false);
+    assert_eq!(
+        f.summary.data_quality.end_reason,
+        EndReason::TargetExited,
+        "{}",
+        f.stderr
+    );
+    assert_eq!(f.summary.run.end.clone().unwrap().exit_status, Some(0));
 }
 
 /// Threads started after attach, each ended before the next starts: every one of their launches

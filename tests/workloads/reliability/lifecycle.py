@@ -8,7 +8,8 @@ one D2H cudaMemcpy whose round trip is checked byte for byte (the target must co
 whatever the daemon does). Each mode prints its truth as one JSON line {"truth": {...}}.
 
 Modes:
-  exit      one phase, then exit normally.
+  exit      one phase, then exit with status --code (default 0), or kill itself with --signal N
+            (the default action: SIGTERM and SIGKILL end it, SIGABRT also dumps core).
   steady    batches until the file --stop exists; after --after exists (the test killed or stopped
             the daemon), `--tail` more batches. Prints {"running": 1} after --warm batches so the
             test knows probes are being hit. The result is a checksum over every batch, which the
@@ -52,6 +53,9 @@ ap.add_argument("--per-thread", type=int, default=50)
 ap.add_argument("--gates", nargs="*", default=[])
 ap.add_argument("--flood-lib")
 ap.add_argument("--settle", type=float, default=1.0)
+ap.add_argument("--code", type=int, default=0)
+ap.add_argument("--signal", type=int, default=0)
+ap.add_argument("--big-mib", type=int, default=0, help="touch this much anonymous memory first")
 a = ap.parse_args()
 
 
@@ -108,12 +112,25 @@ def say(obj):
     print(json.dumps(obj), flush=True)
 
 
+big = None
+if a.big_mib:
+    import mmap
+    big = mmap.mmap(-1, a.big_mib << 20)
+    for off in range(0, a.big_mib << 20, 4096):
+        big[off] = 1
 say({"pid": os.getpid()})
 wait_for(a.ready)
 
 if a.mode == "exit":
     counts, total = phase(a.iters)
     say({"truth": dict(counts, checksum=total)})
+    if a.signal:
+        import signal
+        if a.signal not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(a.signal, signal.SIG_DFL)
+        os.kill(os.getpid(), a.signal)
+        time.sleep(60)
+    sys.exit(a.code)
 elif a.mode == "steady":
     n, total, tail = 0, 0, None
     while tail is None or tail > 0:

@@ -184,6 +184,7 @@ fn every_item() -> Vec<StreamItem> {
         StreamItem::End(End {
             ts: 2_000,
             reason: EndReason::TargetExited,
+            target: None,
         }),
     ]
 }
@@ -212,6 +213,7 @@ fn busy_items(steps: u64) -> Vec<StreamItem> {
     v.push(StreamItem::End(End {
         ts,
         reason: EndReason::Interrupted,
+        target: None,
     }));
     v
 }
@@ -411,6 +413,7 @@ fn unknown_frame_types_are_skipped() {
     let end = serde_json::to_vec(&StreamItem::End(End {
         ts: 9,
         reason: EndReason::Terminated,
+        target: None,
     }))
     .unwrap();
     // A launch at ts 600 (zigzag 1200) by tgid/tid 5, between two frames of a future type.
@@ -439,7 +442,8 @@ fn unknown_frame_types_are_skipped() {
             }),
             StreamItem::End(End {
                 ts: 9,
-                reason: EndReason::Terminated
+                reason: EndReason::Terminated,
+                target: None,
             }),
         ]
     );
@@ -550,6 +554,7 @@ fn two_items() -> Vec<StreamItem> {
         StreamItem::End(End {
             ts: 9,
             reason: EndReason::TargetExited,
+            target: None,
         }),
     ]
 }
