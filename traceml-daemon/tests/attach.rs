@@ -244,6 +244,82 @@ fn replay_prints_the_live_summary() {
     );
 }
 
+/// The same with a binary recording (`--record FILE.trec`): its replay writes the live run's
+/// `final_summary.json` byte for byte, and its export to JSON Lines holds the same items.
+#[test]
+fn replay_of_a_binary_recording_prints_the_live_summary() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("replay-trec");
+    let mut cmd = workload(&python(12), &fake_cudart());
+    cmd.args(["--iters", "30"]);
+    let mut target = spawn(cmd, &dir);
+    let recording = dir.join("rec.trec");
+    let out_dir = dir.join("out");
+    let child = Command::new(daemon())
+        .arg("--pid")
+        .arg(target.child.id().to_string())
+        .arg("--ready-file")
+        .arg(&target.ready)
+        .arg("--record")
+        .arg(&recording)
+        .arg("--output")
+        .arg(&out_dir)
+        .args(["--color", "never"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_with_timeout(child, Duration::from_secs(60));
+    let _ = target.child.wait();
+    assert!(
+        out.status.success(),
+        "daemon failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&recording).unwrap();
+    assert!(
+        bytes.starts_with(&traceml_daemon::record::binary::MAGIC),
+        "a .trec recording is binary"
+    );
+    let replay_dir = dir.join("replayed");
+    let r = Command::new(daemon())
+        .arg("replay")
+        .arg(&recording)
+        .arg("--output")
+        .arg(&replay_dir)
+        .args(["--color", "never"])
+        .output()
+        .unwrap();
+    assert!(
+        r.status.success(),
+        "replay failed: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let live = std::fs::read_to_string(out_dir.join("final_summary.json")).unwrap();
+    let replayed = std::fs::read_to_string(replay_dir.join("final_summary.json")).unwrap();
+    assert_eq!(live, replayed, "replay must rebuild the same summary");
+    assert_eq!(r.stdout, out.stdout, "same card on stdout");
+    let rec = traceml_daemon::record::read(&recording).unwrap();
+    assert!(!rec.truncated_tail);
+    assert!(matches!(rec.items.last(), Some(StreamItem::End(_))));
+    assert!(events(&rec.items).count() > 100, "events recorded");
+    let jsonl = dir.join("rec.jsonl");
+    let e = Command::new(daemon())
+        .arg("export")
+        .arg(&recording)
+        .arg("-o")
+        .arg(&jsonl)
+        .output()
+        .unwrap();
+    assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+    assert_eq!(
+        traceml_daemon::record::read(&jsonl).unwrap().items,
+        rec.items
+    );
+}
+
 fn daemon_fails(args: &[&str]) -> (i32, String) {
     let out = Command::new(daemon()).args(args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

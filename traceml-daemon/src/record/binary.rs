@@ -42,7 +42,9 @@ pub const MAX_BLOCK_BYTES: usize = 16 << 20;
 pub struct Encoder<W: Write> {
     out: W,
     frames: Vec<u8>,
+    /// The timestamp column: low bytes, second bytes, then varints of the rest.
     ts_lo: Vec<u8>,
+    ts_mid: Vec<u8>,
     ts_hi: Vec<u8>,
     payload: Vec<u8>,
     body: Vec<u8>,
@@ -68,6 +70,7 @@ impl<W: Write> Encoder<W> {
             out,
             frames: Vec::new(),
             ts_lo: Vec::new(),
+            ts_mid: Vec::new(),
             ts_hi: Vec::new(),
             payload: Vec::new(),
             body: Vec::new(),
@@ -111,12 +114,23 @@ impl<W: Write> Encoder<W> {
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
         let r = match item {
-            StreamItem::Event(e) => {
-                let delta = self.events.encode(e, &mut payload);
-                self.ts_lo.push(delta as u8);
-                put_varint(&mut self.ts_hi, delta >> 8);
-                self.frame(FRAME_EVENT, &payload)
-            }
+            StreamItem::Event(e) => match self.events.encode(e, &mut payload) {
+                Some(delta) => {
+                    // The frame first: adding it may close the block, and its timestamp
+                    // belongs to the block that holds it.
+                    let r = self.frame(FRAME_EVENT, &payload);
+                    if r.is_ok() {
+                        self.ts_lo.push(delta as u8);
+                        self.ts_mid.push((delta >> 8) as u8);
+                        put_varint(&mut self.ts_hi, delta >> 16);
+                    }
+                    r
+                }
+                None => {
+                    serde_json::to_writer(&mut payload, item).expect("stream items serialize");
+                    self.frame(FRAME_ITEM, &payload)
+                }
+            },
             StreamItem::Stack(s) => {
                 self.events.encode_stack(s, &mut payload);
                 self.frame(FRAME_STACK, &payload)
@@ -128,7 +142,7 @@ impl<W: Write> Encoder<W> {
         };
         self.payload = payload;
         r?;
-        let full = self.frames.len() + self.ts_lo.len() + self.ts_hi.len() >= self.block_bytes;
+        let full = self.frames.len() + 2 * self.ts_lo.len() + self.ts_hi.len() >= self.block_bytes;
         let old = match (self.max_age, self.opened) {
             (Some(age), Some(t)) => t.elapsed() >= age,
             _ => false,
@@ -163,12 +177,21 @@ impl<W: Write> Encoder<W> {
         self.body.clear();
         put_varint(&mut self.body, self.frames.len() as u64);
         self.body.extend_from_slice(&self.frames);
+        // Where each section of the body starts: each is compressed with its own Huffman
+        // tables (the timestamp bytes are near random, the frames very repetitive).
+        let sections = [
+            0,
+            self.body.len(),
+            self.body.len() + self.ts_lo.len(),
+            self.body.len() + 2 * self.ts_lo.len(),
+        ];
         self.body.extend_from_slice(&self.ts_lo);
+        self.body.extend_from_slice(&self.ts_mid);
         self.body.extend_from_slice(&self.ts_hi);
-        self.raw_bytes += (self.ts_lo.len() + self.ts_hi.len()) as u64;
+        self.raw_bytes += (2 * self.ts_lo.len() + self.ts_hi.len()) as u64;
         let mut crc = Crc::new();
         crc.update(&self.body);
-        deflate(&mut self.deflate, &self.body, &mut self.packed)?;
+        deflate(&mut self.deflate, &self.body, &sections, &mut self.packed)?;
         let (codec, data) = if self.packed.len() < self.body.len() {
             (CODEC_DEFLATE, &self.packed)
         } else {
@@ -179,14 +202,18 @@ impl<W: Write> Encoder<W> {
         put_varint(&mut head, self.body.len() as u64);
         put_varint(&mut head, data.len() as u64);
         head.extend_from_slice(&crc.sum().to_le_bytes());
-        self.out.write_all(&head)?;
-        self.out.write_all(data)?;
-        self.out.flush()?;
+        let written = self
+            .out
+            .write_all(&head)
+            .and_then(|()| self.out.write_all(data))
+            .and_then(|()| self.out.flush());
+        // Cleared even when the write failed: a retry must not write the block twice.
         self.frames.clear();
         self.ts_lo.clear();
+        self.ts_mid.clear();
         self.ts_hi.clear();
         self.opened = None;
-        Ok(())
+        written
     }
 
     /// Writes the open block (a reader sees everything written so far).
@@ -202,23 +229,46 @@ impl<W: Write> Encoder<W> {
     }
 }
 
-/// Raw DEFLATE of `input` into `out` (cleared first), reusing the compressor.
-fn deflate(c: &mut Compress, input: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+/// Raw DEFLATE of `input` into `out` (cleared first), reusing the compressor. A sync flush ends
+/// the deflate block at each of `sections` (offsets into `input`, the first 0), so each section
+/// gets Huffman tables of its own; the reader sees one ordinary deflate stream.
+fn deflate(
+    c: &mut Compress,
+    input: &[u8],
+    sections: &[usize],
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
     c.reset();
     out.clear();
-    out.reserve(input.len() / 2 + 64);
-    loop {
-        if out.capacity() - out.len() < 64 {
-            out.reserve(out.capacity().max(1024));
-        }
-        let consumed = c.total_in() as usize;
-        let status = c
-            .compress_vec(&input[consumed..], out, FlushCompress::Finish)
-            .map_err(io::Error::other)?;
-        if status == Status::StreamEnd {
-            return Ok(());
+    let ends = sections.iter().skip(1).copied().chain([input.len()]);
+    let n = sections.len().max(1);
+    for (i, end) in ends.enumerate() {
+        let last = i + 1 == n;
+        let flush = if last {
+            FlushCompress::Finish
+        } else {
+            FlushCompress::Sync
+        };
+        loop {
+            // Room for the section even if it does not compress, so one call usually ends it.
+            let left = end - c.total_in() as usize;
+            if out.capacity() - out.len() < left + left / 8 + 1024 {
+                out.reserve(left + left / 8 + 1024);
+            }
+            let start = c.total_in() as usize;
+            let status = c
+                .compress_vec(&input[start..end], out, flush)
+                .map_err(io::Error::other)?;
+            if last {
+                if status == Status::StreamEnd {
+                    return Ok(());
+                }
+            } else if c.total_in() as usize == end && out.len() < out.capacity() {
+                break;
+            }
         }
     }
+    Ok(())
 }
 
 /// A file holding `body` as the body of one stored block (after a valid header and header
@@ -268,6 +318,7 @@ pub struct Decoder<R: Read> {
     frames_end: usize,
     lo: usize,
     lo_end: usize,
+    mid: usize,
     hi: usize,
     events: EventDecoder,
     done: bool,
@@ -334,6 +385,7 @@ impl<R: Read> Decoder<R> {
             frames_end: 0,
             lo: 0,
             lo_end: 0,
+            mid: 0,
             hi: 0,
             events: EventDecoder::default(),
             done: false,
@@ -469,19 +521,21 @@ impl<R: Read> Decoder<R> {
 
     /// The next entry of the block's timestamp column.
     fn delta(&mut self) -> Result<u64, RecordError> {
-        // `lo` runs over the low bytes (one per event), `hi` over the varints after them; both
-        // were sized when the block was loaded.
+        // `lo` and `mid` run over the first and second bytes (one each per event), `hi` over
+        // the varints after them; the planes were sized when the block was loaded.
         let lo = self.body[self.lo];
+        let mid = self.body[self.mid];
         self.lo += 1;
+        self.mid += 1;
         let mut b = Bytes::new(&self.body[self.hi..]);
         let hi = b
             .varint()
             .map_err(|e| self.corrupt(format!("timestamp: {}", e.0)))?;
         self.hi += b.pos();
-        if hi > u64::MAX >> 8 {
+        if hi > u64::MAX >> 16 {
             return Err(self.corrupt("timestamp delta overflows 64 bits"));
         }
-        Ok(hi << 8 | u64::from(lo))
+        Ok(hi << 16 | u64::from(mid) << 8 | u64::from(lo))
     }
 
     /// Reads, decompresses and checks the next block; `Some` at the end of the file.
@@ -563,15 +617,16 @@ impl<R: Read> Decoder<R> {
             }
             f.take(len)?;
         }
-        // A low byte and a varint of at least one byte per event.
-        if events.saturating_mul(2) > self.body.len() - end {
+        // Two bytes and a varint of at least one byte per event.
+        if events.saturating_mul(3) > self.body.len() - end {
             return Err(Bad("timestamp column shorter than the block's events"));
         }
         self.pos = start;
         self.frames_end = end;
         self.lo = end;
         self.lo_end = end + events;
-        self.hi = end + events;
+        self.mid = end + events;
+        self.hi = end + 2 * events;
         Ok(())
     }
 

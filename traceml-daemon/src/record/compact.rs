@@ -109,52 +109,38 @@ fn kind_code(k: &Kind) -> u8 {
     }
 }
 
-/// Api codes: the low 5 bits of an event's first byte. Values are never reused.
-fn api_code(a: Api) -> u8 {
-    match a {
-        Api::CudaLaunchKernel => 0,
-        Api::CudaLaunchKernelExC => 1,
-        Api::CudaGraphLaunch => 2,
-        Api::CudaMemcpy => 3,
-        Api::CudaMemcpyAsync => 4,
-        Api::CudaStreamSynchronize => 5,
-        Api::CudaDeviceSynchronize => 6,
-        Api::CudaEventSynchronize => 7,
-        Api::CuLaunchKernel => 8,
-        Api::CuLaunchKernelEx => 9,
-        Api::CuStreamSynchronize => 10,
-        Api::CuCtxSynchronize => 11,
-        Api::CuEventSynchronize => 12,
-        Api::CuMemcpyHtoD => 13,
-        Api::CuMemcpyDtoH => 14,
-        Api::CuMemcpyHtoDAsync => 15,
-        Api::CuMemcpyDtoHAsync => 16,
-        Api::TorchBackward => 17,
-    }
+/// Api codes: the low 5 bits of an event's first byte, an api's code being its index here.
+/// Append only; values are never reused. An api not (yet) listed has no code: its events are
+/// written as JSON `item` frames, which lose nothing.
+const APIS: [Api; 18] = [
+    Api::CudaLaunchKernel,
+    Api::CudaLaunchKernelExC,
+    Api::CudaGraphLaunch,
+    Api::CudaMemcpy,
+    Api::CudaMemcpyAsync,
+    Api::CudaStreamSynchronize,
+    Api::CudaDeviceSynchronize,
+    Api::CudaEventSynchronize,
+    Api::CuLaunchKernel,
+    Api::CuLaunchKernelEx,
+    Api::CuStreamSynchronize,
+    Api::CuCtxSynchronize,
+    Api::CuEventSynchronize,
+    Api::CuMemcpyHtoD,
+    Api::CuMemcpyDtoH,
+    Api::CuMemcpyHtoDAsync,
+    Api::CuMemcpyDtoHAsync,
+    Api::TorchBackward,
+];
+
+fn api_code(a: Api) -> Option<u8> {
+    APIS.iter().position(|x| *x == a).map(|i| i as u8)
 }
 
 fn api_of(code: u8) -> Result<Api, Bad> {
-    Ok(match code {
-        0 => Api::CudaLaunchKernel,
-        1 => Api::CudaLaunchKernelExC,
-        2 => Api::CudaGraphLaunch,
-        3 => Api::CudaMemcpy,
-        4 => Api::CudaMemcpyAsync,
-        5 => Api::CudaStreamSynchronize,
-        6 => Api::CudaDeviceSynchronize,
-        7 => Api::CudaEventSynchronize,
-        8 => Api::CuLaunchKernel,
-        9 => Api::CuLaunchKernelEx,
-        10 => Api::CuStreamSynchronize,
-        11 => Api::CuCtxSynchronize,
-        12 => Api::CuEventSynchronize,
-        13 => Api::CuMemcpyHtoD,
-        14 => Api::CuMemcpyDtoH,
-        15 => Api::CuMemcpyHtoDAsync,
-        16 => Api::CuMemcpyDtoHAsync,
-        17 => Api::TorchBackward,
-        _ => return Err(Bad("unknown api code")),
-    })
+    APIS.get(usize::from(code))
+        .copied()
+        .ok_or(Bad("unknown api code"))
 }
 
 fn copy_code(c: CopyKind) -> u8 {
@@ -191,16 +177,17 @@ pub struct EventEncoder {
 
 impl EventEncoder {
     /// Appends the payload of `e`'s `event` frame to `out` and returns its zigzag timestamp
-    /// delta (which goes to the block's timestamp column).
-    pub fn encode(&mut self, e: &Event, out: &mut Vec<u8>) -> u64 {
-        let delta = zigzag(e.ts.wrapping_sub(self.ts) as i64);
-        self.ts = e.ts;
+    /// delta (which goes to the block's timestamp column); `None`, writing nothing, for an api
+    /// without a code (the caller writes the event as JSON).
+    pub fn encode(&mut self, e: &Event, out: &mut Vec<u8>) -> Option<u64> {
         let api = match &e.kind {
             Kind::CallEnter { api, .. } | Kind::CallExit { api, .. } | Kind::Launch { api } => {
-                api_code(*api)
+                api_code(*api)?
             }
             _ => 0,
         };
+        let delta = zigzag(e.ts.wrapping_sub(self.ts) as i64);
+        self.ts = e.ts;
         out.push(kind_code(&e.kind) << 5 | api);
         let flags_at = out.len();
         out.push(0);
@@ -249,7 +236,7 @@ impl EventEncoder {
             Kind::Launch { .. } | Kind::RecordExit => {}
         }
         out[flags_at] = flags;
-        delta
+        Some(delta)
     }
 
     /// Writes a code identity as a table index, or in full (added to the table while it has
@@ -411,13 +398,14 @@ mod tests {
     fn every_api_and_copy_code_round_trips() {
         for c in 0..=255u8 {
             if let Ok(a) = api_of(c) {
-                assert_eq!(api_code(a), c);
+                assert_eq!(api_code(a), Some(c), "{a:?} listed once");
             }
             if let Ok(k) = copy_of(c) {
                 assert_eq!(copy_code(k), c);
             }
         }
-        assert!(api_of(17).is_ok() && api_of(18).is_err());
+        assert_eq!(api_of(17), Ok(Api::TorchBackward), "codes never move");
+        assert!(APIS.len() <= 32, "5 bits");
     }
 
     #[test]
@@ -462,7 +450,7 @@ mod tests {
         let mut dec = EventDecoder::default();
         for e in &evs {
             let mut p = Vec::new();
-            let d = enc.encode(e, &mut p);
+            let d = enc.encode(e, &mut p).unwrap();
             assert_eq!(&dec.decode(&p, d).unwrap(), e);
         }
         // The repeated code is an index the second time: a short payload.
@@ -476,7 +464,7 @@ mod tests {
                 raised: false,
             },
         };
-        let d = enc.encode(&e, &mut p);
+        let d = enc.encode(&e, &mut p).unwrap();
         assert_eq!(p.len(), 3);
         assert_eq!(dec.decode(&p, d).unwrap(), e);
         let s = StackSample {

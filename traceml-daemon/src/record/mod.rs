@@ -123,7 +123,7 @@ pub struct Writer {
 
 enum Sink {
     Lines(jsonl::LineWriter),
-    Binary(binary::Encoder<BufWriter<std::fs::File>>),
+    Binary(Box<binary::Encoder<BufWriter<std::fs::File>>>),
 }
 
 impl Writer {
@@ -142,10 +142,26 @@ impl Writer {
             path: path.into(),
             source,
         })?;
+        Self::from_file_as(file, path, format, daemon_version)
+    }
+
+    /// A recording written to `file`, opened for it by the caller (the daemon opens it with
+    /// `crate::output::create_file`: no planted symbolic link is followed, and under `sudo` the
+    /// user gets the file); `path` names it in errors and its extension chooses the format.
+    pub fn from_file(file: std::fs::File, path: &Path) -> Result<Self, RecordError> {
+        Self::from_file_as(file, path, Format::for_path(path), DAEMON_VERSION)
+    }
+
+    fn from_file_as(
+        file: std::fs::File,
+        path: &Path,
+        format: Format,
+        daemon_version: &str,
+    ) -> Result<Self, RecordError> {
         let file = BufWriter::new(file);
         let sink = match format {
             Format::Binary => binary::Encoder::new(file, daemon_version)
-                .map(|e| Sink::Binary(e.max_age(Some(BLOCK_MAX_AGE)))),
+                .map(|e| Sink::Binary(Box::new(e.max_age(Some(BLOCK_MAX_AGE))))),
             // Each flush of the gzip stream is a sync flush: a killed daemon leaves a readable
             // prefix.
             Format::JsonlGz => jsonl::LineWriter::new(

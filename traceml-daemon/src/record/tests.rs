@@ -7,10 +7,15 @@ use super::binary::{
 use super::compact::put_varint;
 use super::*;
 use crate::event::{
-    Api, Class, CodeInfo, CopyKind, End, EndReason, Event, FuncInfo, Kind, LaunchTotals,
-    LibraryInfo, Lost, ProbeFailure, ProbeSet, ProbeStats, StackSample, TargetInfo,
+    Api, Class, CodeInfo, CopyKind, Event, FuncInfo, Kind, LaunchTotals, LibraryInfo, Lost,
+    ProbeFailure, ProbeSet, ProbeStats, StackSample, TargetInfo,
 };
 use crate::sample::{GpuSample, ProcessSample, Sample, SystemSample};
+
+/// An `end` item, built from its JSON (fields may be added to `End`).
+fn end(ts: u64, reason: &str) -> StreamItem {
+    serde_json::from_value(serde_json::json!({"t": "end", "ts": ts, "reason": reason})).unwrap()
+}
 
 fn ev(ts: u64, tid: u32, kind: Kind) -> StreamItem {
     StreamItem::Event(Event {
@@ -181,11 +186,7 @@ fn every_item() -> Vec<StreamItem> {
             runtime: 7,
             driver: 8,
         }),
-        StreamItem::End(End {
-            ts: 2_000,
-            reason: EndReason::TargetExited,
-            target: None,
-        }),
+        end(2_000, "target_exited"),
     ]
 }
 
@@ -210,11 +211,7 @@ fn busy_items(steps: u64) -> Vec<StreamItem> {
             frames: vec![1, 2, 3],
         })));
     }
-    v.push(StreamItem::End(End {
-        ts,
-        reason: EndReason::Interrupted,
-        target: None,
-    }));
+    v.push(end(ts, "interrupted"));
     v
 }
 
@@ -402,20 +399,16 @@ fn body(frames: &[(u8, Vec<u8>)], deltas: &[u64]) -> Vec<u8> {
     put_varint(&mut b, f.len() as u64);
     b.extend_from_slice(&f);
     b.extend(deltas.iter().map(|d| *d as u8));
+    b.extend(deltas.iter().map(|d| (*d >> 8) as u8));
     for d in deltas {
-        put_varint(&mut b, d >> 8);
+        put_varint(&mut b, d >> 16);
     }
     b
 }
 
 #[test]
 fn unknown_frame_types_are_skipped() {
-    let end = serde_json::to_vec(&StreamItem::End(End {
-        ts: 9,
-        reason: EndReason::Terminated,
-        target: None,
-    }))
-    .unwrap();
+    let end_json = serde_json::to_vec(&end(9, "terminated")).unwrap();
     // A launch at ts 600 (zigzag 1200) by tgid/tid 5, between two frames of a future type.
     let launch = vec![4 << 5, 0b101, 5];
     let file = file_of_block_body(&body(
@@ -423,7 +416,7 @@ fn unknown_frame_types_are_skipped() {
             (0x7f, b"from the future".to_vec()),
             (FRAME_EVENT, launch),
             (0x40, vec![]),
-            (FRAME_ITEM, end),
+            (FRAME_ITEM, end_json),
         ],
         &[1_200],
     ));
@@ -440,11 +433,7 @@ fn unknown_frame_types_are_skipped() {
                     api: Api::CudaLaunchKernel
                 }
             }),
-            StreamItem::End(End {
-                ts: 9,
-                reason: EndReason::Terminated,
-                target: None,
-            }),
+            end(9, "terminated"),
         ]
     );
 }
@@ -549,14 +538,7 @@ fn export_converts_between_formats() {
 // JSON Lines.
 
 fn two_items() -> Vec<StreamItem> {
-    vec![
-        ev(5, 1, Kind::RecordExit),
-        StreamItem::End(End {
-            ts: 9,
-            reason: EndReason::TargetExited,
-            target: None,
-        }),
-    ]
+    vec![ev(5, 1, Kind::RecordExit), end(9, "target_exited")]
 }
 
 #[test]
