@@ -132,6 +132,19 @@ pub enum ProbeId {
     TorchRecordExit = 51,
     /// `THPEngine_run_backward` (Python's `loss.backward()` enters the autograd engine here).
     TorchBackward = 52,
+    /// The training thread starts blocking on a collective's completion (entry marker; the
+    /// wait's end is the entry of the function that follows it, same id, as a `CallExit`).
+    TorchCollectiveWait = 53,
+    /// A c10d collective was issued (entry marker: counted per step).
+    TorchCollective = 54,
+    // NCCL (libnccl): entry markers, `count` and `datatype` in args [2], [3] (send/recv: [1], [2]).
+    NcclAllReduce = 60,
+    NcclReduceScatter = 61,
+    NcclAllGather = 62,
+    NcclBroadcast = 63,
+    NcclReduce = 64,
+    NcclSend = 65,
+    NcclRecv = 66,
 }
 
 impl TryFrom<u32> for ProbeId {
@@ -160,6 +173,15 @@ impl TryFrom<u32> for ProbeId {
             50 => TorchRecordEnter,
             51 => TorchRecordExit,
             52 => TorchBackward,
+            53 => TorchCollectiveWait,
+            54 => TorchCollective,
+            60 => NcclAllReduce,
+            61 => NcclReduceScatter,
+            62 => NcclAllGather,
+            63 => NcclBroadcast,
+            64 => NcclReduce,
+            65 => NcclSend,
+            66 => NcclRecv,
             other => return Err(other),
         })
     }

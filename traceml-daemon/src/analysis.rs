@@ -43,6 +43,8 @@ pub struct Collector {
     events: u64,
     /// A probe-set change was seen; its first settled counter reading is kept.
     await_settled: bool,
+    /// The last stack sample (what the training thread is doing now).
+    last_stack: Option<crate::event::StackSample>,
 }
 
 impl Default for Collector {
@@ -61,6 +63,7 @@ impl Collector {
             lost: None,
             events: 0,
             await_settled: false,
+            last_stack: None,
         }
     }
 
@@ -70,7 +73,11 @@ impl Collector {
                 self.events += 1;
                 self.engine.push(item);
             }
-            StreamItem::Stack(_) | StreamItem::Code(_) => self.engine.push(item),
+            StreamItem::Stack(s) => {
+                self.last_stack = Some((**s).clone());
+                self.engine.push(item);
+            }
+            StreamItem::Code(_) => self.engine.push(item),
             StreamItem::Sample(_) => self.samples.push(item.clone()),
             StreamItem::Lost(_) => self.lost = Some(item.clone()),
             // The cost estimate is linear in the counters' deltas: the reading before each
@@ -99,8 +106,46 @@ impl Collector {
         self.events
     }
 
+    /// Steps measured so far (and their total duration, ns): what a hang detector watches.
+    pub fn steps(&self) -> (u64, u64) {
+        self.engine.steps_so_far()
+    }
+
+    /// The last stack sample, named: `file:function` per frame, outermost first.
+    pub fn last_stack(&self) -> Vec<String> {
+        let Some(s) = &self.last_stack else {
+            return Vec::new();
+        };
+        let names: HashMap<u32, String> = self
+            .kept
+            .iter()
+            .filter_map(|i| match i {
+                StreamItem::Func(f) => Some((
+                    f.id,
+                    format!("{}:{}", crate::profile::short_file(&f.file), f.function),
+                )),
+                _ => None,
+            })
+            .collect();
+        s.frames
+            .iter()
+            .map(|id| names.get(id).cloned().unwrap_or_else(|| "?".into()))
+            .collect()
+    }
+
     /// The summary of the run so far, leaving the fold as it is (a copy of its bounded state).
     pub fn snapshot(&self) -> Summary {
+        self.fork().finish()
+    }
+
+    /// [`Collector::snapshot`] with the exact step sums behind it (the metrics exporter's
+    /// counters and histogram).
+    pub fn snapshot_with_totals(&self) -> (Summary, StepTotals) {
+        self.fork().finish_with_totals()
+    }
+
+    /// A copy of the fold's bounded state.
+    fn fork(&self) -> Collector {
         Collector {
             engine: self.engine.clone(),
             kept: self.kept.clone(),
@@ -109,8 +154,8 @@ impl Collector {
             lost: self.lost.clone(),
             events: self.events,
             await_settled: self.await_settled,
+            last_stack: None,
         }
-        .finish()
     }
 
     /// An empty fold for a new window that knows what the run knows so far: the target, its
@@ -139,6 +184,11 @@ impl Collector {
     }
 
     pub fn finish(self) -> Summary {
+        self.finish_with_totals().0
+    }
+
+    /// [`Collector::finish`] with the exact step sums behind the summary.
+    pub fn finish_with_totals(self) -> (Summary, StepTotals) {
         let Collector {
             engine,
             mut kept,
@@ -150,7 +200,8 @@ impl Collector {
         kept.extend(stats);
         kept.extend(lost);
         kept.extend(samples.items);
-        summarize(&engine.finish(), &kept)
+        let out = engine.finish();
+        (summarize(&out, &kept), out.totals)
     }
 }
 
@@ -203,6 +254,8 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
         daemon_overhead: daemon_overhead(steps, totals.count, items, target),
         step_samples: step_samples(steps),
+        job: None,
+        ranks: Vec::new(),
     };
     let switched_to_count = items
         .iter()
@@ -855,7 +908,11 @@ fn step_samples(steps: &[Step]) -> StepSamples {
             .iter()
             .map(|s| round_ms(ns_to_ms(duration_ns(s))))
             .collect(),
+        // A phase that never occurred (collective_wait of a single process) keeps no series.
         phase_ms: Phases::from_fn(|p: Phase| {
+            if p == Phase::CollectiveWait && kept.iter().all(|s| s.phase_ns[p.index()] == 0) {
+                return Vec::new();
+            }
             kept.iter()
                 .map(|s| round_ms(ns_to_ms(s.phase_ns[p.index()])))
                 .collect()
@@ -963,16 +1020,22 @@ pub(crate) mod fixtures {
         let mut t = attach + 500_000_000;
         let mut steps = Vec::new();
         for i in 0..sc.steps {
-            let mut phase_ns = [0u64; 7];
+            // Scenarios list the single-process phases (no collective wait): residual last.
+            let mut phase_ns = [0u64; crate::engine::N_PHASES];
             for (k, ms) in sc.phase_ms.iter().enumerate() {
                 let f = 1.0 + sc.jitter * (2.0 * rng.next() - 1.0);
-                phase_ns[k] = (ms * f * 1e6).max(0.0) as u64;
+                let p = if k == 6 {
+                    Phase::Residual
+                } else {
+                    Phase::ALL[k]
+                };
+                phase_ns[p.index()] = (ms * f * 1e6).max(0.0) as u64;
             }
             let dur: u64 = phase_ns.iter().sum();
             let launches = if sc.cuda {
-                [0, 0, 120, 240, 30, 0, 2]
+                [0, 0, 120, 240, 30, 0, 0, 2]
             } else {
-                [0; 7]
+                [0; crate::engine::N_PHASES]
             };
             steps.push(Step {
                 index: i as u32,
@@ -987,6 +1050,8 @@ pub(crate) mod fixtures {
                 h2d_ns: phase_ns[Phase::H2d.index()],
                 d2h_ns: 50_000,
                 syncs: if sc.cuda { 1 } else { 0 },
+                collectives: 0,
+                collective_bytes: 0,
             });
             t += dur;
         }

@@ -59,7 +59,7 @@ impl CompareVerdict {
 }
 
 /// Direction of a change that passed both the test and the effect-size floor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Change {
     Better,
@@ -67,11 +67,12 @@ pub enum Change {
     /// Within noise or below the minimum effect.
     Same,
     /// Not measured in one of the runs.
+    #[default]
     Unknown,
 }
 
 /// A time distribution in A and B.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimeDelta {
     pub a_median_ms: Option<f64>,
     pub b_median_ms: Option<f64>,

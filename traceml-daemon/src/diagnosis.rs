@@ -169,6 +169,7 @@ pub(crate) fn placeholder() -> Finding {
         phase: None,
         share: None,
         confidence: Confidence::High,
+        culprit_rank: None,
     }
 }
 
@@ -181,6 +182,7 @@ fn finding(kind: DiagnosisKind, severity: Severity, why: String, next: String) -
         phase: None,
         share: None,
         confidence: Confidence::High,
+        culprit_rank: None,
     }
 }
 

@@ -209,6 +209,17 @@ pub enum Api {
     CuMemcpyHtoDAsync,
     CuMemcpyDtoHAsync,
     TorchBackward,
+    /// A thread blocks until a collective completes (c10d): the `collective_wait` phase.
+    CollectiveWait,
+    /// A c10d collective issued.
+    Collective,
+    NcclAllReduce,
+    NcclReduceScatter,
+    NcclAllGather,
+    NcclBroadcast,
+    NcclReduce,
+    NcclSend,
+    NcclRecv,
 }
 
 impl Api {
@@ -233,6 +244,15 @@ impl Api {
             P::CuMemcpyHtoDAsync => Api::CuMemcpyHtoDAsync,
             P::CuMemcpyDtoHAsync => Api::CuMemcpyDtoHAsync,
             P::TorchBackward => Api::TorchBackward,
+            P::TorchCollectiveWait => Api::CollectiveWait,
+            P::TorchCollective => Api::Collective,
+            P::NcclAllReduce => Api::NcclAllReduce,
+            P::NcclReduceScatter => Api::NcclReduceScatter,
+            P::NcclAllGather => Api::NcclAllGather,
+            P::NcclBroadcast => Api::NcclBroadcast,
+            P::NcclReduce => Api::NcclReduce,
+            P::NcclSend => Api::NcclSend,
+            P::NcclRecv => Api::NcclRecv,
             P::PyEval | P::TorchRecordEnter | P::TorchRecordExit => return None,
         })
     }
@@ -264,6 +284,40 @@ impl Api {
                 | Api::CuCtxSynchronize
                 | Api::CuEventSynchronize
         )
+    }
+
+    /// A collective issued (c10d or NCCL): counted per step, no phase of its own (the wait for
+    /// it is [`Api::CollectiveWait`]).
+    pub fn is_collective(self) -> bool {
+        matches!(
+            self,
+            Api::Collective
+                | Api::NcclAllReduce
+                | Api::NcclReduceScatter
+                | Api::NcclAllGather
+                | Api::NcclBroadcast
+                | Api::NcclReduce
+                | Api::NcclSend
+                | Api::NcclRecv
+        )
+    }
+
+    /// Bytes of an NCCL call from its raw arguments (`count`, `ncclDataType_t`).
+    pub fn nccl_bytes(self, args: &[u64; 5]) -> Option<u64> {
+        let (count, dtype) = match self {
+            Api::NcclSend | Api::NcclRecv => (args[1], args[2]),
+            Api::NcclAllReduce
+            | Api::NcclReduceScatter
+            | Api::NcclAllGather
+            | Api::NcclBroadcast
+            | Api::NcclReduce => (args[2], args[3]),
+            _ => return None,
+        };
+        // ncclInt8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, Bfloat16,
+        // Float8e4m3, Float8e5m2 (nccl.h).
+        const SIZE: [u64; 12] = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1];
+        let size = SIZE.get(usize::try_from(dtype).ok()?)?;
+        count.checked_mul(*size)
     }
 
     pub fn is_copy(self) -> bool {
@@ -360,6 +414,12 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
                     api,
                     bytes: Some(raw.args[0]),
                     copy: Some(CopyKind::from_raw(raw.args[1])),
+                }
+            } else if let Some(bytes) = api.nccl_bytes(&raw.args) {
+                Kind::CallEnter {
+                    api,
+                    bytes: Some(bytes),
+                    copy: None,
                 }
             } else {
                 Kind::CallEnter {

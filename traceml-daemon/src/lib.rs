@@ -28,12 +28,18 @@ pub mod engine;
 pub mod ending;
 pub mod event;
 #[cfg(feature = "live")]
+pub mod job;
+#[cfg(feature = "live")]
 pub mod live;
+pub mod metrics;
+#[cfg(feature = "live")]
+pub mod multirank;
 pub mod output;
 pub mod overhead;
 pub mod policy;
 pub mod procinfo;
 pub mod profile;
+pub mod ranks;
 pub mod record;
 pub mod render;
 pub mod sample;
@@ -45,6 +51,8 @@ pub mod stats;
 pub mod summary;
 pub mod sweep;
 pub mod text;
+#[cfg(feature = "live")]
+pub mod top;
 pub mod units;
 
 /// The compiled eBPF object, built by `build.rs`.

@@ -172,6 +172,8 @@ struct Kernel {
     classes: BpfHashMap<MapData, u64, u32>,
     pending: BpfHashMap<MapData, u64, traceml_common::Pending>,
     loss: PerCpuArray<MapData, u64>,
+    /// The eBPF side's rare-path log (see [`ebpf_log`]); `None` when the object has none.
+    log: Option<aya_log::EbpfLogger<EbpfLog>>,
 }
 
 impl Kernel {
@@ -246,6 +248,9 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     /// code object's first few calls, so classification must not wait behind the processing of
     /// a large backlog (the burst of events while the target imports torch).
     fn drain(&mut self, k: &mut Kernel) {
+        if let Some(log) = &mut k.log {
+            log.flush();
+        }
         let first = self.backlog.len();
         while let Some(item) = k.ring.next() {
             if item.len() < size_of::<RawEvent>() {
@@ -596,6 +601,7 @@ pub async fn run(
         }
     };
 
+    let log = ebpf_log(&mut attacher.ebpf);
     let take = |a: &mut Attacher, name: &str| {
         a.ebpf
             .take_map(name)
@@ -616,6 +622,7 @@ pub async fn run(
         classes,
         pending,
         loss,
+        log,
     };
 
     // Chosen by the target: lossy UTF-8, bounded.
@@ -962,4 +969,39 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             }
         }
     }
+}
+
+/// Where the eBPF side's log lines go in `tracing` (`TRACEML_LOG=traceml_daemon::ebpf=debug`).
+const EBPF_LOG_TARGET: &str = "traceml_daemon::ebpf";
+
+/// Reads the eBPF side's rare-path log (aya-log's ring buffer: failed reads, full state, ring
+/// buffer full; rate-limited in the kernel) into `tracing`. An object without the log map runs
+/// without it.
+fn ebpf_log(ebpf: &mut aya::Ebpf) -> Option<aya_log::EbpfLogger<EbpfLog>> {
+    aya_log::EbpfLogger::init_with_logger(ebpf, EbpfLog)
+        .inspect_err(|e| tracing::debug!("no eBPF log: {e}"))
+        .ok()
+}
+
+/// Forwards aya-log's records (through the `log` facade) to `tracing` at their level; the
+/// message says which probe and what failed, with the pid and tid.
+struct EbpfLog;
+
+impl log::Log for EbpfLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        let msg = r.args();
+        match r.level() {
+            log::Level::Error => tracing::error!(target: EBPF_LOG_TARGET, "{msg}"),
+            log::Level::Warn => tracing::warn!(target: EBPF_LOG_TARGET, "{msg}"),
+            log::Level::Info => tracing::info!(target: EBPF_LOG_TARGET, "{msg}"),
+            log::Level::Debug => tracing::debug!(target: EBPF_LOG_TARGET, "{msg}"),
+            log::Level::Trace => tracing::trace!(target: EBPF_LOG_TARGET, "{msg}"),
+        }
+    }
+
+    fn flush(&self) {}
 }

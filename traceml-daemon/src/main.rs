@@ -13,7 +13,10 @@ use traceml_daemon::event::{End, EndReason, StreamItem};
 #[cfg(feature = "live")]
 use traceml_daemon::live;
 use traceml_daemon::overhead::Policy;
+use traceml_daemon::output::{self, OutDir, Owner};
 use traceml_daemon::sanitize::terminal;
+#[cfg(feature = "live")]
+use traceml_daemon::metrics;
 use traceml_daemon::{analysis, compare, record, render, summary::Summary, sweep};
 
 /// `--version`: the crate version and the commit it was built from (build.rs).
@@ -80,6 +83,14 @@ struct AttachArgs {
     /// phase); 0 turns them off.
     #[arg(long, default_value_t = 100)]
     stack_rate: u32,
+    /// Multi-rank jobs: a rank that completes no step for max(10 × its median step, this many
+    /// seconds) is a HANG (written to the summary at once, with every rank's stack).
+    #[arg(long, default_value_t = 60.0)]
+    hang_after: f64,
+    /// Serve Prometheus metrics at http://ADDR/metrics while attached: HOST:PORT, HOST, :PORT;
+    /// alone, 127.0.0.1:9466 (docs/metrics.md).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
+    metrics_addr: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -156,6 +167,12 @@ enum Cmd {
     /// the config file).
     #[cfg(feature = "live")]
     Serve(ServeArgs),
+    /// Attach to --pid like the default mode and show the run live, refreshed every second
+    /// (verdict, step time, phases, CUDA, CPU, GPU, ranks, losses, the daemon's cost); `q` or
+    /// Ctrl-C detaches and writes the summary. When stdout is not a terminal, one plain line per
+    /// second instead.
+    #[cfg(feature = "live")]
+    Top(AttachArgs),
 }
 
 #[cfg(feature = "live")]
@@ -188,6 +205,10 @@ struct ServeArgs {
     /// Write this file once the service runs (for scripts and tests).
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Serve Prometheus metrics of every job at http://ADDR/metrics: HOST:PORT, HOST, :PORT;
+    /// alone, 127.0.0.1:9466 (docs/metrics.md).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
+    metrics_addr: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -249,7 +270,9 @@ fn main() -> ExitCode {
         }) => run_sweep(&baseline, &candidate, format, fail_on, &cli.attach.common),
         #[cfg(feature = "live")]
         Some(Cmd::Serve(args)) => serve(args),
-        None => attach(cli.attach),
+        #[cfg(feature = "live")]
+        Some(Cmd::Top(args)) => attach(args, true),
+        None => attach(cli.attach, false),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -273,6 +296,7 @@ fn serve(a: ServeArgs) -> Result<u8, Failure> {
         ));
     }
     let config_required = a.config != Path::new("/etc/traceml/config.toml");
+    let metrics_addr = metrics_addr(a.metrics_addr.as_deref())?;
     traceml_daemon::serve::run(traceml_daemon::serve::ServeOptions {
         state_dir: a.state_dir,
         config: a.config,
@@ -288,9 +312,18 @@ fn serve(a: ServeArgs) -> Result<u8, Failure> {
         overhead_budget: a.overhead_budget / 100.0,
         stack_rate: a.stack_rate,
         ready_file: a.ready_file,
+        metrics_addr,
     })
     .map_err(|e| Failure::new(2, e))?;
     Ok(0)
+}
+
+/// `--metrics-addr`'s address, validated before any kernel work.
+#[cfg(feature = "live")]
+fn metrics_addr(a: Option<&str>) -> Result<Option<std::net::SocketAddr>, Failure> {
+    a.map(traceml_daemon::metrics::http::parse_addr)
+        .transpose()
+        .map_err(|e| Failure::new(2, e))
 }
 
 fn use_color(c: Color) -> bool {
@@ -307,12 +340,20 @@ fn timestamp(unix_s: u64) -> String {
     traceml_daemon::units::utc_stamp(unix_s)
 }
 
-/// Creates the output directory now, so an unwritable one is refused before attaching.
-fn prepare_output(dir: &Path) -> Result<(), Failure> {
-    std::fs::create_dir_all(dir)
-        .and_then(|_| {
-            let probe = dir.join(".traceml-write-test");
-            std::fs::write(&probe, b"").and_then(|_| std::fs::remove_file(&probe))
+/// The files [`write_outputs`] writes in the output directory.
+const OUTPUT_FILES: [&str; 3] = ["final_summary.json", "final_summary.txt", "final_report.html"];
+
+/// Creates the output directory now, so an unwritable one (or a symbolic link planted at it or
+/// at one of its files) is refused before attaching. Under `sudo`, what the run creates goes to
+/// the user who ran it (`crate::output`).
+fn prepare_output(dir: &Path) -> Result<OutDir, Failure> {
+    OutDir::create(dir, Owner::from_sudo())
+        .and_then(|out| {
+            out.check_writable()?;
+            for name in OUTPUT_FILES {
+                out.check_name(name)?;
+            }
+            Ok(out)
         })
         .map_err(|e| {
             Failure::new(
@@ -322,18 +363,21 @@ fn prepare_output(dir: &Path) -> Result<(), Failure> {
         })
 }
 
-fn write_outputs(summary: &Summary, dir: &Path, common: &Common) -> Result<(), Failure> {
+fn write_outputs(summary: &Summary, out: &OutDir, common: &Common) -> Result<(), Failure> {
+    let dir = out.path();
+    let write = |name: &str, bytes: &[u8]| {
+        out.write(name, bytes).map_err(|e| {
+            Failure::new(2, format!("cannot write {}: {e}", dir.join(name).display()))
+        })
+    };
     let mut json = Vec::new();
     render::render_json(summary, &mut json).context("rendering the summary")?;
-    std::fs::write(dir.join("final_summary.json"), &json)
-        .with_context(|| format!("writing {}", dir.join("final_summary.json").display()))?;
+    write("final_summary.json", &json)?;
     let mut txt = Vec::new();
     render::render_card(summary, &mut txt, false).context("rendering the card")?;
-    std::fs::write(dir.join("final_summary.txt"), &txt)
-        .with_context(|| format!("writing {}", dir.join("final_summary.txt").display()))?;
+    write("final_summary.txt", &txt)?;
     let report = dir.join("final_report.html");
-    std::fs::write(&report, render::to_html(summary))
-        .with_context(|| format!("writing {}", report.display()))?;
+    write("final_report.html", render::to_html(summary).as_bytes())?;
     if !common.quiet {
         // On a terminal the card follows its width (80 to 100 columns); the file keeps 100.
         let mut out = std::io::stdout().lock();
@@ -369,7 +413,7 @@ fn card_width() -> usize {
 
 /// Built without the `live` feature: no eBPF programs, no attach.
 #[cfg(not(feature = "live"))]
-fn attach(_args: AttachArgs) -> Result<u8, Failure> {
+fn attach(_args: AttachArgs, _top: bool) -> Result<u8, Failure> {
     Err(Failure::new(
         4,
         "this traceml-daemon was built without the `live` feature: it cannot attach, only run \
@@ -377,8 +421,9 @@ fn attach(_args: AttachArgs) -> Result<u8, Failure> {
     ))
 }
 
+/// The single-pid run: the default mode, or `top` (`top`: the live view).
 #[cfg(feature = "live")]
-fn attach(args: AttachArgs) -> Result<u8, Failure> {
+fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     let Some(pid) = args.pid else {
         return Err(Failure::new(
             2,
@@ -419,6 +464,7 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     opts.policy = args.probe_set;
     opts.overhead_budget = args.overhead_budget / 100.0;
     opts.stack_rate = args.stack_rate;
+    let metrics_at = metrics_addr(args.metrics_addr.as_deref())?;
 
     live::preflight(pid).map_err(|e| Failure::new(e.exit_code() as u8, &e))?;
     let comm = traceml_daemon::procinfo::comm(pid)
@@ -431,28 +477,75 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
     let dir = args.output.clone().unwrap_or_else(|| {
         PathBuf::from("traceml-logs").join(format!("{}-{pid}-{}", sanitize(&comm), timestamp(now)))
     });
-    prepare_output(&dir)?;
+    let out = prepare_output(&dir)?;
+    // A launcher or a rank of a multi-rank job: every rank of the job on this node.
+    let job = traceml_daemon::job::discover(pid);
+    if job.ranks.len() >= 2 || (job.launcher == Some(pid) && !job.ranks.is_empty()) {
+        if !(args.hang_after.is_finite() && args.hang_after > 0.0) {
+            return Err(Failure::new(2, "--hang-after must be a positive number of seconds"));
+        }
+        if args.record.is_some() || metrics_at.is_some() {
+            eprintln!(
+                "traceml-daemon: --record and --metrics-addr are not supported for multi-rank jobs yet; ignored"
+            );
+        }
+        let ranks: Vec<String> = job
+            .ranks
+            .iter()
+            .map(|r| format!("{} (pid {})", r.rank, r.pid))
+            .collect();
+        eprintln!(
+            "traceml-daemon: pid {pid} is part of a {}-rank job{}; attaching to ranks {}",
+            job.ranks.len(),
+            job.launcher
+                .map(|l| format!(" launched by pid {l}"))
+                .unwrap_or_default(),
+            ranks.join(", ")
+        );
+        let summary = traceml_daemon::multirank::run(
+            job,
+            traceml_daemon::multirank::JobOptions {
+                rank: opts,
+                hang_after: Duration::from_secs_f64(args.hang_after),
+                dir: dir.clone(),
+                duration: args.duration.map(Duration::from_secs_f64),
+            },
+        )
+        .map_err(|e| Failure::new(3, e))?;
+        write_outputs(&summary, &out, &args.common)?;
+        return Ok(0);
+    }
+    let metrics = match metrics_at {
+        Some(addr) => Some(SinglePidMetrics::start(addr, pid, &dir)?),
+        None => None,
+    };
     let mut writer = match &args.record {
-        Some(p) => Some(record::Writer::create(p).map_err(|e| Failure::new(2, e))?),
+        Some(p) => {
+            let file = output::create_file(p, Owner::from_sudo()).map_err(|e| {
+                Failure::new(2, format!("cannot write the recording {}: {e}", p.display()))
+            })?;
+            Some(record::Writer::from_file(file, p).map_err(|e| Failure::new(2, e))?)
+        }
         None => None,
     };
 
-    // The stream is folded as it arrives (bounded memory over runs of any length).
-    let mut collector = analysis::Collector::new();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let result = rt.block_on(live::run(&opts, |item| {
+    // The stream is folded as it arrives (bounded memory over runs of any length), and shown
+    // while it goes: `top`'s live view, or the liveness line on a terminal.
+    let display = traceml_daemon::top::display_for(top, args.common.quiet);
+    let outcome = traceml_daemon::top::run(opts, display, |item, collector| {
         if let Some(w) = writer.as_mut() {
             w.write(item).map_err(|e| e.to_string())?;
             if matches!(item, StreamItem::End(_) | StreamItem::Lost(_)) {
                 w.flush().map_err(|e| e.to_string())?;
             }
         }
-        collector.push(item);
+        if let Some(m) = metrics.as_ref() {
+            m.observe(item, collector);
+        }
         Ok(())
-    }));
+    })
+    .context("setting up the terminal")?;
+    let (result, mut collector) = (outcome.result, outcome.collector);
     if let Some(w) = writer.as_mut() {
         w.flush().map_err(|e| Failure::new(1, e))?;
     }
@@ -472,9 +565,80 @@ fn attach(args: AttachArgs) -> Result<u8, Failure> {
         }
         Err(e) => return Err(Failure::new(e.exit_code() as u8, &e)),
     }
-    let summary = collector.finish();
-    write_outputs(&summary, &dir, &args.common)?;
+    let (summary, totals) = collector.finish_with_totals();
+    if let Some(m) = &metrics {
+        m.finish(&summary, &totals);
+    }
+    write_outputs(&summary, &out, &args.common)?;
     Ok(0)
+}
+
+/// `--metrics-addr` in single-pid mode: the job is the output directory's name, rank 0; the
+/// values are refreshed from the fold at most every [`metrics::REFRESH`] as items arrive.
+#[cfg(feature = "live")]
+struct SinglePidMetrics {
+    exporter: metrics::http::Shared,
+    job: String,
+    last: std::cell::Cell<std::time::Instant>,
+    gpu: std::cell::Cell<Option<f64>>,
+}
+
+#[cfg(feature = "live")]
+impl SinglePidMetrics {
+    fn start(addr: std::net::SocketAddr, pid: u32, dir: &Path) -> Result<Self, Failure> {
+        let exporter = metrics::http::Shared::default();
+        let bound = metrics::http::serve(addr, exporter.clone())
+            .map_err(|e| Failure::new(2, format!("--metrics-addr {addr}: cannot listen: {e}")))?;
+        let job = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| format!("pid-{pid}"));
+        let info = metrics::JobInfo {
+            pid,
+            comm: traceml_daemon::procinfo::comm(pid)
+                .map(|b| traceml_daemon::sanitize::comm(&b))
+                .unwrap_or_default(),
+            command: traceml_daemon::procinfo::cmdline(pid)
+                .map(|b| traceml_daemon::sanitize::cmdline(&b).join(" "))
+                .unwrap_or_default(),
+            user: None,
+        };
+        exporter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .attached(&job, "0", info);
+        eprintln!("traceml-daemon: metrics at http://{bound}/metrics");
+        Ok(SinglePidMetrics {
+            exporter,
+            job,
+            last: std::cell::Cell::new(std::time::Instant::now()),
+            gpu: std::cell::Cell::new(None),
+        })
+    }
+
+    fn observe(&self, item: &StreamItem, collector: &analysis::Collector) {
+        if let StreamItem::Sample(s) = item {
+            self.gpu.set(metrics::gpu_utilization(s));
+        }
+        if self.last.get().elapsed() >= metrics::REFRESH && collector.events() > 0 {
+            self.last.set(std::time::Instant::now());
+            let (s, t) = collector.snapshot_with_totals();
+            self.update(&s, &t);
+        }
+    }
+
+    fn update(&self, s: &Summary, t: &traceml_daemon::engine::StepTotals) {
+        let values = metrics::RankValues::from_summary(s, t, self.gpu.get());
+        let mut e = self.exporter.lock().unwrap_or_else(|p| p.into_inner());
+        e.update(&self.job, "0", values);
+        e.set_verdict(&self.job, metrics::Verdict::of(s));
+    }
+
+    fn finish(&self, s: &Summary, t: &traceml_daemon::engine::StepTotals) {
+        self.update(s, t);
+        let mut e = self.exporter.lock().unwrap_or_else(|p| p.into_inner());
+        e.ended(&self.job, "0", std::time::Instant::now());
+    }
 }
 
 fn sanitize(s: &str) -> String {
@@ -500,8 +664,8 @@ fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, F
             .unwrap_or_else(|| "replay".into());
         PathBuf::from("traceml-logs").join(format!("replay-{}", sanitize(&stem)))
     });
-    prepare_output(&dir)?;
-    write_outputs(&summary, &dir, common)?;
+    let out = prepare_output(&dir)?;
+    write_outputs(&summary, &out, common)?;
     Ok(0)
 }
 
@@ -587,7 +751,11 @@ fn run_report(input: &Path, output: &Path) -> Result<u8, Failure> {
     } else {
         read_summary(input)?
     };
-    std::fs::write(output, render::to_html(&summary))
+    output::create_file(output, Owner::from_sudo())
+        .and_then(|mut f| {
+            use std::io::Write as _;
+            f.write_all(render::to_html(&summary).as_bytes())
+        })
         .map_err(|e| Failure::new(2, format!("cannot write {}: {e}", output.display())))?;
     eprintln!("traceml-daemon: report written to {}", output.display());
     Ok(0)

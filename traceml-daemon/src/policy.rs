@@ -80,7 +80,7 @@ fn globs(patterns: &[String]) -> Result<GlobSet, String> {
 }
 
 /// Launcher command lines: they start ranks and train nothing themselves.
-fn is_launcher(cmdline: &[String]) -> bool {
+pub fn is_launcher(cmdline: &[String]) -> bool {
     let words: Vec<&str> = cmdline.iter().map(String::as_str).collect();
     let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_owned();
     words.iter().take(3).any(|w| {

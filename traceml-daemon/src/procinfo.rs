@@ -1,10 +1,13 @@
-//! Everything the daemon reads from /proc, in one place and parsed by the `procfs` crate: a
-//! process's memory maps, stat (start time, state, CPU, RSS), comm, cmdline, executable and child
-//! processes; the machine's CPU times, memory and hostname; the daemon's own capabilities.
+//! Everything the daemon reads from /proc, in one place and parsed by the `procfs` crate: the
+//! processes there; a process's memory maps, stat (start time, state, CPU, RSS), owner, comm,
+//! cmdline, environment, cgroup, executable and child processes; the machine's CPU times, memory,
+//! boot time and hostname; the daemon's own capabilities.
 //!
 //! Each reader does one read; the parsing is procfs's and the pure `*_from` functions take the
 //! bytes, so tests feed them recorded /proc files. A process that is gone (or a file the kernel
 //! refuses) reads as `None` / empty: callers treat that as the expected race it is.
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
@@ -52,6 +55,28 @@ pub fn maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
 /// skipped, and so are lines procfs cannot parse. Line by line, so one odd line costs only
 /// itself.
 pub fn maps_from(bytes: &[u8]) -> Vec<Mapping> {
+    file_maps(bytes)
+        .into_iter()
+        .filter(|m| {
+            !m.path
+                .as_os_str()
+                .as_encoded_bytes()
+                .ends_with(b" (deleted)")
+        })
+        .collect()
+}
+
+/// The path of every file `pid` maps, one per mapping, deleted files included (the kernel names
+/// them with a ` (deleted)` suffix): what a process loaded, even if the file went since.
+pub fn mapped_paths(pid: u32) -> std::io::Result<Vec<PathBuf>> {
+    Ok(file_maps(&read_raw(pid, "maps")?)
+        .into_iter()
+        .map(|m| m.path)
+        .collect())
+}
+
+/// [`maps_from`] with deleted files kept.
+fn file_maps(bytes: &[u8]) -> Vec<Mapping> {
     let text = String::from_utf8_lossy(bytes);
     text.lines()
         // SysV shared memory (`/SYSV<key>`) is never a library, and procfs slices its name
@@ -68,9 +93,6 @@ pub fn maps_from(bytes: &[u8]) -> Vec<Mapping> {
             let MMapPath::Path(path) = m.pathname else {
                 return None;
             };
-            if path.as_os_str().as_encoded_bytes().ends_with(b" (deleted)") {
-                return None;
-            }
             Some(Mapping {
                 start: m.address.0,
                 end: m.address.1,
@@ -80,6 +102,20 @@ pub fn maps_from(bytes: &[u8]) -> Vec<Mapping> {
             })
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The processes.
+
+/// The ids of every process in /proc (the daemon's pid namespace); `None` when /proc cannot be
+/// listed. A process that goes while it is listed is left out.
+pub fn pids() -> Option<Vec<u32>> {
+    let all = procfs::process::all_processes().ok()?;
+    Some(
+        all.flatten()
+            .filter_map(|p| u32::try_from(p.pid()).ok())
+            .collect(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -110,6 +146,16 @@ pub fn start_state(pid: u32) -> Option<(u64, char)> {
     stat(pid).map(|s| (s.starttime, s.state))
 }
 
+/// When the process started, in seconds since the epoch (boot time + stat's start time).
+pub fn start_unix_secs(stat: &Stat) -> Option<u64> {
+    Some(procfs::boot_time_secs().ok()? + stat.starttime / ticks_per_second())
+}
+
+/// The owner of `/proc/<pid>` (the process's effective uid).
+pub fn uid(pid: u32) -> Option<u32> {
+    process(pid)?.uid().ok()
+}
+
 /// `/proc/<pid>/comm` as bytes (the target chooses it).
 pub fn comm(pid: u32) -> Option<Vec<u8>> {
     read_raw(pid, "comm").ok()
@@ -118,6 +164,36 @@ pub fn comm(pid: u32) -> Option<Vec<u8>> {
 /// `/proc/<pid>/cmdline` as bytes: NUL-separated arguments (the target chooses them).
 pub fn cmdline(pid: u32) -> Option<Vec<u8>> {
     read_raw(pid, "cmdline").ok()
+}
+
+/// The arguments of `/proc/<pid>/cmdline`, each decoded lossily (the target chooses them), empty
+/// ones left out.
+pub fn cmdline_args(pid: u32) -> Option<Vec<String>> {
+    Some(args_from(&cmdline(pid)?))
+}
+
+/// Splits a cmdline's bytes into its NUL-separated arguments, lossily, without empty ones.
+pub fn args_from(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// `/proc/<pid>/environ`: the environment the process started with (the target chooses it).
+pub fn environ(pid: u32) -> Option<HashMap<OsString, OsString>> {
+    process(pid)?.environ().ok()
+}
+
+/// The process's cgroup path: the unified hierarchy's (0), else the first listed.
+pub fn cgroup(pid: u32) -> Option<String> {
+    let cgroups: Vec<_> = process(pid)?.cgroups().ok()?.into_iter().collect();
+    cgroups
+        .iter()
+        .find(|c| c.hierarchy == 0)
+        .or(cgroups.first())
+        .map(|c| c.pathname.clone())
 }
 
 /// The process's executable, as the kernel names it.
@@ -248,6 +324,27 @@ Rss:  4 kB
     }
 
     #[test]
+    fn mapped_paths_keep_deleted_files() {
+        let all: Vec<PathBuf> = file_maps(MAPS.as_bytes())
+            .into_iter()
+            .map(|m| m.path)
+            .collect();
+        assert_eq!(all.len(), 4);
+        assert_eq!(all[3], Path::new("/tmp/gone.so (deleted)"));
+        let me = mapped_paths(std::process::id()).unwrap();
+        assert!(me.contains(&exe(std::process::id()).unwrap()), "{me:?}");
+    }
+
+    #[test]
+    fn cmdline_args_split_lossily_without_empty_ones() {
+        assert_eq!(
+            args_from(b"python\0-c\0\0x\xff\0"),
+            ["python", "-c", "x\u{fffd}"]
+        );
+        assert!(args_from(b"").is_empty());
+    }
+
+    #[test]
     fn maps_of_a_non_utf8_path_are_read_lossily() {
         let mut text = b"7f00bb000000-7f00bb010000 r-xp 00000000 fe:01 789 /tmp/\xff.so\n".to_vec();
         text.extend_from_slice(MAPS.as_bytes());
@@ -322,6 +419,21 @@ Rss:  4 kB
         assert!(exe(me).is_some());
         assert!(mem_total_bytes().unwrap() > 0);
         assert!(own_effective_caps().is_some());
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(uid(me), Some(unsafe { libc::geteuid() }));
+        assert!(cmdline_args(me).is_some_and(|a| !a.is_empty()));
+        assert!(environ(me).is_some());
+        assert!(cgroup(me).is_some());
+        assert!(pids().unwrap().contains(&me));
+        let started = start_unix_secs(&stat(me).unwrap()).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(
+            started <= now + 1 && started + 3600 > now,
+            "{started} {now}"
+        );
         let k = kernel_stats().unwrap();
         let (busy, total) = cpu_busy_total(&k);
         assert!(busy <= total && total > 0);

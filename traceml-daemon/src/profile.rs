@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Phase, PhaseSample};
+use crate::engine::{N_PHASES, Phase, PhaseSample};
 use crate::event::FuncInfo;
 
 /// Share of in-step samples that must hold a frame for it to be part of the loop's prefix.
@@ -37,8 +37,8 @@ pub struct TopFunction {
 /// Per phase (in [`Phase::ALL`] order), its samples and the functions that hold most of them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Profile {
-    pub samples: [u64; 7],
-    pub top: [Vec<TopFunction>; 7],
+    pub samples: [u64; N_PHASES],
+    pub top: [Vec<TopFunction>; N_PHASES],
     /// The loop function the residual is attributed under, when found.
     pub loop_function: Option<String>,
 }
@@ -74,7 +74,7 @@ pub fn profile(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Profi
             .and_then(|id| funcs.get(id))
             .map(|f| f.function.clone());
     }
-    let mut counts: [HashMap<u32, u64>; 7] = Default::default();
+    let mut counts: [HashMap<u32, u64>; N_PHASES] = Default::default();
     for s in samples {
         let key = if s.phase == Phase::Residual {
             depth.and_then(|d| s.frames.get(d + 1).or_else(|| s.frames.get(d)))

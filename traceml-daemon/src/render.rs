@@ -23,6 +23,7 @@ pub mod html;
 pub mod json;
 pub mod svg;
 pub mod sweep;
+pub mod top;
 
 pub use compare::{render_compare, render_compare_json, render_compare_text};
 pub use html::{render_html, to_html};
@@ -92,6 +93,7 @@ pub fn render_card_width(
             }
         }
     }
+    ranks(s, &mut out);
     code(s, &mut out);
     out.rule('─');
     data_quality(s, &p, &mut out);
@@ -324,9 +326,10 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
         }
     ));
     let d = &s.primary_diagnosis;
-    for (i, phase) in Phase::ALL.into_iter().enumerate() {
+    let shown = s.shown_phases();
+    for (i, &phase) in shown.iter().enumerate() {
         let st = &s.phases[phase];
-        let branch = if i + 1 == Phase::ALL.len() {
+        let branch = if i + 1 == shown.len() {
             "└─"
         } else {
             "├─"
@@ -563,6 +566,61 @@ fn system(s: &Summary, p: &Painter, out: &mut Lines) {
                 labeled(out, &format!("GPU {}", d.index), &parts.join(" · "));
             }
         }
+    }
+}
+
+/// A multi-rank job: one row per rank (median step and phases, ms), the culprit marked.
+fn ranks(s: &Summary, out: &mut Lines) {
+    if s.ranks.is_empty() {
+        return;
+    }
+    out.rule('─');
+    let culprit = s.primary_diagnosis.culprit_rank;
+    let cols = [
+        (Phase::InputWait, "input"),
+        (Phase::Forward, "fwd"),
+        (Phase::Backward, "bwd"),
+        (Phase::Optimizer, "opt"),
+        (Phase::GpuWait, "gpu_w"),
+        (Phase::CollectiveWait, "coll_w"),
+    ];
+    let mut head = format!("{:<10}{:>6}{:>9}", "RANKS", "steps", "step");
+    for (_, n) in cols {
+        head.push_str(&format!("{n:>9}"));
+    }
+    out.push(head);
+    for r in &s.ranks {
+        let mut line = format!(
+            "{:<10}{:>6}{:>9}",
+            format!("rank {}", r.rank),
+            r.steps,
+            r.step_ms.median.map_or("—".into(), |v| format!("{v:.1}"))
+        );
+        for (p, _) in cols {
+            line.push_str(&format!(
+                "{:>9}",
+                r.phases[p]
+                    .median_ms
+                    .map_or("—".into(), |v| format!("{v:.1}"))
+            ));
+        }
+        if culprit == Some(r.rank) {
+            line.push_str("  ◀ culprit");
+        }
+        out.push(line);
+    }
+    if let Some(j) = &s.job {
+        let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
+        if let Some(w) = j.world_size {
+            parts.push(format!("world size {w}"));
+        }
+        if let Some(l) = j.launcher_pid {
+            parts.push(format!("launcher pid {l}"));
+        }
+        if let Some(m) = &j.master {
+            parts.push(format!("master {m}"));
+        }
+        labeled(out, "", &format!("(ms, medians) {}", parts.join(" · ")));
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use crate::analysis::Collector;
 use crate::event::{EndReason, StreamItem};
 use crate::live;
+use crate::metrics::{RankValues, Verdict};
 use crate::overhead::Policy as ProbePolicy;
 use crate::policy::{Decision, Policy, PolicyConfig, ProcInfo};
 use crate::summary::{DiagnosisKind, Summary};
@@ -40,6 +41,8 @@ pub struct ServeConfig {
     pub exclude_users: Vec<String>,
     pub include_cgroups: Vec<String>,
     pub exclude_cgroups: Vec<String>,
+    /// `/metrics` address, as `--metrics-addr` (read at start only).
+    pub metrics_addr: Option<String>,
 }
 
 impl ServeConfig {
@@ -83,54 +86,40 @@ pub struct ServeOptions {
     pub stack_rate: u32,
     /// Written once the supervisor runs (for scripts and tests).
     pub ready_file: Option<PathBuf>,
+    /// Serve `/metrics` here (`--metrics-addr`; over the config file's `metrics_addr`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Reads what the policy needs about one process; `None` when it vanished or is unreadable.
 pub fn proc_info(pid: u32) -> Option<ProcInfo> {
-    let p = procfs::process::Process::new(pid as i32).ok()?;
-    let stat = p.stat().ok()?;
-    let uid = p.uid().ok()?;
-    let cmdline = p
-        .cmdline()
-        .ok()?
+    use crate::procinfo;
+    let stat = procinfo::stat(pid)?;
+    let uid = procinfo::uid(pid)?;
+    let cmdline = procinfo::cmdline_args(pid)?
         .into_iter()
         .map(|a| crate::sanitize::bounded(&a, 4096).into_owned())
         .collect();
-    let exe_name = p
-        .exe()
-        .ok()
+    let exe_name = procinfo::exe(pid)
         .and_then(|e| e.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default();
     let (mut python, mut torch) = (exe_name.starts_with("python"), false);
-    for m in p.maps().ok()? {
-        if let procfs::process::MMapPath::Path(path) = &m.pathname {
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default();
-            python |= name.starts_with("libpython");
-            torch |= name.starts_with("libtorch_cpu") || name.starts_with("libtorch_python");
-        }
+    for path in procinfo::mapped_paths(pid).ok()? {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        python |= name.starts_with("libpython");
+        torch |= name.starts_with("libtorch_cpu") || name.starts_with("libtorch_python");
     }
     let disable_env = if python && torch {
-        p.environ().ok().and_then(|env| {
+        procinfo::environ(pid).and_then(|env| {
             env.get(std::ffi::OsStr::new("TRACEML_DISABLE"))
                 .map(|v| v.to_string_lossy().into_owned())
         })
     } else {
         None
     };
-    let cgroup = p
-        .cgroups()
-        .ok()
-        .and_then(|cgs| {
-            let cgs: Vec<_> = cgs.into_iter().collect();
-            cgs.iter()
-                .find(|c| c.hierarchy == 0)
-                .or(cgs.first())
-                .map(|c| c.pathname.clone())
-        })
-        .unwrap_or_default();
+    let cgroup = procinfo::cgroup(pid).unwrap_or_default();
     Some(ProcInfo {
         pid,
         ppid: stat.ppid as u32,
@@ -158,14 +147,10 @@ fn user_name(uid: u32) -> Option<String> {
 
 /// `<comm>-<pid>-<start time>`: a new directory for a new process with a reused pid.
 fn job_dir_name(pid: u32) -> String {
-    let p = procfs::process::Process::new(pid as i32).ok();
-    let stat = p.and_then(|p| p.stat().ok());
+    let stat = crate::procinfo::stat(pid);
     let comm = stat.as_ref().map(|s| s.comm.clone()).unwrap_or_default();
     let start = stat
-        .and_then(|s| {
-            let boot = procfs::boot_time_secs().ok()?;
-            Some(boot + s.starttime / procfs::ticks_per_second())
-        })
+        .and_then(|s| crate::procinfo::start_unix_secs(&s))
         .unwrap_or(0);
     let name: String = comm
         .chars()
@@ -220,12 +205,40 @@ fn verdict_line(s: &Summary) -> String {
 struct Folds {
     run: Collector,
     window: Collector,
+    /// At the latest sample, for `/metrics` (`None` without NVML).
+    gpu_utilization: Option<f64>,
 }
 
 impl Folds {
     fn push(&mut self, item: &StreamItem) {
+        if let StreamItem::Sample(s) = item {
+            self.gpu_utilization = crate::metrics::gpu_utilization(s);
+        }
         self.run.push(item);
         self.window.push(item);
+    }
+}
+
+/// Where a target's values go on `/metrics`: the shared exporter, its job and rank labels.
+#[derive(Clone)]
+struct MetricsSink {
+    exporter: crate::metrics::http::Shared,
+    job: String,
+    rank: String,
+}
+
+impl MetricsSink {
+    fn with(&self, f: impl FnOnce(&mut crate::metrics::Exporter)) {
+        f(&mut self.exporter.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// The run so far (its counters) and the job's current verdict.
+    fn update(&self, s: &Summary, t: &crate::engine::StepTotals, gpu: Option<f64>, v: Verdict) {
+        let values = RankValues::from_summary(s, t, gpu);
+        self.with(|e| {
+            e.update(&self.job, &self.rank, values);
+            e.set_verdict(&self.job, v);
+        });
     }
 }
 
@@ -236,16 +249,23 @@ async fn run_target(
     mut opts: live::Options,
     stop: watch::Receiver<Option<EndReason>>,
     window: Duration,
+    metrics: Option<MetricsSink>,
 ) {
     opts.stop = Some(stop);
     let folds = Rc::new(RefCell::new(Folds {
         run: Collector::new(),
         window: Collector::new(),
+        gpu_utilization: None,
     }));
     let sink_folds = folds.clone();
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
+    let refresh = crate::metrics::REFRESH;
+    let mut metric_ticks = tokio::time::interval_at(tokio::time::Instant::now() + refresh, refresh);
+    metric_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n = 0u32;
     let mut last_kind: Option<DiagnosisKind> = None;
+    // The verdict `/metrics` shows: the last window's, the run so far's before the first window.
+    let mut window_verdict: Option<Verdict> = None;
     // The run (and the sink's handle on the folds) ends with this block.
     let result = {
         let run = live::run(&opts, move |item| {
@@ -256,6 +276,13 @@ async fn run_target(
         loop {
             tokio::select! {
                 r = &mut run => break r,
+                _ = metric_ticks.tick(), if metrics.is_some() => {
+                    let f = folds.borrow();
+                    if f.run.events() > 0 && let Some(m) = &metrics {
+                        let (s, t) = f.run.snapshot_with_totals();
+                        m.update(&s, &t, f.gpu_utilization, window_verdict.unwrap_or(Verdict::of(&s)));
+                    }
+                }
                 _ = ticks.tick() => {
                     n += 1;
                     let (win, so_far) = {
@@ -273,6 +300,7 @@ async fn run_target(
                         verdict_line(&so_far)
                     );
                     let kind = win.primary_diagnosis.kind;
+                    window_verdict = Some(Verdict::of(&win));
                     match last_kind.replace(kind) {
                         Some(k) if k != kind && kind != DiagnosisKind::InsufficientData => {
                             tracing::warn!("{line} (verdict changed from {})", k.headline())
@@ -291,11 +319,24 @@ async fn run_target(
         Err(e) if folds.run.events() == 0 => {
             tracing::warn!("pid {pid}: not attached: {e}");
             let _ = std::fs::remove_dir(&dir);
+            if let Some(m) = &metrics {
+                m.with(|e| e.forget(&m.job, &m.rank));
+            }
             return;
         }
         Err(e) => tracing::warn!("pid {pid}: {e}; writing the summary of what was gathered"),
     }
-    let summary = folds.run.finish();
+    let gpu = folds.gpu_utilization;
+    let (summary, totals) = folds.run.finish_with_totals();
+    if let Some(m) = &metrics {
+        m.update(
+            &summary,
+            &totals,
+            gpu,
+            window_verdict.unwrap_or(Verdict::of(&summary)),
+        );
+        m.with(|e| e.ended(&m.job, &m.rank, Instant::now()));
+    }
     match write_summary(&dir, "final_summary", &summary) {
         Ok(()) => tracing::info!(
             "pid {pid}: {} → {}",
@@ -351,6 +392,7 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
     let state_dir = cfg.state_dir.clone().unwrap_or(opts.state_dir.clone());
     crate::output::create_dir_private(&state_dir)
         .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
+    let metrics = start_metrics(&opts, &cfg)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -378,7 +420,7 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
             tokio::select! {
                 _ = scan.tick() => {
                     node.targets.retain(|_, t| !t.done.is_finished());
-                    scan_once(&opts, &cfg, &policy, &state_dir, window, &mut node);
+                    scan_once(&opts, &cfg, &policy, &state_dir, window, &metrics, &mut node);
                 }
                 _ = hup.recv() => {
                     match ServeConfig::read(&opts.config, opts.config_required)
@@ -413,6 +455,23 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
     })
 }
 
+/// Serves `/metrics` when an address is given (the flag over the config file's key).
+fn start_metrics(
+    opts: &ServeOptions,
+    cfg: &ServeConfig,
+) -> Result<Option<crate::metrics::http::Shared>, String> {
+    let addr = match (opts.metrics_addr, &cfg.metrics_addr) {
+        (Some(a), _) => a,
+        (None, Some(a)) => crate::metrics::http::parse_addr(a)?,
+        (None, None) => return Ok(None),
+    };
+    let exporter = crate::metrics::http::Shared::default();
+    let bound = crate::metrics::http::serve(addr, exporter.clone())
+        .map_err(|e| format!("--metrics-addr {addr}: cannot listen: {e}"))?;
+    tracing::info!("metrics at http://{bound}/metrics");
+    Ok(Some(exporter))
+}
+
 /// One scan of /proc: attaches to new training processes the policy admits.
 fn scan_once(
     opts: &ServeOptions,
@@ -420,6 +479,7 @@ fn scan_once(
     policy: &Policy,
     state_dir: &Path,
     window: Duration,
+    metrics: &Option<crate::metrics::http::Shared>,
     node: &mut Node,
 ) {
     let Node {
@@ -427,14 +487,13 @@ fn scan_once(
         decided,
         attached,
     } = node;
-    let Ok(all) = procfs::process::all_processes() else {
+    let Some(all) = crate::procinfo::pids() else {
         return;
     };
     let me = std::process::id();
     let infos: HashMap<u32, ProcInfo> = all
-        .flatten()
-        .filter_map(|p| {
-            let pid = p.pid() as u32;
+        .into_iter()
+        .filter_map(|pid| {
             (pid != me)
                 .then(|| proc_info(pid))
                 .flatten()
@@ -466,7 +525,8 @@ fn scan_once(
         if d != Decision::Attach || !attached.insert((*pid, start)) {
             continue;
         }
-        let dir = state_dir.join(job_dir_name(*pid));
+        let job = job_dir_name(*pid);
+        let dir = state_dir.join(&job);
         if let Err(e) = crate::output::create_dir_private(&dir) {
             tracing::warn!("pid {pid}: cannot create {}: {e}", dir.display());
             continue;
@@ -483,7 +543,25 @@ fn scan_once(
             crate::sanitize::terminal(&info.cmdline.join(" ")),
             dir.display()
         );
-        let done = tokio::task::spawn_local(run_target(*pid, dir, lo, rx, window));
+        let sink = metrics.as_ref().map(|exporter| {
+            let sink = MetricsSink {
+                exporter: exporter.clone(),
+                job,
+                // Single-process jobs are rank 0.
+                rank: "0".into(),
+            };
+            let info = crate::metrics::JobInfo {
+                pid: *pid,
+                comm: crate::procinfo::comm(*pid)
+                    .map(|b| crate::sanitize::comm(&b))
+                    .unwrap_or_default(),
+                command: info.cmdline.join(" "),
+                user: info.user.clone(),
+            };
+            sink.with(|e| e.attached(&sink.job, &sink.rank, info));
+            sink
+        });
+        let done = tokio::task::spawn_local(run_target(*pid, dir, lo, rx, window, sink));
         targets.insert(
             *pid,
             Target {
@@ -496,9 +574,5 @@ fn scan_once(
 }
 
 fn start_time(pid: u32) -> Option<u64> {
-    procfs::process::Process::new(pid as i32)
-        .ok()?
-        .stat()
-        .ok()
-        .map(|s| s.starttime)
+    crate::procinfo::start_state(pid).map(|(start, _)| start)
 }

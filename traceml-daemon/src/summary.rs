@@ -12,7 +12,7 @@ use crate::engine::{Boundary, Phase};
 use crate::event::EndReason;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Everything one run measured and concluded.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,6 +44,63 @@ pub struct Summary {
     pub daemon_overhead: Option<DaemonOverhead>,
     /// Per-step distributions (decimated) for `compare`.
     pub step_samples: StepSamples,
+    /// A multi-rank job (schema 2): what it is. Absent for a single process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobInfo>,
+    /// A multi-rank job: one entry per rank, by rank. The rest of the summary is rank 0's (or
+    /// the lowest rank measured), with the job-level findings (STRAGGLER, HANG) added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankSummary>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Summary {
+    /// The phases a report lists: `collective_wait` only for a multi-rank job or where it
+    /// occurred (a single process has none).
+    pub fn shown_phases(&self) -> Vec<Phase> {
+        Phase::ALL
+            .into_iter()
+            .filter(|&p| {
+                p != Phase::CollectiveWait
+                    || !self.ranks.is_empty()
+                    || self.phases[p].share.is_some_and(|s| s > 0.0)
+            })
+            .collect()
+    }
+}
+
+/// A multi-rank job, as its ranks' environments describe it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobInfo {
+    /// The launcher (torchrun, accelerate, deepspeed, mpirun-style) when one was found.
+    pub launcher_pid: Option<u32>,
+    pub world_size: Option<u32>,
+    /// `TORCHELASTIC_RUN_ID`.
+    pub run_id: Option<String>,
+    /// `MASTER_ADDR:MASTER_PORT`.
+    pub master: Option<String>,
+    /// Ranks measured on this node.
+    pub ranks_measured: u32,
+}
+
+/// One rank of a multi-rank job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankSummary {
+    pub rank: u32,
+    pub local_rank: Option<u32>,
+    pub pid: u32,
+    pub steps: u32,
+    pub step_ms: StepMs,
+    /// Median and share per phase (collective_wait included).
+    pub phases: Phases<PhaseStats>,
+    /// The rank's own verdict (as if it ran alone).
+    pub verdict: DiagnosisKind,
+    /// Its Python stack when a HANG was found (outermost first), else empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<String>,
 }
 
 /// The daemon's estimated added time on the target (probe hits × measured per-hit cost, see
@@ -123,7 +180,9 @@ pub struct RunInfo {
 }
 
 /// What the rules say about the run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[derive(
+    Default, Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum DiagnosisKind {
     InputBound,
@@ -133,7 +192,12 @@ pub enum DiagnosisKind {
     MemoryCreep,
     LowGpuUtilizationUnexplained,
     Balanced,
+    #[default]
     InsufficientData,
+    /// One rank of a multi-rank job makes the others wait at its collectives.
+    Straggler,
+    /// A rank completed no step for long: the job is stuck.
+    Hang,
 }
 
 impl DiagnosisKind {
@@ -148,6 +212,8 @@ impl DiagnosisKind {
             DiagnosisKind::LowGpuUtilizationUnexplained => "LOW_GPU_UTILIZATION_UNEXPLAINED",
             DiagnosisKind::Balanced => "BALANCED",
             DiagnosisKind::InsufficientData => "INSUFFICIENT_DATA",
+            DiagnosisKind::Straggler => "STRAGGLER",
+            DiagnosisKind::Hang => "HANG",
         }
     }
 
@@ -209,6 +275,9 @@ pub struct Finding {
     /// That phase's share of step time (0–1), used to order findings of equal severity.
     pub share: Option<f64>,
     pub confidence: Confidence,
+    /// STRAGGLER and HANG: the rank the others wait for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub culprit_rank: Option<u32>,
 }
 
 /// How many steps, and what delimited them.
@@ -240,6 +309,9 @@ pub struct Phases<T> {
     pub backward: T,
     pub optimizer: T,
     pub gpu_wait: T,
+    /// Absent from summaries written before multi-rank support (schema 1): the default then.
+    #[serde(default)]
+    pub collective_wait: T,
     pub residual: T,
 }
 
@@ -253,6 +325,7 @@ impl<T> Phases<T> {
             backward: f(Phase::Backward),
             optimizer: f(Phase::Optimizer),
             gpu_wait: f(Phase::GpuWait),
+            collective_wait: f(Phase::CollectiveWait),
             residual: f(Phase::Residual),
         }
     }
@@ -273,6 +346,7 @@ impl<T> Index<Phase> for Phases<T> {
             Phase::Backward => &self.backward,
             Phase::Optimizer => &self.optimizer,
             Phase::GpuWait => &self.gpu_wait,
+            Phase::CollectiveWait => &self.collective_wait,
             Phase::Residual => &self.residual,
         }
     }
@@ -287,6 +361,7 @@ impl<T> IndexMut<Phase> for Phases<T> {
             Phase::Backward => &mut self.backward,
             Phase::Optimizer => &mut self.optimizer,
             Phase::GpuWait => &mut self.gpu_wait,
+            Phase::CollectiveWait => &mut self.collective_wait,
             Phase::Residual => &mut self.residual,
         }
     }
@@ -305,10 +380,10 @@ pub struct PhaseStats {
     /// The functions that hold most of the phase's stack samples (see `profile`): in
     /// `residual` what the training loop called, elsewhere the innermost Python frame. Empty
     /// without stack samples.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top_functions: Vec<crate::profile::TopFunction>,
-    /// Stack samples that fell in this phase.
-    #[serde(default)]
+    /// Stack samples that fell in this phase (absent: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub stack_samples: u64,
 }
 
@@ -598,6 +673,14 @@ impl Summary {
         if s.trim().is_empty() {
             return Err(SummaryError::Empty);
         }
+        // Fast path (a sweep reads thousands of summaries): a valid summary of this schema
+        // parses straight into the model, without building a `Value` tree first (about half the
+        // time). Anything else (another version, an error to explain) takes the path below.
+        if let Ok(summary) = serde_json::from_str::<Summary>(s)
+            && summary.schema_version == SCHEMA_VERSION
+        {
+            return Ok(summary);
+        }
         let value: serde_json::Value = serde_json::from_str(s).map_err(|e| match e.classify() {
             Category::Eof => SummaryError::Truncated {
                 line: e.line(),
@@ -616,7 +699,8 @@ impl Summary {
         if version > u64::from(SCHEMA_VERSION) {
             return Err(SummaryError::NewerSchema { found: version });
         }
-        if version < u64::from(SCHEMA_VERSION) {
+        // Schema 1 (before multi-rank jobs) reads as 2: what it lacks has defaults.
+        if version < 1 {
             return Err(SummaryError::UnsupportedSchema { found: version });
         }
         serde_json::from_value(value).map_err(|e| SummaryError::Invalid(e.to_string()))
@@ -666,13 +750,16 @@ mod tests {
             Err(SummaryError::NotASummary)
         );
         assert_eq!(Summary::from_json("[1, 2]"), Err(SummaryError::NotASummary));
-        let newer = j.replacen("\"schema_version\": 1", "\"schema_version\": 2", 1);
+        let newer = j.replacen("\"schema_version\": 2", "\"schema_version\": 3", 1);
         let e = Summary::from_json(&newer).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "written by a newer traceml-daemon: schema_version 2, this build reads 1"
+            "written by a newer traceml-daemon: schema_version 3, this build reads 2"
         );
-        let older = j.replacen("\"schema_version\": 1", "\"schema_version\": 0", 1);
+        let older = j.replacen("\"schema_version\": 2", "\"schema_version\": 0", 1);
+        // Schema 1 summaries (before multi-rank jobs) still read.
+        let v1 = j.replacen("\"schema_version\": 2", "\"schema_version\": 1", 1);
+        assert_eq!(Summary::from_json(&v1).unwrap().steps.count, 30);
         assert_eq!(
             Summary::from_json(&older),
             Err(SummaryError::UnsupportedSchema { found: 0 })

@@ -177,6 +177,8 @@ fn the_readme_names_the_verdicts_as_the_card_prints_them() {
         LowGpuUtilizationUnexplained,
         Balanced,
         InsufficientData,
+        Straggler,
+        Hang,
     ];
     // A new kind fails to compile here until it is added above (and to the README).
     for k in all {
@@ -188,7 +190,9 @@ fn the_readme_names_the_verdicts_as_the_card_prints_them() {
             | MemoryCreep
             | LowGpuUtilizationUnexplained
             | Balanced
-            | InsufficientData => {}
+            | InsufficientData
+            | Straggler
+            | Hang => {}
         }
     }
     let readme = read("README.md");

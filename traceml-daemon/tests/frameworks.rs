@@ -73,7 +73,9 @@ fn truth_ms(t: &serde_json::Value, phase: &str) -> f64 {
 }
 
 fn truth_share(t: &serde_json::Value, phase: &str) -> f64 {
-    t["totals"][format!("{phase}_ns")].as_f64().unwrap() / t["totals"]["wall_ns"].as_f64().unwrap()
+    // Single-process truth has no collective_wait: none happened.
+    t["totals"][format!("{phase}_ns")].as_f64().unwrap_or(0.0)
+        / t["totals"]["wall_ns"].as_f64().unwrap()
 }
 
 /// Tolerance of a phase median: max(2 ms, 5 % of the truth).

@@ -125,11 +125,129 @@ fn hostile_names_reach_no_output_unescaped() {
         "{libs:?}"
     );
     assert!(s["cuda"]["launches_per_step"].as_f64().unwrap() > 0.0);
-    // The dataset's renamed __getitem__ was resolved with its hostile names.
-    assert!(
-        out.items.iter().any(|i| matches!(i, StreamItem::Code(c)
-            if c.qualname.contains("<script>alert(1)</script>.__getitem__")
-                && c.filename.contains("<img src=x onerror=alert(1)>"))),
-        "the hostile __getitem__ was resolved"
+    // The stack reader named the 16 MB function once, bounded (the recording holds it so).
+    let funcs: Vec<&str> = out
+        .items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Func(f) if f.function.starts_with("\x1b]0;title\x07") => {
+                Some(f.function.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(funcs.len(), 1, "named once");
+    assert!(funcs[0].len() < NAME_MAX + 64, "{} bytes", funcs[0].len());
+}
+
+/// Under `sudo` (SUDO_UID/SUDO_GID set, running as root), what a single-pid run creates belongs
+/// to the user who ran it: the output directory and its parents created for it, the summaries,
+/// the report and the recording. A directory that was there before keeps its owner.
+#[test]
+fn sudo_outputs_belong_to_the_invoking_user() {
+    use std::os::unix::fs::MetadataExt;
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("sudo");
+    let mut cmd = Command::new(python(11));
+    cmd.arg(workspace().join("tests/workloads/hostile.py"))
+        .args(["--steps", "5"]);
+    let mut target = spawn(cmd, &dir);
+    let out_dir = dir.join("new/out");
+    let recording = dir.join("rec.trec");
+    let out = Command::new(daemon())
+        .arg("--pid")
+        .arg(target.child.id().to_string())
+        .arg("--ready-file")
+        .arg(&target.ready)
+        .arg("--record")
+        .arg(&recording)
+        .arg("--output")
+        .arg(&out_dir)
+        .args(["--color", "never", "--quiet"])
+        .env("SUDO_UID", "4242")
+        .env("SUDO_GID", "4343")
+        .output()
+        .unwrap();
+    let _ = target.child.wait();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    for p in [
+        dir.join("new"),
+        out_dir.clone(),
+        out_dir.join("final_summary.json"),
+        out_dir.join("final_summary.txt"),
+        out_dir.join("final_report.html"),
+        recording,
+    ] {
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!((m.uid(), m.gid()), (4242, 4343), "{}", p.display());
+    }
+    assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 0);
+}
+
+/// A symbolic link planted at the output directory, at one of its files or at the recording:
+/// one clear sentence, exit 2, before attaching, and nothing written through the link.
+#[test]
+fn planted_links_at_outputs_are_refused() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("planted");
+    let victim_dir = dir.join("victim-dir");
+    std::fs::create_dir(&victim_dir).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    // Attaching to the test itself: each case fails before any probe is loaded.
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(daemon())
+            .arg("--pid")
+            .arg(std::process::id().to_string())
+            .args(args)
+            .args(["--color", "never", "--quiet"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let linked_dir = dir.join("out-link");
+    std::os::unix::fs::symlink(&victim_dir, &linked_dir).unwrap();
+    let (code, stderr) = run(&["--output".as_ref(), linked_dir.as_os_str()]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("is a symbolic link: refused"), "{stderr}");
+
+    let real = dir.join("out");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&victim, real.join("final_summary.json")).unwrap();
+    let (code, stderr) = run(&["--output".as_ref(), real.as_os_str()]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("final_summary.json is a symbolic link: refused"),
+        "{stderr}"
+    );
+
+    let rec = dir.join("rec.trec");
+    std::os::unix::fs::symlink(&victim, &rec).unwrap();
+    let fresh = dir.join("out2");
+    let (code, stderr) = run(&[
+        "--output".as_ref(),
+        fresh.as_os_str(),
+        "--record".as_ref(),
+        rec.as_os_str(),
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("rec.trec is a symbolic link: refused"),
+        "{stderr}"
+    );
+
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(std::fs::read_dir(&victim_dir).unwrap().count(), 0);
 }

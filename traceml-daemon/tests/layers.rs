@@ -27,10 +27,11 @@ const LAYERS: &[&[&str]] = &[
     &["compare"],
     // Many pairs of models → a sweep of comparisons.
     &["sweep"],
-    // Presentation: card, JSON, comparison output.
-    &["render"],
-    // The shell: the live run loop.
+    // Presentation: card, JSON, comparison output, the Prometheus exposition.
+    &["render", "metrics"],
+    // The shell: the live run loop, and `top`'s loop around it.
     &["live"],
+    &["top"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

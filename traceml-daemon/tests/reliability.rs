@@ -757,6 +757,13 @@ fn ring_buffer_overrun_is_counted_exactly_and_lowers_confidence() {
         "every sequence gap is explained by the kernel's counter: {lost:?}"
     );
     assert_eq!(lost.undecodable, 0);
+    // The kernel says so too (aya-log, at warn: seen at the default level).
+    assert!(
+        f.stderr
+            .contains("WARN traceml_daemon::ebpf: probe id 10: ring buffer full"),
+        "{}",
+        f.stderr
+    );
 
     let q = &f.summary.data_quality;
     let reported = q.events_lost.as_ref().expect("data_quality.events_lost");
@@ -778,6 +785,81 @@ fn ring_buffer_overrun_is_counted_exactly_and_lowers_confidence() {
         "the verdict says its confidence is reduced: {}",
         p.why
     );
+}
+
+/// The kernel's rare-path diagnostics reach the daemon's log through aya-log, rate-limited:
+/// `deep.py` nests 100 tracked `__next__` calls, each entered from C, 50 times, so every entry
+/// past the kernel's 64 per thread overflows the thread's stack of open calls. With
+/// `TRACEML_LOG=debug` the daemon prints the kernel's line (which probe, what failed, pid and
+/// tid), and only when a CPU's count of that loss reaches a power of two.
+#[test]
+fn an_overflowed_thread_stack_is_logged_from_the_kernel_rate_limited() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("deep");
+    let mut cmd = Command::new(python(12));
+    cmd.arg(workspace().join("tests/workloads/reliability/deep.py"))
+        .args(["--depth", "100", "--rounds", "50"]);
+    let mut target = spawn(cmd, &dir);
+    let pid = target.child.id();
+    let lines = Lines::of(&mut target);
+    let mut d = Daemon {
+        child: None,
+        ready: dir.join("d.ready"),
+        recording: dir.join("d.jsonl"),
+        out_dir: dir.join("d-out"),
+    };
+    let mut cmd = Daemon::command(pid, &d, &["--probe-set", "full"]);
+    cmd.env("TRACEML_LOG", "debug");
+    d.child = Some(cmd.spawn().expect("start traceml-daemon"));
+    wait_ready_as(&mut d, &target.ready);
+    let truth = lines.next_with("truth");
+    let f = d.finish();
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    assert!(target.child.wait().unwrap().success());
+    assert_eq!(truth["next_calls"], 5000, "{truth}");
+
+    let lost = f
+        .items
+        .iter()
+        .rev()
+        .find_map(|i| match i {
+            StreamItem::Lost(l) => Some(l.clone()),
+            _ => None,
+        })
+        .expect("a Lost item");
+    // 36 of each round's 100 nested calls find the stack full.
+    assert!(lost.state_full >= 50 * 36, "{lost:?}");
+    let logged: Vec<&str> = f
+        .stderr
+        .lines()
+        .filter(|l| l.contains("per-thread stack of open calls full"))
+        .collect();
+    let first = logged
+        .first()
+        .unwrap_or_else(|| panic!("no kernel log line about the full stack:\n{}", f.stderr));
+    assert!(
+        first.contains("DEBUG traceml_daemon::ebpf")
+            && first.contains("probe id 1:")
+            && first.contains(&format!("(pid {pid} tid {pid})"))
+            && first.ends_with("count on this CPU: 1"),
+        "{first}"
+    );
+    // Rate-limited: per CPU, one line per power of two of its count.
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    let per_cpu = u64::from(lost.state_full.ilog2()) + 1;
+    assert!(
+        (logged.len() as u64) <= cpus * per_cpu,
+        "{} lines for {} losses on {cpus} CPUs:\n{}",
+        logged.len(),
+        lost.state_full,
+        logged.join("\n")
+    );
+    for l in &logged {
+        let n: u64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(n.is_power_of_two(), "{l}");
+    }
 }
 
 // ----------------------------------------------------------------------------- 4. bad outputs

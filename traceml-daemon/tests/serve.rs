@@ -77,7 +77,10 @@ fn truth_kind(truth: &Path) -> String {
     let shares: Vec<(Phase, f64)> = Phase::ALL
         .iter()
         .map(|&p| {
-            let ns = t["totals"][format!("{}_ns", p.name())].as_f64().unwrap();
+            // Single-process truth has no collective_wait: none happened.
+            let ns = t["totals"][format!("{}_ns", p.name())]
+                .as_f64()
+                .unwrap_or(0.0);
             (p, ns / wall)
         })
         .collect();

@@ -3,7 +3,9 @@
 //!
 //! Per-hit work is kept tiny (see `../shared/TOOLCHAIN.md` for the measured costs): one map lookup,
 //! at most one user-memory read, one ring-buffer reservation submitted without wakeup (userspace
-//! polls). Every failure is counted in `LOSS` so the summary can say what was lost.
+//! polls). Every failure is counted in `LOSS` so the summary can say what was lost, and the rare
+//! ones (a failed read, a full state map or stack, a full ring buffer) are also logged through
+//! `aya-log`, rate-limited by that count (see [`lose`]).
 #![no_std]
 #![no_main]
 
@@ -17,6 +19,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
 };
+use aya_log_ebpf::{debug, warn};
 use traceml_common::{
     CONFIG_LEN, CodeClass, Config, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS,
     LossReason, NAME_BYTES, Pending, ProbeId, RawEvent, STATS_LEN, Stat, TRACK_STACK, ThreadState,
@@ -91,9 +94,26 @@ fn bump(map: &PerCpuArray<u64>, index: u32) {
     }
 }
 
+/// Counts one loss on this CPU; returns the new count when it is a power of two (1, 2, 4, ...),
+/// the only times the caller logs it: a flood of failures costs a counter bump each and
+/// log2(n) log lines per CPU. The log macros take no real context here (`&()`: aya-log-ebpf only
+/// names it), so helpers without one can log too.
 #[inline(always)]
-fn lose(reason: LossReason) {
-    bump(&LOSS, reason as u32);
+fn lose(reason: LossReason) -> Option<u64> {
+    let p = LOSS.get_ptr_mut(reason as u32)?;
+    // SAFETY: per-CPU slot, and a CPU runs one BPF program at a time in this context.
+    let n = unsafe {
+        *p += 1;
+        *p
+    };
+    (n & (n - 1) == 0).then_some(n)
+}
+
+/// (pid, tid) of the current thread, for log lines.
+#[inline(always)]
+fn current() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
 }
 
 /// Reserves and fills one event; the caller may set `args`/`flags` through `fill`.
@@ -115,7 +135,18 @@ fn emit_with(kind: EventKind, probe: u32, submit: u64, fill: impl FnOnce(&mut Ra
         None => 0,
     };
     let Some(mut entry) = EVENTS.reserve::<RawEvent>(0) else {
-        lose(LossReason::RingFull);
+        if let Some(n) = lose(LossReason::RingFull) {
+            let (pid, tid) = current();
+            warn!(
+                &(),
+                "probe id {}: ring buffer full, event of kind {} dropped (pid {} tid {}); count on this CPU: {}",
+                probe,
+                kind as u32,
+                pid,
+                tid,
+                n
+            );
+        }
         return;
     };
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -135,7 +166,7 @@ fn emit_with(kind: EventKind, probe: u32, submit: u64, fill: impl FnOnce(&mut Ra
 }
 
 #[inline(always)]
-fn thread_state(tid: u32) -> Option<*mut ThreadState> {
+fn thread_state(tid: u32, probe: u32) -> Option<*mut ThreadState> {
     if let Some(p) = THREADS.get_ptr_mut(tid) {
         return Some(p);
     }
@@ -143,7 +174,17 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
     let fresh = ZERO_STATE.get_ptr(0)?;
     // SAFETY: a valid map value pointer, read by the helper.
     if THREADS.insert(tid, unsafe { &*fresh }, 0).is_err() {
-        lose(LossReason::StateFull);
+        if let Some(n) = lose(LossReason::StateFull) {
+            let (pid, _) = current();
+            warn!(
+                &(),
+                "probe id {}: per-thread state map full, tid {} of pid {} not tracked; count on this CPU: {}",
+                probe,
+                tid,
+                pid,
+                n
+            );
+        }
         return None;
     }
     THREADS.get_ptr_mut(tid)
@@ -154,7 +195,18 @@ fn thread_state(tid: u32) -> Option<*mut ThreadState> {
 fn push(st: &mut ThreadState, sp: u64, id: u64, tag: u32) -> bool {
     if st.len as usize >= TRACK_STACK {
         st.overflow += 1;
-        lose(LossReason::StateFull);
+        if let Some(n) = lose(LossReason::StateFull) {
+            let (pid, tid) = current();
+            debug!(
+                &(),
+                "probe id {}: per-thread stack of open calls full ({} deep), call not tracked (pid {} tid {}); count on this CPU: {}",
+                tag >> 16,
+                TRACK_STACK as u32,
+                pid,
+                tid,
+                n
+            );
+        }
         return false;
     }
     // The mask (TRACK_STACK is a power of two) bounds the index in the very register used for
@@ -225,7 +277,17 @@ fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
     let code = match unsafe { bpf_probe_read_user(at as *const u64) } {
         Ok(c) => c & global(&CODE_PTR_MASK),
         Err(_) => {
-            lose(LossReason::ReadFailed);
+            if let Some(n) = lose(LossReason::ReadFailed) {
+                let (pid, tid) = current();
+                debug!(
+                    ctx,
+                    "py_enter: cannot read the code object of frame {:x} (pid {} tid {}); failed reads on this CPU: {}",
+                    frame,
+                    pid,
+                    tid,
+                    n
+                );
+            }
             return None;
         }
     };
@@ -285,7 +347,7 @@ fn try_py_enter(ctx: &ProbeContext) -> Option<()> {
     }
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: pointer into the map value of this thread; only this thread touches it.
-    let st = unsafe { &mut *thread_state(tid)? };
+    let st = unsafe { &mut *thread_state(tid, ProbeId::PyEval as u32)? };
     let sp = regs_sp(ctx);
     let tag = ((ProbeId::PyEval as u32) << 16) | class;
     if !push(st, sp, code, tag) {
@@ -333,7 +395,7 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     };
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: this thread's map value.
-    let st = unsafe { &mut *thread_state(tid)? };
+    let st = unsafe { &mut *thread_state(tid, probe)? };
     if !push(st, regs_sp(ctx), a0, probe << 16) {
         return None;
     }
@@ -404,7 +466,18 @@ pub fn record_enter(ctx: ProbeContext) -> u32 {
     let data = match unsafe { bpf_probe_read_user(s as *const u64) } {
         Ok(d) => d,
         Err(_) => {
-            lose(LossReason::ReadFailed);
+            if let Some(n) = lose(LossReason::ReadFailed) {
+                let (pid, tid) = current();
+                debug!(
+                    &ctx,
+                    "record_enter (probe id {}): cannot read the record name's std::string at {:x} (pid {} tid {}); failed reads on this CPU: {}",
+                    probe,
+                    s,
+                    pid,
+                    tid,
+                    n
+                );
+            }
             0
         }
     };
@@ -432,6 +505,30 @@ pub fn record_enter(ctx: ProbeContext) -> u32 {
 pub fn record_exit(ctx: ProbeContext) -> u32 {
     bump(&STATS, Stat::RecordExit as u32);
     emit(EventKind::RecordExit, cookie(&ctx), |_| {});
+    0
+}
+
+/// An entry marker of a native function that has no return probe (C++ that can throw, or a
+/// call whose end is another function's entry): a `CallEnter` event with its first five
+/// arguments, nothing pushed on the thread's stack of open calls (no return will pop it).
+#[uprobe]
+pub fn mark_enter(ctx: ProbeContext) -> u32 {
+    bump(&STATS, Stat::CallEnter as u32);
+    let probe = cookie(&ctx);
+    let a = |i| ctx.arg::<u64>(i).unwrap_or(0);
+    let args = [a(0), a(1), a(2), a(3), a(4)];
+    emit(EventKind::CallEnter, probe, |e| e.args = args);
+    0
+}
+
+/// The end of what a [`mark_enter`] of the same probe id started: the entry of the function
+/// that follows it. A `CallExit` event, nothing popped.
+#[uprobe]
+pub fn mark_exit(ctx: ProbeContext) -> u32 {
+    bump(&STATS, Stat::CallEnter as u32);
+    emit(EventKind::CallExit, cookie(&ctx), |e| {
+        e.args = [0, 0, 1, 0, 0]
+    });
     0
 }
 

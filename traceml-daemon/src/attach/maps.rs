@@ -45,6 +45,8 @@ pub enum Role {
     CudaDriver,
     /// `libtorch*.so*`: torch's native libraries.
     Torch,
+    /// `libnccl.so*`: NCCL's collectives.
+    Nccl,
 }
 
 impl Role {
@@ -54,6 +56,7 @@ impl Role {
             Role::CudaRuntime => "cudart",
             Role::CudaDriver => "cuda_driver",
             Role::Torch => "torch",
+            Role::Nccl => "nccl",
         }
     }
 }
@@ -67,6 +70,8 @@ pub fn role_of(path: &Path) -> Option<Role> {
         Some(Role::CudaDriver)
     } else if name.starts_with("libtorch") && name.contains(".so") {
         Some(Role::Torch)
+    } else if name.starts_with("libnccl.so") {
+        Some(Role::Nccl)
     } else if name.starts_with("libpython3") && name.contains(".so") {
         Some(Role::Python)
     } else {

@@ -248,6 +248,99 @@ pub const TORCH: &[ProbeSpec] = &[
         true,
         Contains("THPEngine_run_backward"),
     ),
+    // Collectives (docs/torch-hooks.md, "Collectives"): entry markers only, the wait's end is
+    // the entry of what follows it (both waits can rethrow: no return probes).
+    // `dist.all_reduce` / `work.wait()`: blocked in `c10d::Work::wait`, which then calls
+    // `allow_inflight_collective_as_graph_input`.
+    spec(
+        P::TorchCollectiveWait,
+        "mark_enter",
+        false,
+        Exact("_ZN4c10d4Work4waitENSt6chrono8durationIlSt5ratioILl1ELl1000EEEE"),
+    ),
+    spec(
+        P::TorchCollectiveWait,
+        "mark_exit",
+        false,
+        Exact("_ZN4c10d40allow_inflight_collective_as_graph_inputEv"),
+    ),
+    // DDP: blocked in `Reducer::finalize_backward` (the bucket futures' waits are inlined),
+    // which then parses each bucket's result.
+    spec(
+        P::TorchCollectiveWait,
+        "mark_enter",
+        false,
+        Exact("_ZN4c10d7Reducer17finalize_backwardEv"),
+    ),
+    spec(
+        P::TorchCollectiveWait,
+        "mark_exit",
+        false,
+        Exact("_ZN4c10d6detail22parseCppCommHookResultERKN3c106IValueE"),
+    ),
+    // Collectives issued through gloo (a rank's arrival).
+    spec(
+        P::TorchCollective,
+        "mark_enter",
+        false,
+        Contains("_ZN4c10d16ProcessGroupGloo9allreduceE"),
+    ),
+    spec(
+        P::TorchCollective,
+        "mark_enter",
+        false,
+        Contains("_ZN4c10d16ProcessGroupGloo7barrierE"),
+    ),
+    spec(
+        P::TorchCollective,
+        "mark_enter",
+        false,
+        Contains("_ZN4c10d16ProcessGroupGloo9broadcastE"),
+    ),
+    spec(
+        P::TorchCollective,
+        "mark_enter",
+        false,
+        Contains("_ZN4c10d16ProcessGroupGloo9allgatherE"),
+    ),
+    spec(
+        P::TorchCollective,
+        "mark_enter",
+        false,
+        Contains("_ZN4c10d16ProcessGroupGloo14reduce_scatterE"),
+    ),
+];
+
+/// NCCL's API (libnccl): entry markers with the element count and datatype (bytes). Each
+/// `ncclX` is a weak alias of `pncclX` at the same address: one probe each.
+pub const NCCL: &[ProbeSpec] = &[
+    spec(
+        P::NcclAllReduce,
+        "mark_enter",
+        false,
+        Exact("ncclAllReduce"),
+    ),
+    spec(
+        P::NcclReduceScatter,
+        "mark_enter",
+        false,
+        Exact("ncclReduceScatter"),
+    ),
+    spec(
+        P::NcclAllGather,
+        "mark_enter",
+        false,
+        Exact("ncclAllGather"),
+    ),
+    spec(
+        P::NcclBroadcast,
+        "mark_enter",
+        false,
+        Exact("ncclBroadcast"),
+    ),
+    spec(P::NcclReduce, "mark_enter", false, Exact("ncclReduce")),
+    spec(P::NcclSend, "mark_enter", false, Exact("ncclSend")),
+    spec(P::NcclRecv, "mark_enter", false, Exact("ncclRecv")),
 ];
 
 pub fn specs(role: Role) -> &'static [ProbeSpec] {
@@ -256,6 +349,7 @@ pub fn specs(role: Role) -> &'static [ProbeSpec] {
         Role::CudaRuntime => CUDA_RUNTIME,
         Role::CudaDriver => CUDA_DRIVER,
         Role::Torch => TORCH,
+        Role::Nccl => NCCL,
     }
 }
 

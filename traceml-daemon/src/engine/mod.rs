@@ -107,17 +107,24 @@ pub enum Phase {
     Backward,
     Optimizer,
     GpuWait,
+    /// The training thread blocked waiting for a collective (all-reduce, barrier, ...) of a
+    /// multi-rank job to complete: the other ranks' arrival.
+    CollectiveWait,
     Residual,
 }
 
+/// Number of phases.
+pub const N_PHASES: usize = 8;
+
 impl Phase {
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; N_PHASES] = [
         Phase::InputWait,
         Phase::H2d,
         Phase::Forward,
         Phase::Backward,
         Phase::Optimizer,
         Phase::GpuWait,
+        Phase::CollectiveWait,
         Phase::Residual,
     ];
 
@@ -129,6 +136,7 @@ impl Phase {
             Phase::Backward => "backward",
             Phase::Optimizer => "optimizer",
             Phase::GpuWait => "gpu_wait",
+            Phase::CollectiveWait => "collective_wait",
             Phase::Residual => "residual",
         }
     }
@@ -160,9 +168,9 @@ pub struct Step {
     pub start_ns: u64,
     pub end_ns: u64,
     /// Exclusive time per phase, indexed by [`Phase::index`]; sums to `end_ns - start_ns`.
-    pub phase_ns: [u64; 7],
+    pub phase_ns: [u64; N_PHASES],
     /// Kernel launches per phase (runtime and driver launches counted once).
-    pub launches: [u32; 7],
+    pub launches: [u32; N_PHASES],
     pub h2d_bytes: u64,
     pub d2h_bytes: u64,
     pub h2d_copies: u32,
@@ -173,6 +181,12 @@ pub struct Step {
     pub d2h_ns: u64,
     /// Blocking syncs (stream/device/event).
     pub syncs: u32,
+    /// Collectives issued (c10d or NCCL calls of any thread of the process).
+    #[serde(default)]
+    pub collectives: u32,
+    /// Their bytes, where the call says (NCCL).
+    #[serde(default)]
+    pub collective_bytes: u64,
 }
 
 impl Step {
@@ -232,8 +246,8 @@ pub struct PhaseSample {
 pub struct StepTotals {
     pub count: u64,
     pub duration_ns: u64,
-    pub phase_ns: [u64; 7],
-    pub launches: [u64; 7],
+    pub phase_ns: [u64; N_PHASES],
+    pub launches: [u64; N_PHASES],
     pub h2d_bytes: u64,
     pub d2h_bytes: u64,
     pub h2d_copies: u64,
@@ -241,7 +255,36 @@ pub struct StepTotals {
     pub h2d_ns: u64,
     pub d2h_ns: u64,
     pub syncs: u64,
+    #[serde(default)]
+    pub collectives: u64,
+    #[serde(default)]
+    pub collective_bytes: u64,
+    /// Steps per duration bucket: `step_buckets[i]` counts the steps longer than
+    /// `STEP_BUCKETS_NS[i - 1]` and at most `STEP_BUCKETS_NS[i]`; the last one, the longer steps
+    /// (the exact histogram behind `traceml_step_duration_seconds`).
+    #[serde(default)]
+    pub step_buckets: [u64; STEP_BUCKETS_NS.len() + 1],
 }
+
+/// Upper bounds of the step-duration buckets, 1 ms to 5 min (Prometheus's `le`).
+pub const STEP_BUCKETS_NS: [u64; 16] = [
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+    30_000_000_000,
+    60_000_000_000,
+    300_000_000_000,
+];
 
 impl StepTotals {
     /// The totals of these steps (for outputs built without the engine, e.g. test fixtures).
@@ -260,8 +303,10 @@ impl StepTotals {
 
     fn add(&mut self, s: &Step) {
         self.count += 1;
-        self.duration_ns += s.end_ns.saturating_sub(s.start_ns);
-        for i in 0..7 {
+        let d = s.end_ns.saturating_sub(s.start_ns);
+        self.duration_ns += d;
+        self.step_buckets[STEP_BUCKETS_NS.partition_point(|&le| le < d)] += 1;
+        for i in 0..N_PHASES {
             self.phase_ns[i] += s.phase_ns[i];
             self.launches[i] += u64::from(s.launches[i]);
         }
@@ -272,6 +317,8 @@ impl StepTotals {
         self.h2d_ns += s.h2d_ns;
         self.d2h_ns += s.d2h_ns;
         self.syncs += u64::from(s.syncs);
+        self.collectives += u64::from(s.collectives);
+        self.collective_bytes += s.collective_bytes;
     }
 }
 
@@ -420,6 +467,11 @@ impl Engine {
             samples: Thinned::new(MAX_SAMPLES_KEPT),
             totals: StepTotals::default(),
         }
+    }
+
+    /// Steps harvested so far and their total duration (ns).
+    pub fn steps_so_far(&self) -> (u64, u64) {
+        (self.totals.count, self.totals.duration_ns)
     }
 
     /// A new engine that knows `other`'s code classes (a window of a run in progress).
@@ -752,6 +804,12 @@ fn measure<'a>(
         (i < steps.len() && steps[i].start_ns <= ts).then_some(i)
     };
     for (t, trace) in threads.filter(|(_, t)| t.tgid == main.tgid) {
+        for &(ts, bytes) in &trace.collectives {
+            if let Some(i) = find(&steps, ts) {
+                steps[i].collectives += 1;
+                steps[i].collective_bytes += bytes.unwrap_or(0);
+            }
+        }
         for &ts in &trace.launches {
             if let Some(i) = find(&steps, ts) {
                 steps[i].launches[timeline.phase_at(ts).index()] += 1;

@@ -147,15 +147,15 @@ impl Trace {
 }
 
 /// Phase ns in [`Phase::ALL`] order from (phase, ns) pairs; the rest 0.
-fn phases(pairs: &[(Phase, u64)]) -> [u64; 7] {
-    let mut a = [0; 7];
+fn phases(pairs: &[(Phase, u64)]) -> [u64; N_PHASES] {
+    let mut a = [0; N_PHASES];
     for &(p, ns) in pairs {
         a[p.index()] = ns;
     }
     a
 }
 
-fn standard_step_phases() -> [u64; 7] {
+fn standard_step_phases() -> [u64; N_PHASES] {
     phases(&[
         (Phase::InputWait, 200),
         (Phase::H2d, 50),
@@ -884,4 +884,48 @@ fn long_streams_are_harvested_with_bounded_state() {
     assert_eq!(out.unmatched_events, 0);
     // The reorder window (200 ms = 200 steps) and one harvest period (2 s) of state at most.
     assert!(max_held < 20 * 2_200, "held {max_held}");
+}
+
+/// DDP: the gradient all-reduce is waited for at the end of backward; the wait is its own
+/// phase (innermost wins), ended by the marker after it or, unseen, by the next event.
+#[test]
+fn collective_wait_inside_backward() {
+    let mut t = Trace::new();
+    let p = PID;
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    for k in 0..2u64 {
+        let b = k * 1000;
+        t.rec(b, p, dl).rec_end(b + 100, p);
+        t.call(b + 400, p, Api::TorchBackward);
+        t.call(b + 500, p, Api::Collective);
+        t.call(b + 600, p, Api::CollectiveWait);
+        if k == 0 {
+            // The end marker: the function that follows the wait.
+            t.ret(b + 750, p, Api::CollectiveWait);
+        }
+        // Without it (k = 1) the backward's return ends the wait.
+        t.ret(b + 800, p, Api::TorchBackward);
+        t.rec(b + 850, p, "Optimizer.step#SGD.step")
+            .rec_end(b + 900, p);
+    }
+    t.rec(2000, p, dl);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 2);
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[
+            (Phase::InputWait, 100),
+            (Phase::Forward, 300),
+            (Phase::Backward, 250),
+            (Phase::CollectiveWait, 150),
+            (Phase::Optimizer, 50),
+            (Phase::Residual, 150),
+        ])
+    );
+    assert_eq!(out.steps[1].phase(Phase::CollectiveWait), 200);
+    assert!(out.steps.iter().all(|s| s.collectives == 1));
+    assert_eq!(
+        out.unmatched_events, 1,
+        "the wait ended by the backward's return"
+    );
 }

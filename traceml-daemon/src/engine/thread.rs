@@ -88,6 +88,8 @@ pub(crate) struct ThreadTrace {
     pub copies: Vec<Copy>,
     /// Launches, a driver launch right after a runtime launch counted once.
     pub launches: Vec<u64>,
+    /// Collectives issued: (entry, bytes when known).
+    pub collectives: Vec<(u64, Option<u64>)>,
     /// Lost-event evidence: exits without entries, entries closed by the rules above.
     pub unmatched: u64,
     /// Since the thread's first event (the vectors above are pruned as steps are harvested):
@@ -114,6 +116,7 @@ impl ThreadTrace {
         self.sync_exits.retain(|&(_, t)| t >= cut);
         self.syncs.retain(|&t| t >= cut);
         self.launches.retain(|&t| t >= cut);
+        self.collectives.retain(|&(t, _)| t >= cut);
         let done = self
             .copies
             .iter()
@@ -155,8 +158,10 @@ struct Open {
 }
 
 impl Open {
+    /// Blocking calls nothing else happens inside on their thread: syncs, copies, and waits for
+    /// a collective (whose end may be unseen: the next event of the thread ends it).
     fn is_leaf(&self) -> bool {
-        matches!(self.what, What::Call { api } if api.is_sync() || api.is_copy())
+        matches!(self.what, What::Call { api } if api.is_sync() || api.is_copy() || api == Api::CollectiveWait)
     }
 }
 
@@ -212,6 +217,10 @@ impl ThreadFold {
                 );
             }
             Kind::PyExit { code, raised } => self.close_matching(Key::Code(code), ts, raised),
+            Kind::CallEnter { api, bytes, .. } if api.is_collective() => {
+                // An entry marker: nothing opens.
+                self.out.collectives.push((ts, bytes));
+            }
             Kind::CallEnter { api, bytes, copy } => {
                 let phase = if api.is_sync() {
                     Some(Phase::GpuWait)
@@ -223,6 +232,8 @@ impl ThreadFold {
                     }
                 } else if api == Api::TorchBackward {
                     Some(Phase::Backward)
+                } else if api == Api::CollectiveWait {
+                    Some(Phase::CollectiveWait)
                 } else {
                     None
                 };
@@ -237,6 +248,15 @@ impl ThreadFold {
                     self.stack[idx].copy = Some(self.out.copies_base + self.out.copies.len() - 1);
                 }
             }
+            // The end marker of a collective wait also runs where no wait is open (at launch,
+            // on other threads): only an open wait is closed.
+            Kind::CallExit {
+                api: Api::CollectiveWait,
+                ..
+            } if !self
+                .index
+                .get(&Key::Api(Api::CollectiveWait))
+                .is_some_and(|v| !v.is_empty()) => {}
             Kind::CallExit { api, .. } => self.close_matching(Key::Api(api), ts, false),
             Kind::Launch { api } => {
                 if api.is_driver() {

@@ -1,13 +1,14 @@
 //! The training thread's exclusive phase timeline (precedence sweep over its phase intervals) and
 //! the step boundaries cut from its DataLoader calls or its optimizer / sync exits.
-use super::Phase;
+use super::{N_PHASES, Phase};
 
 /// Precedence, highest first: at each instant the first phase with an open interval wins;
 /// nothing open is [`Phase::Residual`]. The order is the nesting order of the markers, so the
 /// innermost marker wins: a sync or copy inside anything, backward and forward inside
 /// `Optimizer.step(closure)` (Lightning), and `zero_grad` (a [`Phase::Residual`] interval)
 /// carved out of the forward span.
-pub(crate) const PRECEDENCE: [Phase; 7] = [
+pub(crate) const PRECEDENCE: [Phase; N_PHASES] = [
+    Phase::CollectiveWait,
     Phase::GpuWait,
     Phase::H2d,
     Phase::InputWait,
@@ -34,7 +35,7 @@ impl Timeline {
             }
         }
         points.sort_unstable_by_key(|p| p.0);
-        let mut open = [0u32; 7];
+        let mut open = [0u32; N_PHASES];
         let mut segs: Vec<(u64, u64, Phase)> = Vec::new();
         let mut i = 0;
         while i < points.len() {
@@ -71,8 +72,8 @@ impl Timeline {
     }
 
     /// Exclusive ns per phase in `[start, end)`; they sum to `end - start`.
-    pub fn split(&self, start: u64, end: u64) -> [u64; 7] {
-        let mut out = [0u64; 7];
+    pub fn split(&self, start: u64, end: u64) -> [u64; N_PHASES] {
+        let mut out = [0u64; N_PHASES];
         let mut covered = 0;
         let mut i = self.segs.partition_point(|s| s.1 <= start);
         while let Some(&(s, e, p)) = self.segs.get(i) {

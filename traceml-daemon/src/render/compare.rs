@@ -63,8 +63,18 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
         )
     };
     out.push(row("step".to_owned(), &c.step_ms));
-    for (i, (phase, d)) in c.phases.iter().enumerate() {
-        let branch = if i + 1 == Phase::ALL.len() {
+    // collective_wait only when either run measured one (multi-rank jobs).
+    let shown: Vec<(Phase, &crate::compare::TimeDelta)> = c
+        .phases
+        .iter()
+        .filter(|(p, d)| {
+            *p != Phase::CollectiveWait
+                || d.a_median_ms.is_some_and(|v| v > 0.0)
+                || d.b_median_ms.is_some_and(|v| v > 0.0)
+        })
+        .collect();
+    for (i, &(phase, d)) in shown.iter().enumerate() {
+        let branch = if i + 1 == shown.len() {
             "└─"
         } else {
             "├─"

@@ -19,8 +19,8 @@ use crate::summary::{Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
 
 /// One color per phase, in [`Phase::ALL`] order.
-pub const PHASE_COLORS: [&str; 7] = [
-    "#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b", "#b279a2", "#9d9d9d",
+pub const PHASE_COLORS: [&str; crate::engine::N_PHASES] = [
+    "#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b", "#b279a2", "#eeca3b", "#9d9d9d",
 ];
 /// Most bars in the phase-share chart (windows of consecutive sampled steps).
 pub const SHARE_WINDOWS: usize = 80;

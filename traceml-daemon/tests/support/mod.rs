@@ -180,6 +180,10 @@ pub fn run_daemon(target: &mut Target, dir: &Path, extra: &[&str], timeout: Dura
         .spawn()
         .expect("start traceml-daemon");
     let out = wait_with_timeout(child, timeout);
+    // A daemon that failed before attaching never wrote the ready file the workload waits for.
+    if !target.ready.exists() {
+        let _ = target.child.kill();
+    }
     let stdout = target
         .stdout
         .take()

@@ -1,0 +1,520 @@
+//! The Prometheus exporter's model: what `/metrics` shows of each job's ranks, built from the
+//! summary model and the engine's exact step sums ([`RankValues::from_summary`]), kept while a
+//! job runs and for [`RETENTION`] after it ends, and encoded with `prometheus-client` in the
+//! OpenMetrics text format ([`Exporter::encode`]). Pure: no socket, no clock (callers pass
+//! `now`); [`http`] serves it.
+//!
+//! Series (base units; labels `job`, `rank`, `phase`, `kind`, `severity` only, so the number of
+//! series is bounded by the jobs on the node; the pid and the command line are in
+//! `traceml_job_info` alone):
+//!
+//! | series | type | labels |
+//! |---|---|---|
+//! | `traceml_steps_total` | counter | job, rank |
+//! | `traceml_step_duration_seconds` | histogram ([`crate::engine::STEP_BUCKETS_NS`]) | job, rank |
+//! | `traceml_phase_seconds_total` | counter | job, rank, phase |
+//! | `traceml_h2d_bytes_total`, `traceml_kernel_launches_total` | counter (absent without a CUDA library) | job, rank |
+//! | `traceml_gpu_utilization_ratio` | gauge (absent without NVML) | job, rank |
+//! | `traceml_verdict` | gauge, 1 for the current primary verdict | job, kind, severity |
+//! | `traceml_events_lost_total`, `traceml_probe_failures_total` | counter | job, rank |
+//! | `traceml_daemon_overhead_ratio` | gauge | job, rank |
+//! | `traceml_attached_jobs` | gauge | |
+//! | `traceml_job_info` | info | job, rank, pid, comm, command, user |
+//!
+//! Counters never go backwards: each is the largest value reported so far for its series (a
+//! snapshot of a run in progress closes its open step early, and a later harvest may measure
+//! that step a little differently).
+//!
+//! Label values from a target pass through [`crate::sanitize::terminal_bounded`] (control
+//! characters made visible, [`crate::sanitize::LABEL_MAX`] bytes): `prometheus-client` escapes
+//! `\`, `"` and newlines itself, so [`crate::sanitize::prom_label`]'s escaping would be applied
+//! twice.
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeMetric, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::engine::{Phase, STEP_BUCKETS_NS, StepTotals};
+use crate::sample::Sample;
+use crate::sanitize::{LABEL_MAX, terminal_bounded};
+use crate::summary::{DiagnosisKind, Severity, Summary};
+
+pub mod http;
+
+/// The port `--metrics-addr` listens on when none is given (docs/metrics.md says why this one).
+pub const DEFAULT_PORT: u16 = 9466;
+/// How long a job's series stay after the job ended (the last values stay scrapable; the number
+/// of series on a busy node stays bounded).
+pub const RETENTION: Duration = Duration::from_secs(300);
+/// How often the run loops refresh a running job's values.
+pub const REFRESH: Duration = Duration::from_secs(2);
+
+/// What the exporter shows of one rank of a job (one measured process).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankValues {
+    pub steps: u64,
+    pub step_seconds_sum: f64,
+    /// Steps per bucket of [`STEP_BUCKETS_NS`] (not cumulative), the last one beyond them.
+    pub step_buckets: Vec<u64>,
+    /// Seconds per phase, in [`Phase::ALL`] order.
+    pub phase_seconds: Vec<(Phase, f64)>,
+    /// `None` when no CUDA library was probed.
+    pub h2d_bytes: Option<u64>,
+    pub kernel_launches: Option<u64>,
+    /// `None` without NVML (or before its first sample).
+    pub gpu_utilization: Option<f64>,
+    /// `None` when the stream carried no loss counters.
+    pub events_lost: Option<u64>,
+    pub probe_failures: u64,
+    /// The daemon's estimated cost as a share of step time since the last probe-set change.
+    pub overhead_ratio: Option<f64>,
+}
+
+impl RankValues {
+    /// The values of a run's summary and the exact step sums behind it
+    /// ([`crate::analysis::Collector::snapshot_with_totals`]); `gpu_utilization` from the
+    /// latest sample ([`gpu_utilization`]).
+    pub fn from_summary(s: &Summary, t: &StepTotals, gpu_utilization: Option<f64>) -> RankValues {
+        let cuda = s.cuda.measured;
+        RankValues {
+            steps: t.count,
+            step_seconds_sum: t.duration_ns as f64 / 1e9,
+            step_buckets: t.step_buckets.to_vec(),
+            phase_seconds: Phase::ALL
+                .iter()
+                .map(|&p| (p, t.phase_ns[p.index()] as f64 / 1e9))
+                .collect(),
+            h2d_bytes: cuda.then_some(t.h2d_bytes),
+            // From the model: in `--launch-mode count` (or after the governor switched to it)
+            // the kernel's whole-run counter, else the launches inside the measured steps.
+            kernel_launches: s
+                .cuda
+                .launches_per_step
+                .filter(|l| cuda && l.is_finite() && *l >= 0.0)
+                .map(|l| (l * f64::from(s.steps.count)).round() as u64),
+            gpu_utilization,
+            events_lost: s.data_quality.events_lost.as_ref().map(|l| l.total),
+            probe_failures: s.data_quality.probes_failed.len() as u64,
+            overhead_ratio: s
+                .daemon_overhead
+                .as_ref()
+                .and_then(|o| o.steady_pct_of_step)
+                .filter(|p| p.is_finite())
+                .map(|p| p / 100.0),
+        }
+    }
+
+    /// `self` with every counter at least `old`'s (counters never go backwards).
+    fn at_least(mut self, old: &RankValues) -> RankValues {
+        self.steps = self.steps.max(old.steps);
+        self.step_seconds_sum = self.step_seconds_sum.max(old.step_seconds_sum);
+        if self.step_buckets.len() == old.step_buckets.len() {
+            for (b, o) in self.step_buckets.iter_mut().zip(&old.step_buckets) {
+                *b = (*b).max(*o);
+            }
+        }
+        for (p, s) in self.phase_seconds.iter_mut() {
+            if let Some((_, o)) = old.phase_seconds.iter().find(|(q, _)| q == p) {
+                *s = s.max(*o);
+            }
+        }
+        let max = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.h2d_bytes = max(self.h2d_bytes, old.h2d_bytes);
+        self.kernel_launches = max(self.kernel_launches, old.kernel_launches);
+        self.events_lost = max(self.events_lost, old.events_lost);
+        self.probe_failures = self.probe_failures.max(old.probe_failures);
+        self
+    }
+}
+
+/// The GPU utilization (0–1) of a sample: the mean over the GPUs the target has memory on (over
+/// all GPUs when it has none); `None` without GPU metrics.
+pub fn gpu_utilization(s: &Sample) -> Option<f64> {
+    let gpus = s.gpus.as_ref()?;
+    let used = gpus
+        .iter()
+        .any(|g| g.process_mem_bytes.is_some_and(|m| m > 0));
+    let utils: Vec<f64> = gpus
+        .iter()
+        .filter(|g| !used || g.process_mem_bytes.is_some_and(|m| m > 0))
+        .filter_map(|g| g.util_pct)
+        .filter(|u| u.is_finite())
+        .collect();
+    (!utils.is_empty()).then(|| utils.iter().sum::<f64>() / utils.len() as f64 / 100.0)
+}
+
+/// Who a rank is: only in `traceml_job_info`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobInfo {
+    pub pid: u32,
+    pub comm: String,
+    /// The command line, joined with spaces.
+    pub command: String,
+    pub user: Option<String>,
+}
+
+/// A job's primary verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub kind: DiagnosisKind,
+    pub severity: Severity,
+}
+
+impl Verdict {
+    pub fn of(s: &Summary) -> Verdict {
+        Verdict {
+            kind: s.primary_diagnosis.kind,
+            severity: s.primary_diagnosis.severity,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Rank {
+    info: JobInfo,
+    values: Option<RankValues>,
+    ended: Option<Instant>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Job {
+    ranks: BTreeMap<String, Rank>,
+    verdict: Option<Verdict>,
+}
+
+impl Job {
+    fn running(&self) -> bool {
+        self.ranks.values().any(|r| r.ended.is_none())
+    }
+}
+
+/// Every job the daemon measures or measured within [`RETENTION`], by job and rank label.
+#[derive(Clone, Debug)]
+pub struct Exporter {
+    jobs: BTreeMap<String, Job>,
+    retention: Duration,
+}
+
+impl Default for Exporter {
+    fn default() -> Self {
+        Exporter::new(RETENTION)
+    }
+}
+
+impl Exporter {
+    pub fn new(retention: Duration) -> Exporter {
+        Exporter {
+            jobs: BTreeMap::new(),
+            retention,
+        }
+    }
+
+    /// A rank is being attached to (its info series appears; its values once [`Self::update`]d).
+    pub fn attached(&mut self, job: &str, rank: &str, info: JobInfo) {
+        self.jobs.entry(label(job)).or_default().ranks.insert(
+            label(rank),
+            Rank {
+                info,
+                values: None,
+                ended: None,
+            },
+        );
+    }
+
+    /// A rank's latest values (a rank not [`Self::attached`] is added with an empty info).
+    pub fn update(&mut self, job: &str, rank: &str, values: RankValues) {
+        let r = self
+            .jobs
+            .entry(label(job))
+            .or_default()
+            .ranks
+            .entry(label(rank))
+            .or_insert_with(|| Rank {
+                info: JobInfo::default(),
+                values: None,
+                ended: None,
+            });
+        r.values = Some(match &r.values {
+            Some(old) => values.at_least(old),
+            None => values,
+        });
+    }
+
+    /// The job's current primary verdict.
+    pub fn set_verdict(&mut self, job: &str, verdict: Verdict) {
+        if let Some(j) = self.jobs.get_mut(&label(job)) {
+            j.verdict = Some(verdict);
+        }
+    }
+
+    /// The rank's run ended at `now`: its series stay for the retention time.
+    pub fn ended(&mut self, job: &str, rank: &str, now: Instant) {
+        if let Some(r) = self
+            .jobs
+            .get_mut(&label(job))
+            .and_then(|j| j.ranks.get_mut(&label(rank)))
+        {
+            r.ended.get_or_insert(now);
+        }
+    }
+
+    /// The rank was never measured (the attach failed): its series go now.
+    pub fn forget(&mut self, job: &str, rank: &str) {
+        let job = label(job);
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.ranks.remove(&label(rank));
+            if j.ranks.is_empty() {
+                self.jobs.remove(&job);
+            }
+        }
+    }
+
+    /// Drops the ranks that ended more than the retention time before `now`, and jobs left
+    /// without ranks.
+    pub fn prune(&mut self, now: Instant) {
+        let keep = self.retention;
+        for j in self.jobs.values_mut() {
+            j.ranks.retain(|_, r| {
+                r.ended
+                    .is_none_or(|e| now.saturating_duration_since(e) < keep)
+            });
+        }
+        self.jobs.retain(|_, j| !j.ranks.is_empty());
+    }
+
+    /// Jobs with at least one rank still running.
+    pub fn attached_jobs(&self) -> usize {
+        self.jobs.values().filter(|j| j.running()).count()
+    }
+
+    /// The OpenMetrics text exposition (ends with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Exposition(self.clone())));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+
+    /// `(job, rank, values)` of every rank with values.
+    fn values(&self) -> impl Iterator<Item = (&str, &str, &RankValues)> {
+        self.jobs.iter().flat_map(|(j, job)| {
+            job.ranks
+                .iter()
+                .filter_map(move |(r, rank)| Some((j.as_str(), r.as_str(), rank.values.as_ref()?)))
+        })
+    }
+}
+
+/// A label value from a target: control characters made visible, bounded.
+fn label(s: &str) -> String {
+    terminal_bounded(s, LABEL_MAX)
+}
+
+/// The registry's view of the exporter at one scrape.
+#[derive(Debug)]
+struct Exposition(Exporter);
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+/// One metric family: its descriptor, then one sample per label set.
+fn family<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    samples: Vec<(Labels<'_>, M)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, metric) in &samples {
+        metric.encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn counters<'a, N: EncodeCounterValue + std::fmt::Debug, F: Fn(&'a RankValues) -> Option<N>>(
+    e: &'a Exporter,
+    f: F,
+) -> Vec<(Labels<'a>, ConstCounter<N>)> {
+    e.values()
+        .filter_map(|(j, r, v)| Some((vec![("job", j), ("rank", r)], ConstCounter::new(f(v)?))))
+        .collect()
+}
+
+fn gauges<'a, F: Fn(&'a RankValues) -> Option<f64>>(
+    e: &'a Exporter,
+    f: F,
+) -> Vec<(Labels<'a>, ConstGauge<f64>)> {
+    e.values()
+        .filter_map(|(j, r, v)| Some((vec![("job", j), ("rank", r)], ConstGauge::new(f(v)?))))
+        .collect()
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let e = &self.0;
+        family(
+            &mut enc,
+            "traceml_steps",
+            "Complete training steps measured.",
+            MetricType::Counter,
+            counters(e, |v| Some(v.steps)),
+        )?;
+        {
+            let mut m = enc.encode_descriptor(
+                "traceml_step_duration_seconds",
+                "Duration of the complete training steps.",
+                None,
+                MetricType::Histogram,
+            )?;
+            for (j, r, v) in e.values() {
+                let bounds = STEP_BUCKETS_NS
+                    .iter()
+                    .map(|&ns| ns as f64 / 1e9)
+                    .chain([f64::INFINITY]);
+                let buckets: Vec<(f64, u64)> = bounds.zip(v.step_buckets.iter().copied()).collect();
+                let count = v.step_buckets.iter().sum();
+                let labels: Labels = vec![("job", j), ("rank", r)];
+                m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                    v.step_seconds_sum,
+                    count,
+                    &buckets,
+                    None,
+                )?;
+            }
+        }
+        let phases: Vec<(Labels, ConstCounter<f64>)> = e
+            .values()
+            .flat_map(|(j, r, v)| {
+                v.phase_seconds.iter().map(move |(p, s)| {
+                    (
+                        vec![("job", j), ("rank", r), ("phase", p.name())],
+                        ConstCounter::new(*s),
+                    )
+                })
+            })
+            .collect();
+        family(
+            &mut enc,
+            "traceml_phase_seconds",
+            "Time of the complete steps spent in each phase (exclusive; the phases add up to the \
+             step time).",
+            MetricType::Counter,
+            phases,
+        )?;
+        let verdicts: Vec<(Labels, ConstGauge<i64>)> = e
+            .jobs
+            .iter()
+            .filter_map(|(j, job)| {
+                let v = job.verdict?;
+                Some((
+                    vec![
+                        ("job", j.as_str()),
+                        ("kind", v.kind.as_str()),
+                        ("severity", v.severity.as_str()),
+                    ],
+                    ConstGauge::new(1),
+                ))
+            })
+            .collect();
+        family(
+            &mut enc,
+            "traceml_verdict",
+            "1 for the job's current primary verdict (the last window's in serve, the run so far \
+             before it).",
+            MetricType::Gauge,
+            verdicts,
+        )?;
+        family(
+            &mut enc,
+            "traceml_h2d_bytes",
+            "Bytes copied host to device in the complete steps (absent when no CUDA library was \
+             probed).",
+            MetricType::Counter,
+            counters(e, |v| v.h2d_bytes),
+        )?;
+        family(
+            &mut enc,
+            "traceml_kernel_launches",
+            "CUDA kernel launches (absent when no CUDA library was probed).",
+            MetricType::Counter,
+            counters(e, |v| v.kernel_launches),
+        )?;
+        family(
+            &mut enc,
+            "traceml_gpu_utilization_ratio",
+            "Utilization (0-1) of the GPUs the target uses, at the latest NVML sample (absent \
+             without NVML).",
+            MetricType::Gauge,
+            gauges(e, |v| v.gpu_utilization),
+        )?;
+        family(
+            &mut enc,
+            "traceml_events_lost",
+            "Probe events lost (ring buffer full, read failures, undecodable).",
+            MetricType::Counter,
+            counters(e, |v| v.events_lost),
+        )?;
+        family(
+            &mut enc,
+            "traceml_probe_failures",
+            "Probes that could not be attached.",
+            MetricType::Counter,
+            counters(e, |v| Some(v.probe_failures)),
+        )?;
+        family(
+            &mut enc,
+            "traceml_daemon_overhead_ratio",
+            "The daemon's estimated added time on the target, as a share of step time, since the \
+             last probe-set change.",
+            MetricType::Gauge,
+            gauges(e, |v| v.overhead_ratio),
+        )?;
+        family(
+            &mut enc,
+            "traceml_attached_jobs",
+            "Jobs the daemon is attached to.",
+            MetricType::Gauge,
+            vec![(Vec::new(), ConstGauge::new(e.attached_jobs() as i64))],
+        )?;
+        {
+            let mut m = enc.encode_descriptor(
+                "traceml_job",
+                "Who each job's rank is.",
+                None,
+                MetricType::Info,
+            )?;
+            for (j, job) in &e.jobs {
+                for (r, rank) in &job.ranks {
+                    let pid = rank.info.pid.to_string();
+                    let (comm, command) = (label(&rank.info.comm), label(&rank.info.command));
+                    let user = label(rank.info.user.as_deref().unwrap_or(""));
+                    let labels: Labels = vec![
+                        ("job", j.as_str()),
+                        ("rank", r.as_str()),
+                        ("pid", &pid),
+                        ("comm", &comm),
+                        ("command", &command),
+                        ("user", &user),
+                    ];
+                    m.encode_info(&labels)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,459 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::analysis::{fixtures, summarize};
+
+/// A synthetic run's summary and totals, as the run loops hand them over.
+fn values(sc: &fixtures::Scenario) -> (Summary, StepTotals) {
+    let (engine, items) = fixtures::build(sc);
+    let totals = StepTotals::from_steps(&engine.steps);
+    (summarize(&engine, &items), totals)
+}
+
+/// `name{labels}` → value of every sample line.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("sample line");
+            (series.to_owned(), value.parse().expect("value"))
+        })
+        .collect()
+}
+
+/// The metric names of the sample lines (`traceml_steps_total`, `..._bucket`, ...).
+pub(crate) fn sample_names(text: &str) -> BTreeSet<String> {
+    samples(text)
+        .keys()
+        .map(|k| k.split('{').next().unwrap().to_owned())
+        .collect()
+}
+
+fn exporter_with(sc: &fixtures::Scenario) -> (Exporter, Summary, StepTotals) {
+    let (mut s, t) = values(sc);
+    // The fixture's stream has no probe counters; a live run's summary has its cost.
+    s.daemon_overhead = Some(crate::summary::DaemonOverhead {
+        steady_pct_of_step: Some(0.3),
+        ..Default::default()
+    });
+    let mut e = Exporter::default();
+    e.attached(
+        "python-4242-20260101-000000",
+        "0",
+        JobInfo {
+            pid: 4242,
+            comm: "python".into(),
+            command: "python train.py --lr 0.1".into(),
+            user: Some("alice".into()),
+        },
+    );
+    e.update(
+        "python-4242-20260101-000000",
+        "0",
+        RankValues::from_summary(&s, &t, sc.gpu.then_some(0.85)),
+    );
+    e.set_verdict("python-4242-20260101-000000", Verdict::of(&s));
+    (e, s, t)
+}
+
+#[test]
+fn exposition_holds_every_series_in_base_units() {
+    let sc = fixtures::input_bound();
+    let (e, s, t) = exporter_with(&sc);
+    let text = e.encode();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let v = samples(&text);
+    let l = r#"job="python-4242-20260101-000000",rank="0""#;
+    assert_eq!(v[&format!("traceml_steps_total{{{l}}}")], t.count as f64);
+    assert_eq!(t.count, 200);
+    let sum = v[&format!("traceml_step_duration_seconds_sum{{{l}}}")];
+    assert!((sum - t.duration_ns as f64 / 1e9).abs() < 1e-9);
+    assert_eq!(
+        v[&format!("traceml_step_duration_seconds_count{{{l}}}")],
+        200.0
+    );
+    assert_eq!(
+        v[&format!(r#"traceml_step_duration_seconds_bucket{{le="+Inf",{l}}}"#)],
+        200.0
+    );
+    // Input-bound steps are ~98 ms: all in the 100 ms bucket or above, none at 50 ms.
+    assert_eq!(
+        v[&format!(r#"traceml_step_duration_seconds_bucket{{le="0.05",{l}}}"#)],
+        0.0
+    );
+    let le_250 = v[&format!(r#"traceml_step_duration_seconds_bucket{{le="0.25",{l}}}"#)];
+    assert_eq!(le_250, 200.0);
+    let mut phase_sum = 0.0;
+    for p in Phase::ALL {
+        let x = v[&format!(r#"traceml_phase_seconds_total{{{l},phase="{}"}}"#, p.name())];
+        assert_eq!(x, t.phase_ns[p.index()] as f64 / 1e9, "{}", p.name());
+        phase_sum += x;
+    }
+    assert!((phase_sum - sum).abs() < 1e-6, "{phase_sum} vs {sum}");
+    let input = v[&format!(r#"traceml_phase_seconds_total{{{l},phase="input_wait"}}"#)];
+    assert!(
+        (input / sum - 70.0 / 122.5).abs() < 0.02,
+        "{input} of {sum}"
+    );
+    assert_eq!(
+        v[&format!("traceml_h2d_bytes_total{{{l}}}")],
+        (200u64 * 2 * 6_291_456) as f64
+    );
+    assert_eq!(
+        v[&format!("traceml_kernel_launches_total{{{l}}}")],
+        (200 * 392) as f64
+    );
+    assert_eq!(v[&format!("traceml_gpu_utilization_ratio{{{l}}}")], 0.85);
+    assert_eq!(v[&format!("traceml_events_lost_total{{{l}}}")], 0.0);
+    assert_eq!(v[&format!("traceml_probe_failures_total{{{l}}}")], 0.0);
+    let kind = s.primary_diagnosis.kind.as_str();
+    assert_eq!(kind, "INPUT_BOUND");
+    assert_eq!(
+        v[&format!(
+            r#"traceml_verdict{{job="python-4242-20260101-000000",kind="{kind}",severity="{}"}}"#,
+            s.primary_diagnosis.severity.as_str()
+        )],
+        1.0
+    );
+    assert_eq!(v["traceml_attached_jobs"], 1.0);
+    assert_eq!(
+        v[&format!(
+            r#"traceml_job_info{{{l},pid="4242",comm="python",command="python train.py --lr 0.1",user="alice"}}"#
+        )],
+        1.0
+    );
+    // Types as Prometheus reads them.
+    for t in [
+        "# TYPE traceml_steps counter",
+        "# TYPE traceml_step_duration_seconds histogram",
+        "# TYPE traceml_phase_seconds counter",
+        "# TYPE traceml_verdict gauge",
+        "# TYPE traceml_job info",
+    ] {
+        assert!(text.contains(t), "{t}");
+    }
+}
+
+#[test]
+fn never_measured_is_absent_not_zero() {
+    let sc = fixtures::Scenario {
+        gpu: false,
+        cuda: false,
+        ..fixtures::balanced()
+    };
+    let (e, s, _) = exporter_with(&sc);
+    assert!(s.gpu.is_none());
+    let names = sample_names(&e.encode());
+    for absent in [
+        "traceml_gpu_utilization_ratio",
+        "traceml_h2d_bytes_total",
+        "traceml_kernel_launches_total",
+    ] {
+        assert!(!names.contains(absent), "{absent} in {names:?}");
+    }
+    assert!(names.contains("traceml_steps_total"));
+    // Without NVML samples the latest utilization is unknown too.
+    let sample = Sample::default();
+    assert_eq!(gpu_utilization(&sample), None);
+}
+
+#[test]
+fn gpu_utilization_of_the_gpus_the_target_uses() {
+    use crate::sample::GpuSample;
+    let g = |index, util, mem| GpuSample {
+        index,
+        util_pct: Some(util),
+        process_mem_bytes: mem,
+        ..GpuSample::default()
+    };
+    let s = |gpus| Sample {
+        gpus: Some(gpus),
+        ..Sample::default()
+    };
+    assert_eq!(
+        gpu_utilization(&s(vec![g(0, 90.0, Some(1)), g(1, 10.0, Some(0))])),
+        Some(0.9)
+    );
+    assert_eq!(
+        gpu_utilization(&s(vec![g(0, 90.0, None), g(1, 10.0, None)])),
+        Some(0.5)
+    );
+    assert_eq!(gpu_utilization(&s(Vec::new())), None);
+}
+
+#[test]
+fn counters_never_go_backwards() {
+    let mut e = Exporter::default();
+    let v = |steps: u64, input: f64| RankValues {
+        steps,
+        step_seconds_sum: steps as f64 * 0.1,
+        step_buckets: vec![0, steps],
+        phase_seconds: vec![(Phase::InputWait, input), (Phase::Residual, 1.0)],
+        events_lost: Some(steps),
+        ..RankValues::default()
+    };
+    e.update("j", "0", v(10, 2.0));
+    e.update("j", "0", v(9, 2.5));
+    let text = e.encode();
+    let s = samples(&text);
+    assert_eq!(s[r#"traceml_steps_total{job="j",rank="0"}"#], 10.0);
+    assert_eq!(
+        s[r#"traceml_phase_seconds_total{job="j",rank="0",phase="input_wait"}"#],
+        2.5
+    );
+    assert_eq!(
+        s[r#"traceml_step_duration_seconds_count{job="j",rank="0"}"#],
+        10.0
+    );
+    assert_eq!(s[r#"traceml_events_lost_total{job="j",rank="0"}"#], 10.0);
+}
+
+#[test]
+fn series_of_an_ended_job_go_after_the_retention_time() {
+    let t0 = Instant::now();
+    let mut e = Exporter::new(Duration::from_secs(300));
+    for job in ["a", "b"] {
+        e.attached(job, "0", JobInfo::default());
+        e.update(job, "0", RankValues::default());
+    }
+    e.attached("failed", "0", JobInfo::default());
+    e.forget("failed", "0");
+    assert_eq!(e.attached_jobs(), 2);
+    e.ended("a", "0", t0);
+    assert_eq!(e.attached_jobs(), 1);
+    e.prune(t0 + Duration::from_secs(299));
+    let s = samples(&e.encode());
+    assert!(s.contains_key(r#"traceml_steps_total{job="a",rank="0"}"#));
+    assert!(!s.keys().any(|k| k.contains("failed")));
+    assert_eq!(s["traceml_attached_jobs"], 1.0);
+    // A later end does not move the first one.
+    e.ended("a", "0", t0 + Duration::from_secs(200));
+    e.prune(t0 + Duration::from_secs(301));
+    let s = samples(&e.encode());
+    assert!(!s.keys().any(|k| k.contains(r#"job="a""#)), "{s:?}");
+    assert!(s.contains_key(r#"traceml_steps_total{job="b",rank="0"}"#));
+    // Bounded: 1,000 jobs come and go, nothing is left of them.
+    for i in 0..1000 {
+        let job = format!("python-{i}-x");
+        e.attached(&job, "0", JobInfo::default());
+        e.update(&job, "0", RankValues::default());
+        e.ended(&job, "0", t0);
+    }
+    e.prune(t0 + Duration::from_secs(301));
+    assert_eq!(e.jobs.len(), 1);
+}
+
+#[test]
+fn hostile_names_cannot_break_the_exposition() {
+    let mut e = Exporter::default();
+    for (i, name) in crate::sanitize::tests::hostile_names().iter().enumerate() {
+        let job = format!("{name}-{i}");
+        e.attached(
+            &job,
+            "0",
+            JobInfo {
+                pid: 1,
+                comm: name.clone(),
+                command: format!("python {name}"),
+                user: Some(name.clone()),
+            },
+        );
+        e.update(&job, "0", RankValues::default());
+    }
+    let text = e.encode();
+    assert!(!text.contains('\x1b') && !text.contains('\r') && !text.contains('\0'));
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        // One sample per line: a name, its labels, one value; every quote inside a label value
+        // is escaped, so the labels close where the encoder closed them.
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        assert!(value.parse::<f64>().is_ok(), "{line:.300}");
+        let mut in_value = false;
+        let mut escaped = false;
+        for c in series.chars() {
+            match (in_value, escaped, c) {
+                (true, false, '\\') => escaped = true,
+                (true, true, _) => escaped = false,
+                (_, false, '"') => in_value = !in_value,
+                _ => {}
+            }
+        }
+        assert!(!in_value, "unterminated label value: {line:.300}");
+        assert!(
+            line.len() < 2000,
+            "label values are bounded: {}",
+            line.len()
+        );
+    }
+}
+
+/// The Grafana dashboard (packaging/grafana/traceml.json) is valid JSON with the panels it
+/// promises, and every metric its queries name is one the exporter writes.
+#[test]
+fn grafana_dashboard_queries_name_exported_metrics() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/grafana/traceml.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard");
+    let d: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let (e, _, _) = exporter_with(&fixtures::input_bound());
+    let names = sample_names(&e.encode());
+    let mut exprs = Vec::new();
+    let mut titles = Vec::new();
+    fn walk(v: &serde_json::Value, exprs: &mut Vec<String>, titles: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::String(x)) = m.get("expr") {
+                    exprs.push(x.clone());
+                }
+                if m.contains_key("gridPos")
+                    && let Some(serde_json::Value::String(t)) = m.get("title")
+                {
+                    titles.push(t.clone());
+                }
+                m.values().for_each(|v| walk(v, exprs, titles));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, exprs, titles)),
+            _ => {}
+        }
+    }
+    walk(&d["panels"], &mut exprs, &mut titles);
+    for var in d["templating"]["list"].as_array().expect("variables") {
+        if let Some(q) = var["query"].as_str().or(var["query"]["query"].as_str())
+            && q.contains("traceml_")
+        {
+            exprs.push(q.to_owned());
+        }
+    }
+    assert!(exprs.len() >= 8, "{exprs:?}");
+    for x in &exprs {
+        let used: Vec<&str> = x
+            .match_indices("traceml_")
+            .map(|(i, _)| {
+                let rest = &x[i..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect();
+        assert!(!used.is_empty(), "a query on no traceml metric: {x}");
+        for m in used {
+            assert!(names.contains(m), "{m} (in {x}) is not exported: {names:?}");
+        }
+    }
+    for want in [
+        "Step time",
+        "Phase shares",
+        "Verdict",
+        "straggler",
+        "Daemon",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.contains(want)),
+            "no panel titled {want}: {titles:?}"
+        );
+    }
+    assert_eq!(d["uid"], "traceml");
+}
+
+/// What a refresh costs on a long run: a recorded run (30 steps) replayed 140 times end to end
+/// (about 4,200 steps: the engine keeps at most 4,096) is folded, then `snapshot_with_totals` is timed. No
+/// assertion on the time (tests never assert timings); the numbers are printed.
+#[test]
+fn refresh_cost() {
+    use crate::event::StreamItem;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/recordings/input_bound_single.jsonl.gz");
+    let items = crate::record::read(&path).expect("recording").items;
+    let ts: Vec<u64> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Event(e) => Some(e.ts),
+            _ => None,
+        })
+        .collect();
+    let span = ts.iter().max().unwrap() - ts.iter().min().unwrap() + 1_000_000;
+    let copies = 140u64;
+    let mut c = crate::analysis::Collector::new();
+    let fold = std::time::Instant::now();
+    for k in 0..copies {
+        let shift = k * span;
+        for i in &items {
+            let item = match i {
+                StreamItem::Event(e) => {
+                    let mut e = e.clone();
+                    e.ts += shift;
+                    StreamItem::Event(e)
+                }
+                StreamItem::Stack(s) => {
+                    let mut s = s.clone();
+                    s.ts += shift;
+                    StreamItem::Stack(s)
+                }
+                StreamItem::Sample(s) => {
+                    let mut s = s.clone();
+                    s.ts += shift;
+                    StreamItem::Sample(s)
+                }
+                StreamItem::End(e) if k + 1 == copies => {
+                    let mut e = e.clone();
+                    e.ts += shift;
+                    StreamItem::End(e)
+                }
+                _ if k == 0 => i.clone(),
+                _ => continue,
+            };
+            c.push(&item);
+        }
+    }
+    let fold = fold.elapsed();
+    let mut times = Vec::new();
+    let mut steps = 0;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        let (s, totals) = c.snapshot_with_totals();
+        times.push(t.elapsed());
+        steps = totals.count;
+        assert_eq!(u64::from(s.steps.count), totals.count);
+    }
+    times.sort();
+    eprintln!(
+        "refresh_cost: {steps} steps, {} events folded in {fold:?}; snapshot_with_totals median \
+         {:?} (min {:?}, max {:?}){}",
+        c.events(),
+        times[2],
+        times[0],
+        times[4],
+        if cfg!(debug_assertions) {
+            " [debug build]"
+        } else {
+            ""
+        }
+    );
+    assert!(steps > 2000, "{steps}");
+}
+
+/// A step of exactly a bucket's bound is in that bucket (`le`), one nanosecond more in the next;
+/// steps beyond the last bound are in +Inf.
+#[test]
+fn step_buckets_follow_le() {
+    use crate::engine::Step;
+    let step = |ns: u64| Step {
+        start_ns: 1_000,
+        end_ns: 1_000 + ns,
+        ..Step::default()
+    };
+    let t = StepTotals::from_steps(&[
+        step(1_000_000),
+        step(1_000_001),
+        step(300_000_000_000),
+        step(300_000_000_001),
+        step(0),
+    ]);
+    let mut want = [0u64; STEP_BUCKETS_NS.len() + 1];
+    want[0] = 2;
+    want[1] = 1;
+    want[STEP_BUCKETS_NS.len() - 1] = 1;
+    want[STEP_BUCKETS_NS.len()] = 1;
+    assert_eq!(t.step_buckets, want);
+    assert_eq!(t.step_buckets.iter().sum::<u64>(), t.count);
+}

@@ -1,0 +1,266 @@
+//! One daemon for a multi-rank job: every rank of the job on this node attached at once (one
+//! [`live::run`] per rank on one thread, each folded by its own bounded [`Collector`]), ranks
+//! that start later or restart (elastic) followed through the launcher's children, a HANG
+//! written as soon as a rank completes no step for `max(10 × its median step, --hang-after)`,
+//! and at the end every rank's summary and the job's ([`crate::ranks::combine`]).
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::analysis::Collector;
+use crate::event::EndReason;
+use crate::job::{JobSpec, RankProc};
+use crate::live;
+use crate::ranks::{RankRun, Stuck};
+use crate::summary::{JobInfo, Summary};
+
+/// How a multi-rank run is carried out.
+#[derive(Clone, Debug)]
+pub struct JobOptions {
+    /// Settings for each rank's run (its pid is replaced).
+    pub rank: live::Options,
+    /// The floor of the hang threshold.
+    pub hang_after: Duration,
+    /// Where each rank's own summary goes (`rank-<r>/`) and the interim HANG summary.
+    pub dir: PathBuf,
+    pub duration: Option<Duration>,
+}
+
+struct Rank {
+    proc: RankProc,
+    fold: Rc<RefCell<Collector>>,
+    stop: watch::Sender<Option<EndReason>>,
+    done: tokio::task::JoinHandle<()>,
+    /// Steps measured at the last progress, and when.
+    progress: (u64, Instant),
+}
+
+fn job_info(job: &JobSpec) -> JobInfo {
+    JobInfo {
+        launcher_pid: job.launcher,
+        world_size: job.ranks.iter().find_map(|r| r.world_size),
+        run_id: job.run_id.clone(),
+        master: job.master.clone(),
+        ranks_measured: 0,
+    }
+}
+
+/// Where a rank's run says it is attached.
+fn ready_path(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!(".attached-{pid}"))
+}
+
+fn start(p: RankProc, opts: &live::Options, dir: &Path) -> Rank {
+    let fold = Rc::new(RefCell::new(Collector::new()));
+    let (tx, rx) = watch::channel(None);
+    let mut o = opts.clone();
+    o.pid = p.pid;
+    o.ready_file = Some(ready_path(dir, p.pid));
+    o.duration = None;
+    o.stop = Some(rx);
+    let sink = fold.clone();
+    let pid = p.pid;
+    let done = tokio::task::spawn_local(async move {
+        let r = live::run(&o, move |item| {
+            sink.borrow_mut().push(item);
+            Ok(())
+        })
+        .await;
+        match r {
+            Ok(reason) => tracing::info!("rank pid {pid}: run ended ({reason:?})"),
+            Err(e) => tracing::warn!("rank pid {pid}: {e}"),
+        }
+    });
+    tracing::info!("attached to rank {} (pid {})", p.rank, p.pid);
+    Rank {
+        proc: p,
+        fold,
+        stop: tx,
+        done,
+        progress: (0, Instant::now()),
+    }
+}
+
+/// The job's runs as the rules take them (`stacks`: with each rank's current stack).
+fn runs(ranks: &[&Rank], stacks: bool) -> Vec<RankRun> {
+    ranks
+        .iter()
+        .map(|r| {
+            let f = r.fold.borrow();
+            RankRun {
+                rank: r.proc.rank,
+                local_rank: r.proc.local_rank,
+                pid: r.proc.pid,
+                summary: f.snapshot(),
+                stack: if stacks { f.last_stack() } else { Vec::new() },
+            }
+        })
+        .collect()
+}
+
+/// Ranks that completed no step for max(10 × their median step, `floor`).
+fn stuck(ranks: &mut [Rank], floor: Duration) -> Vec<Stuck> {
+    let now = Instant::now();
+    let mut out = Vec::new();
+    for r in ranks.iter_mut() {
+        if r.done.is_finished() {
+            continue;
+        }
+        let (n, total_ns) = r.fold.borrow().steps();
+        if n != r.progress.0 {
+            r.progress = (n, now);
+            continue;
+        }
+        let median = if n > 0 {
+            Duration::from_nanos(total_ns / n)
+        } else {
+            Duration::ZERO
+        };
+        let limit = (median * 10).max(floor);
+        let idle = now.duration_since(r.progress.1);
+        if n > 0 && idle >= limit {
+            out.push(Stuck {
+                rank: r.proc.rank,
+                idle_s: idle.as_secs_f64(),
+            });
+        }
+    }
+    out
+}
+
+fn write_json(path: &Path, s: &Summary) {
+    let mut json = Vec::new();
+    if crate::render::render_json(s, &mut json).is_ok()
+        && let Err(e) = std::fs::write(path, json)
+    {
+        tracing::warn!("cannot write {}: {e}", path.display());
+    }
+}
+
+/// Attaches to every rank of `job` and runs until they all end (or SIGINT/SIGTERM/SIGHUP, or
+/// the duration); returns the job's summary. Each rank's own summary is written under
+/// `dir/rank-<r>/`.
+pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let sig = |k| signal(k).map_err(|e: std::io::Error| e.to_string());
+        let (mut term, mut int, mut hup) = (
+            sig(SignalKind::terminate())?,
+            sig(SignalKind::interrupt())?,
+            sig(SignalKind::hangup())?,
+        );
+        let mut ranks: Vec<Rank> = job
+            .ranks
+            .drain(..)
+            .map(|p| start(p, &opts.rank, &opts.dir))
+            .collect();
+        // Ready once every rank is attached (or has failed to).
+        if let Some(ready) = &opts.rank.ready_file {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(30)
+                && !ranks
+                    .iter()
+                    .all(|r| r.done.is_finished() || ready_path(&opts.dir, r.proc.pid).exists())
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for r in &ranks {
+                let _ = std::fs::remove_file(ready_path(&opts.dir, r.proc.pid));
+            }
+            let _ = std::fs::write(ready, "attached\n");
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+        let mut hang_reported = false;
+        let mut stopped = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    // Ranks that started later or restarted (elastic): new pids of the job.
+                    if let Some(l) = job.launcher {
+                        let known: Vec<u32> = ranks.iter().map(|r| r.proc.pid).collect();
+                        for (p, _) in crate::job::ranks_below(l) {
+                            if !known.contains(&p.pid) {
+                                ranks.push(start(p, &opts.rank, &opts.dir));
+                            }
+                        }
+                    }
+                    let s = stuck(&mut ranks, opts.hang_after);
+                    if !s.is_empty() && !hang_reported {
+                        hang_reported = true;
+                        let live: Vec<&Rank> = ranks.iter().filter(|r| !r.done.is_finished()).collect();
+                        if let Some(sum) = crate::ranks::combine(runs(&live, true), job_info(&job), &s) {
+                            tracing::warn!("HANG: {}", sum.primary_diagnosis.why);
+                            write_json(&opts.dir.join("final_summary.json"), &sum);
+                        }
+                    } else if s.is_empty() {
+                        hang_reported = false;
+                    }
+                    if ranks.iter().all(|r| r.done.is_finished()) {
+                        break;
+                    }
+                }
+                _ = term.recv() => { stopped = Some(EndReason::Terminated); break }
+                _ = int.recv() => { stopped = Some(EndReason::Interrupted); break }
+                _ = hup.recv() => { stopped = Some(EndReason::Terminated); break }
+                _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                    stopped = Some(EndReason::DurationElapsed);
+                    break;
+                }
+            }
+        }
+        let hung = stuck(&mut ranks, opts.hang_after);
+        let stacks = !hung.is_empty();
+        // Stacks and the job's view are read before the ranks are detached.
+        let live_stacks: HashMap<u32, Vec<String>> = if stacks {
+            ranks.iter().map(|r| (r.proc.rank, r.fold.borrow().last_stack())).collect()
+        } else {
+            HashMap::new()
+        };
+        if let Some(reason) = stopped {
+            for r in &ranks {
+                let _ = r.stop.send(Some(reason));
+            }
+        }
+        for r in &mut ranks {
+            let _ = tokio::time::timeout(Duration::from_secs(8), &mut r.done).await;
+        }
+        let mut out = Vec::new();
+        for r in ranks {
+            let fold = Rc::try_unwrap(r.fold)
+                .map(RefCell::into_inner)
+                .unwrap_or_else(|rc| {
+                    let f = rc.borrow();
+                    let fresh = f.fresh_window();
+                    drop(f);
+                    rc.replace(fresh)
+                });
+            if fold.events() == 0 {
+                continue;
+            }
+            let summary = fold.finish();
+            let dir = opts.dir.join(format!("rank-{}", r.proc.rank));
+            if crate::output::create_dir_private(&dir).is_ok() {
+                write_json(&dir.join("final_summary.json"), &summary);
+            }
+            out.push(RankRun {
+                rank: r.proc.rank,
+                local_rank: r.proc.local_rank,
+                pid: r.proc.pid,
+                summary,
+                stack: live_stacks.get(&r.proc.rank).cloned().unwrap_or_default(),
+            });
+        }
+        crate::ranks::combine(out, job_info(&job), &hung)
+            .ok_or_else(|| "no rank of the job could be attached".to_owned())
+    })
+}

@@ -1,0 +1,313 @@
+//! Multi-rank jobs (issue 11) with real processes: DDP / explicit all-reduce with gloo on CPU
+//! under `torchrun` (tests/workloads/ddp/ddp_train.py: every rank writes its own truth). The
+//! daemon is attached to the launcher's pid or to a rank's pid and must find every rank, name the
+//! injected straggler (2 and 4 ranks), find none in an even job, measure each rank's collective
+//! wait within max(2 ms, 5 %) of the truth, and write a HANG with stacks while a job is hung.
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+struct Job {
+    torchrun: Child,
+    dir: PathBuf,
+    ranks: Vec<u32>,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of our own child's process group... torchrun forwards SIGTERM to ranks.
+        unsafe { libc::kill(self.torchrun.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if self.torchrun.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.torchrun.kill();
+        let _ = self.torchrun.wait();
+        for pid in &self.ranks {
+            // SAFETY: kill(2); the rank may be gone already.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+fn torch_python() -> Option<PathBuf> {
+    if std::env::var_os("TRACEML_SKIP_TORCH").is_some() {
+        eprintln!("TRACEML_SKIP_TORCH is set: multi-rank tests skipped on request");
+        return None;
+    }
+    Some(PathBuf::from(
+        std::env::var_os("TRACEML_TORCH_PYTHON")
+            .expect("TRACEML_TORCH_PYTHON is not set: run through `cargo xtask test`"),
+    ))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `torchrun --nproc_per_node=n ddp_train.py args`, waits until every rank is ready.
+fn start(label: &str, n: u32, args: &[&str]) -> Option<Job> {
+    if !root_or_skip() {
+        return None;
+    }
+    let py = torch_python()?;
+    let dir = scratch(label);
+    let torchrun = py.parent().unwrap().join("torchrun");
+    let child = Command::new(torchrun)
+        .arg(format!("--nproc_per_node={n}"))
+        .arg(format!("--master_port={}", free_port()))
+        .arg(workspace().join("tests/workloads/ddp/ddp_train.py"))
+        .arg("--truth-dir")
+        .arg(&dir)
+        .arg("--ready")
+        .arg(dir.join("ready"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("torchrun");
+    let mut job = Job {
+        torchrun: child,
+        dir,
+        ranks: Vec::new(),
+    };
+    let t = Instant::now();
+    while (0..n).any(|r| !job.dir.join(format!("rank{r}.pid")).exists()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "{label}: ranks not ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    job.ranks = (0..n)
+        .map(|r| rank_field(&job.dir, r, "pid") as u32)
+        .collect();
+    Some(job)
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap()
+}
+
+fn rank_field(dir: &Path, r: u32, key: &str) -> u64 {
+    json(&dir.join(format!("rank{r}.pid")))[key]
+        .as_u64()
+        .unwrap()
+}
+
+/// Runs the daemon on `pid` until the job ends; the job's summary.
+fn daemon_on(job: &mut Job, pid: u32, extra: &[&str]) -> serde_json::Value {
+    let out = job.dir.join("out");
+    let child = Command::new(daemon())
+        .arg("--pid")
+        .arg(pid.to_string())
+        .arg("--ready-file")
+        .arg(job.dir.join("ready"))
+        .arg("--output")
+        .arg(&out)
+        .args(["--color", "never", "--quiet"])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_with_timeout(child, Duration::from_secs(400));
+    assert!(
+        o.status.success(),
+        "daemon: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = job.torchrun.wait();
+    json(&out.join("final_summary.json"))
+}
+
+fn verdict(s: &serde_json::Value) -> (String, Option<u64>) {
+    let d = &s["primary_diagnosis"];
+    (
+        d["kind"].as_str().unwrap_or("?").to_owned(),
+        d["culprit_rank"].as_u64(),
+    )
+}
+
+#[test]
+fn launcher_pid_names_the_straggler_of_two_ranks() {
+    let args = [
+        "--mode",
+        "ddp",
+        "--steps",
+        "60",
+        "--straggler-rank",
+        "1",
+        "--straggler-phase",
+        "compute",
+        "--straggler-ms",
+        "15",
+        "--straggler-how",
+        "sleep",
+    ];
+    let Some(mut job) = start("mr-2", 2, &args) else {
+        return;
+    };
+    let launcher = job.torchrun.id();
+    let s = daemon_on(&mut job, launcher, &[]);
+    assert_eq!(
+        verdict(&s),
+        ("STRAGGLER".into(), Some(1)),
+        "{:#}",
+        s["primary_diagnosis"]
+    );
+    assert_eq!(s["ranks"].as_array().unwrap().len(), 2);
+    assert_eq!(s["job"]["launcher_pid"].as_u64(), Some(u64::from(launcher)));
+    assert_eq!(s["primary_diagnosis"]["phase"], "forward");
+}
+
+#[test]
+fn a_rank_pid_finds_four_ranks_and_names_rank_two() {
+    let args = [
+        "--mode",
+        "ddp",
+        "--steps",
+        "50",
+        "--straggler-rank",
+        "2",
+        "--straggler-phase",
+        "compute",
+        "--straggler-ms",
+        "25",
+        "--straggler-how",
+        "sleep",
+    ];
+    let Some(mut job) = start("mr-4", 4, &args) else {
+        return;
+    };
+    let rank0 = job.ranks[0];
+    let s = daemon_on(&mut job, rank0, &[]);
+    assert_eq!(s["ranks"].as_array().unwrap().len(), 4, "{:#}", s["job"]);
+    assert_eq!(
+        verdict(&s),
+        ("STRAGGLER".into(), Some(2)),
+        "{:#}",
+        s["primary_diagnosis"]
+    );
+}
+
+#[test]
+fn an_even_job_has_no_straggler_and_collective_wait_matches_truth() {
+    // Explicit, flattened all-reduce: the truth times the collective from Python.
+    let args = ["--mode", "allreduce", "--flatten", "--steps", "60"];
+    let Some(mut job) = start("mr-even", 2, &args) else {
+        return;
+    };
+    let launcher = job.torchrun.id();
+    let s = daemon_on(&mut job, launcher, &[]);
+    let findings = s["findings"].as_array().unwrap();
+    assert!(
+        !findings.iter().any(|f| f["kind"] == "STRAGGLER"),
+        "{:#}",
+        s["findings"]
+    );
+    let mut failures = Vec::new();
+    for r in 0..2 {
+        let truth = json(&job.dir.join(format!("truth-rank{r}.json")));
+        let want = truth["median_phases_ns"]["collective_wait"]
+            .as_f64()
+            .unwrap()
+            / 1e6;
+        let rank = json(&job.dir.join(format!("out/rank-{r}/final_summary.json")));
+        let got = rank["phases"]["collective_wait"]["median_ms"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        let tol = (want * 0.05).max(2.0);
+        eprintln!("rank {r}: collective wait {got:.2} ms, truth {want:.2} ms");
+        if (got - want).abs() > tol {
+            failures.push(format!(
+                "rank {r}: collective wait {got:.2} ms, truth {want:.2} ms (± {tol:.2})"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
+    let args = [
+        "--mode",
+        "ddp",
+        "--steps",
+        "200",
+        "--hang-rank",
+        "1",
+        "--hang-after",
+        "15",
+    ];
+    let Some(job) = start("mr-hang", 2, &args) else {
+        return;
+    };
+    let out = job.dir.join("out");
+    let mut child = Command::new(daemon())
+        .arg("--pid")
+        .arg(job.torchrun.id().to_string())
+        .arg("--ready-file")
+        .arg(job.dir.join("ready"))
+        .arg("--output")
+        .arg(&out)
+        .args(["--color", "never", "--quiet", "--hang-after", "5"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let summary = loop {
+        assert!(t.elapsed() < Duration::from_secs(180), "no HANG written");
+        if let Ok(text) = std::fs::read_to_string(out.join("final_summary.json"))
+            && let Ok(s) = serde_json::from_str::<serde_json::Value>(&text)
+            && s["primary_diagnosis"]["kind"] == "HANG"
+        {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Written while the job is still hung: both ranks alive.
+    for pid in &job.ranks {
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "rank {pid} gone"
+        );
+    }
+    let stacks: Vec<usize> = summary["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["stack"].as_array().map_or(0, Vec::len))
+        .collect();
+    assert!(
+        stacks.iter().all(|&n| n > 0),
+        "stacks {stacks:?}: {:#}",
+        summary["ranks"]
+    );
+    assert_eq!(
+        summary["primary_diagnosis"]["culprit_rank"].as_u64(),
+        Some(1),
+        "{:#}",
+        summary["primary_diagnosis"]
+    );
+    // SAFETY: kill(2) of our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    drop(job);
+}

@@ -1,0 +1,447 @@
+//! `/metrics` scraped by a real Prometheus (Debian's `prometheus`, every second): `traceml-daemon
+//! serve` with `metrics_addr` in its config file measures a ground-truth workload it finds by itself, and through
+//! Prometheus's HTTP query API `traceml_steps_total` equals the daemon's own final step count and
+//! the truth's steps after the attach point, `traceml_phase_seconds_total{phase="input_wait"}`
+//! matches the truth's input wait over those same steps (within max(5 %, 2 ms per step)), the
+//! series were live while the job ran and stay after it ended, and every query of the Grafana
+//! dashboard (packaging/grafana/traceml.json) is valid PromQL that Prometheus answers.
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// A child process, killed on drop.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const PROMETHEUS: &str = "/usr/bin/prometheus";
+/// A step count no other test uses (serve includes only this workload's command line).
+const STEPS: u32 = 251;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET path` (HTTP/1.0: the answer is the rest of the connection): status and body.
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant query: `Err` with Prometheus's error for an invalid one, else `(labels, value)`
+/// of each series.
+fn query(prom: SocketAddr, q: &str) -> Result<Vec<(serde_json::Value, f64)>, String> {
+    let (status, body) = get(prom, &format!("/api/v1/query?query={}", url_encode(q)))
+        .ok_or_else(|| format!("no answer from Prometheus to {q}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("{status}: {e}: {body}"))?;
+    if v["status"] != "success" {
+        return Err(format!("{q}: {status} {body}"));
+    }
+    Ok(v["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .map(|s| {
+                    let x = s["value"][1].as_str().unwrap_or("NaN").parse().unwrap();
+                    (s["metric"].clone(), x)
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The single value of `q`, if it has exactly one series.
+fn one(prom: SocketAddr, q: &str) -> Option<f64> {
+    match query(prom, q).ok()?.as_slice() {
+        [(_, x)] => Some(*x),
+        _ => None,
+    }
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn job_dir(state: &Path, pid: u32) -> Option<PathBuf> {
+    std::fs::read_dir(state)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains(&format!("-{pid}-")))
+        })
+}
+
+fn start_prometheus(dir: &Path, port: u16, target: SocketAddr) -> Proc {
+    let config = dir.join("prometheus.yml");
+    // The scrape config of the README's fleet recipe, every second.
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: traceml\n    honor_labels: true\n    \
+             scrape_interval: 1s\n    scrape_timeout: 1s\n    static_configs:\n      \
+             - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let child = Command::new(PROMETHEUS)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus");
+    Proc(child)
+}
+
+#[test]
+fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
+    if !root_or_skip() {
+        return;
+    }
+    if !Path::new(PROMETHEUS).exists() {
+        eprintln!(
+            "skipped: {PROMETHEUS} is missing (apt-get install prometheus; cargo xtask setup does)"
+        );
+        return;
+    }
+    let dir = scratch("prometheus");
+    let state = dir.join("state");
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let prom: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+
+    let ready = dir.join("ready");
+    // As the README's fleet recipe: the address in the config file.
+    let config = dir.join("config.toml");
+    std::fs::write(&config, format!("metrics_addr = \"{metrics}\"\n")).unwrap();
+    let mut serve = Proc(
+        Command::new(daemon())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--scan-interval", "0.2"])
+            .arg("--config")
+            .arg(&config)
+            .arg("--ready-file")
+            .arg(&ready)
+            .args([
+                "--include",
+                &format!("*input_bound_single.py --steps {STEPS} *"),
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start serve"),
+    );
+    wait_for("serve's ready file", Duration::from_secs(10), || {
+        ready.exists()
+    });
+    let (status, body) = get(metrics, "/metrics").expect("/metrics answers");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("traceml_attached_jobs 0\n"), "{body}");
+
+    let _prometheus = start_prometheus(&dir, prom.port(), metrics);
+    wait_for("Prometheus ready", Duration::from_secs(60), || {
+        get(prom, "/-/ready").is_some_and(|(s, _)| s == 200)
+    });
+    wait_for("the first scrape", Duration::from_secs(30), || {
+        one(prom, r#"up{job="traceml"}"#) == Some(1.0)
+    });
+
+    // The workload starts at once: serve finds it within its scan interval and attaches.
+    let truth_file = dir.join("truth.json");
+    let mut job = Proc(
+        Command::new(python(11))
+            .arg(workspace().join("tests/workloads/input_bound_single.py"))
+            .args(["--steps", &STEPS.to_string(), "--truth"])
+            .arg(&truth_file)
+            .env("PYTHONPATH", workspace().join("tests/faketorch"))
+            .env("TRACEML_TESTS_BUILD", tests_build())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the workload"),
+    );
+    let pid = job.0.id();
+    let sel = format!(r#"job=~".*-{pid}-.*""#);
+    // Live: Prometheus holds steps of the job while it still runs.
+    let mut live = None;
+    let started = Instant::now();
+    while job.0.try_wait().unwrap().is_none() {
+        if live.is_none()
+            && let Some(x) = one(prom, &format!("traceml_steps_total{{{sel}}}"))
+            && x > 0.0
+        {
+            live = Some((x, started.elapsed()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(job.0.wait().unwrap().success(), "the workload failed");
+    let ran = started.elapsed();
+    let (live_steps, at) = live.expect("no steps in Prometheus while the job ran");
+    eprintln!("live: {live_steps} steps in Prometheus {at:?} into a {ran:?} job");
+
+    wait_for("the final summary", Duration::from_secs(10), || {
+        job_dir(&state, pid).is_some_and(|d| d.join("final_summary.json").exists())
+    });
+    let jd = job_dir(&state, pid).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(jd.join("final_summary.json")).unwrap())
+            .unwrap();
+    let n = summary["steps"]["count"].as_u64().unwrap();
+    // The series stay after the job ended, with its final values.
+    wait_for(
+        "Prometheus to hold the final step count",
+        Duration::from_secs(15),
+        || one(prom, &format!("traceml_steps_total{{{sel}}}")) == Some(n as f64),
+    );
+    let job_label = jd.file_name().unwrap().to_string_lossy().into_owned();
+    let l = format!(r#"job="{job_label}",rank="0""#);
+    assert_eq!(
+        one(prom, &format!("traceml_step_duration_seconds_count{{{l}}}")),
+        Some(n as f64)
+    );
+
+    // Against the truth: the daemon measured the truth's last `n` steps (everything after the
+    // attach fragment).
+    let truth: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&truth_file).unwrap()).unwrap();
+    let steps = truth["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), STEPS as usize);
+    assert!(
+        n <= STEPS as u64 && n >= STEPS as u64 / 2,
+        "{n} steps measured of {STEPS}"
+    );
+    let tail = &steps[steps.len() - n as usize..];
+    let sum = |k: &str| -> f64 {
+        tail.iter()
+            .map(|s| s["phases_ns"][k].as_f64().unwrap())
+            .sum::<f64>()
+            / 1e9
+    };
+    let truth_input = sum("input_wait");
+    let truth_wall: f64 = tail
+        .iter()
+        .map(|s| s["wall_ns"].as_f64().unwrap())
+        .sum::<f64>()
+        / 1e9;
+    let input = one(
+        prom,
+        &format!(r#"traceml_phase_seconds_total{{{l},phase="input_wait"}}"#),
+    )
+    .expect("input_wait seconds");
+    let wall = one(prom, &format!("traceml_step_duration_seconds_sum{{{l}}}")).unwrap();
+    let tol = |truth: f64| (0.05 * truth).max(0.002 * n as f64);
+    eprintln!(
+        "steps {n} of {STEPS}; input_wait {input:.4} s (truth {truth_input:.4} s, tolerance \
+         {:.4}); step time {wall:.4} s (truth {truth_wall:.4} s)",
+        tol(truth_input)
+    );
+    assert!(
+        (input - truth_input).abs() <= tol(truth_input),
+        "input_wait {input} s vs truth {truth_input} s over {n} steps"
+    );
+    assert!(
+        (wall - truth_wall).abs() <= tol(truth_wall),
+        "step time {wall} s vs truth {truth_wall} s over {n} steps"
+    );
+    // The same numbers as the daemon's own summary.
+    let mean_ms = summary["phases"]["input_wait"]["mean_ms"].as_f64().unwrap();
+    assert!((input - mean_ms * n as f64 / 1e3).abs() < 1e-6 * input.max(1.0));
+    let kind = summary["primary_diagnosis"]["kind"].as_str().unwrap();
+    assert_eq!(
+        one(
+            prom,
+            &format!(r#"traceml_verdict{{job="{job_label}",kind="{kind}"}}"#)
+        ),
+        Some(1.0),
+        "verdict {kind}"
+    );
+    let info = query(prom, &format!(r#"traceml_job_info{{pid="{pid}"}}"#)).unwrap();
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert!(
+        info[0].0["command"]
+            .as_str()
+            .unwrap()
+            .contains("input_bound_single.py"),
+        "{info:?}"
+    );
+    assert_eq!(one(prom, "traceml_attached_jobs"), Some(0.0));
+
+    // Every query of the dashboard is valid PromQL; those on steps, phases and verdicts have
+    // data for this job.
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace().join("packaging/grafana/traceml.json")).unwrap(),
+    )
+    .unwrap();
+    let mut empty = Vec::new();
+    let mut checked = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap();
+            let q = expr
+                .replace("$__rate_interval", "30s")
+                .replace("$job", ".*")
+                .replace("$rank", ".*");
+            let r = query(prom, &q).unwrap_or_else(|e| panic!("{}: {e}", panel["title"]));
+            checked += 1;
+            if r.is_empty() {
+                empty.push(panel["title"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    eprintln!("dashboard: {checked} queries valid; without data here: {empty:?}");
+    for must in [
+        "Step time",
+        "Steps per second",
+        "Phase shares",
+        "Verdict",
+        "straggler",
+        "attached jobs",
+    ] {
+        assert!(
+            !empty.iter().any(|t| t.contains(must)),
+            "the dashboard's {must} panel has no data: {empty:?}"
+        );
+    }
+
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while serve.0.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "serve did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Single-pid mode: `--metrics-addr` serves the run while attached (job label = the output
+/// directory's name, rank 0), its final values match the summary it writes; an address that
+/// cannot be used is exit status 2 before attaching.
+#[test]
+fn single_pid_mode_serves_metrics_while_attached() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("metrics-single");
+    let bad = Command::new(daemon())
+        .args(["--pid", "1", "--metrics-addr", ":99999"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("port"),
+        "{bad:?}"
+    );
+
+    let mut cmd = Command::new(python(11));
+    cmd.arg(workspace().join("tests/workloads/input_bound_single.py"))
+        .env("PYTHONPATH", workspace().join("tests/faketorch"))
+        .env("TRACEML_TESTS_BUILD", tests_build());
+    let mut target = spawn(cmd, &dir);
+    // A port in use: exit 2, and the target is left alone (it still waits for its ready file).
+    let busy = TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = Command::new(daemon())
+        .args(["--pid", &target.child.id().to_string(), "--quiet"])
+        .arg("--output")
+        .arg(dir.join("busy"))
+        .arg("--metrics-addr")
+        .arg(busy.local_addr().unwrap().to_string())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot listen"),
+        "{out:?}"
+    );
+    drop(busy);
+
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut seen: Option<String> = None;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some((200, body)) = get(addr, "/metrics")
+                    && let Some(line) = body
+                        .lines()
+                        .find(|l| l.starts_with("traceml_steps_total{") && !l.ends_with(" 0"))
+                {
+                    seen = Some(line.to_owned());
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            seen
+        })
+    };
+    let o = run_daemon(
+        &mut target,
+        &dir,
+        &["--quiet", "--metrics-addr", &addr.to_string()],
+        Duration::from_secs(60),
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = poller.join().unwrap();
+    assert!(o.status.success(), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains(&format!("metrics at http://{addr}/metrics")),
+        "{}",
+        o.stderr
+    );
+    let line = seen.expect("no steps on /metrics during the run");
+    eprintln!("while attached: {line}");
+    let (series, value) = line.rsplit_once(' ').unwrap();
+    assert_eq!(series, r#"traceml_steps_total{job="out",rank="0"}"#);
+    let n = o.summary["steps"]["count"].as_f64().unwrap();
+    let v: f64 = value.parse().unwrap();
+    assert!(
+        v > 0.0 && v <= n,
+        "{v} steps on /metrics, {n} in the summary"
+    );
+}
