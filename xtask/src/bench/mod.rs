@@ -143,7 +143,8 @@ pub fn bench(quick: bool, inprocess_only: bool, sweep_only: bool) -> anyhow::Res
     let mut text = report::full(&ctx, &header, &m, &inproc, &schedule);
     match sweep::measure(&ctx.daemon, &ctx.scratch) {
         Ok(b) => {
-            let section = sweep::section(&b, "target/release/traceml-daemon");
+            let load = sh("cat /proc/loadavg");
+            let section = sweep::section(&b, "target/release/traceml-daemon", &load);
             text = sweep::splice(&text, &section);
         }
         Err(e) => eprintln!("xtask bench: sweep section skipped: {e:#}"),
@@ -164,10 +165,12 @@ fn sweep_section(path: &std::path::Path) -> anyhow::Result<()> {
     run(Command::new("cargo")
         .args(["build", "--release", "-p", "traceml-daemon"])
         .current_dir(&root))?;
-    let scratch = std::env::temp_dir().join("traceml-bench");
+    // Its own scratch directory: a full bench running meanwhile empties `traceml-bench`.
+    let scratch = std::env::temp_dir().join("traceml-bench-sweep");
     std::fs::create_dir_all(&scratch)?;
+    let load = sh("cat /proc/loadavg");
     let b = sweep::measure(&root.join("target/release/traceml-daemon"), &scratch)?;
-    let section = sweep::section(&b, "target/release/traceml-daemon");
+    let section = sweep::section(&b, "target/release/traceml-daemon", &load);
     eprint!("{section}");
     let old = std::fs::read_to_string(path).unwrap_or_default();
     std::fs::write(path, sweep::splice(&old, &section)).context("writing BENCHMARKS.md")
