@@ -12,8 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use traceml_daemon::event::{End, EndReason, StreamItem};
 #[cfg(feature = "live")]
 use traceml_daemon::live;
-use traceml_daemon::overhead::Policy;
 use traceml_daemon::output::{self, OutDir, Owner};
+use traceml_daemon::overhead::Policy;
 use traceml_daemon::sanitize::terminal;
 #[cfg(feature = "live")]
 use traceml_daemon::metrics;
@@ -341,7 +341,11 @@ fn timestamp(unix_s: u64) -> String {
 }
 
 /// The files [`write_outputs`] writes in the output directory.
-const OUTPUT_FILES: [&str; 3] = ["final_summary.json", "final_summary.txt", "final_report.html"];
+const OUTPUT_FILES: [&str; 3] = [
+    "final_summary.json",
+    "final_summary.txt",
+    "final_report.html",
+];
 
 /// Creates the output directory now, so an unwritable one (or a symbolic link planted at it or
 /// at one of its files) is refused before attaching. Under `sudo`, what the run creates goes to
@@ -366,9 +370,8 @@ fn prepare_output(dir: &Path) -> Result<OutDir, Failure> {
 fn write_outputs(summary: &Summary, out: &OutDir, common: &Common) -> Result<(), Failure> {
     let dir = out.path();
     let write = |name: &str, bytes: &[u8]| {
-        out.write(name, bytes).map_err(|e| {
-            Failure::new(2, format!("cannot write {}: {e}", dir.join(name).display()))
-        })
+        out.write(name, bytes)
+            .map_err(|e| Failure::new(2, format!("cannot write {}: {e}", dir.join(name).display())))
     };
     let mut json = Vec::new();
     render::render_json(summary, &mut json).context("rendering the summary")?;
@@ -522,7 +525,7 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     let mut writer = match &args.record {
         Some(p) => {
             let file = output::create_file(p, Owner::from_sudo()).map_err(|e| {
-                Failure::new(2, format!("cannot write the recording {}: {e}", p.display()))
+                Failure::new(2, format!("cannot open recording {}: {e}", p.display()))
             })?;
             Some(record::Writer::from_file(file, p).map_err(|e| Failure::new(2, e))?)
         }
