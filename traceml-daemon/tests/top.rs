@@ -1,7 +1,8 @@
 //! `traceml-daemon top` on a real pseudo-terminal (issue 14): attached to a running input-bound
 //! fake-torch loop, the screen (read back through a VT100 emulator) shows the live phases with
-//! input_wait's share while the job runs; `q` detaches with status 0, the terminal is put back
-//! (alternate screen left, cursor shown, raw mode off) and the summary files are written.
+//! input_wait's share while the job runs; `q` (and, attached again, Ctrl-C) detaches with status
+//! 0, the terminal is put back (alternate screen left, cursor shown, raw mode off), the daemon's
+//! log written meanwhile is shown after it, and the summary files and card are written.
 mod support;
 
 use std::io::{Read, Write};
@@ -81,12 +82,20 @@ fn top_on_a_pty_shows_live_phases_and_detaches_on_q() {
     let dir = scratch("top-pty");
     let mut cmd = Command::new(python(11));
     cmd.arg(workspace().join("tests/workloads/input_bound_single.py"))
-        .args(["--steps", "3000"])
+        .args(["--steps", "5000"])
         .env("PYTHONPATH", workspace().join("tests/faketorch"))
         .env("TRACEML_TESTS_BUILD", tests_build());
     let target = spawn(cmd, &dir);
-    let out = dir.join("out");
+    // `q`, then (the job still running) a second attach detached with Ctrl-C, which raw mode
+    // delivers as a key.
+    top_until_key(&target, &dir.join("out-q"), b"q");
+    top_until_key(&target, &dir.join("out-ctrl-c"), b"\x03");
+    drop(target);
+}
 
+/// Runs `top` on the target in a pty until the live phases show, then presses `key` and checks
+/// a clean detach.
+fn top_until_key(target: &Target, out: &std::path::Path, key: &[u8]) {
     let (master, slave) = openpty();
     let stdio = || Stdio::from(slave.try_clone().unwrap());
     let mut daemon = Command::new(daemon());
@@ -97,7 +106,7 @@ fn top_on_a_pty_shows_live_phases_and_detaches_on_q() {
         .arg("--ready-file")
         .arg(&target.ready)
         .arg("--output")
-        .arg(&out)
+        .arg(out)
         .env("TERM", "xterm-256color")
         .env("TRACEML_LOG", "info")
         .stdin(stdio())
@@ -153,7 +162,6 @@ fn top_on_a_pty_shows_live_phases_and_detaches_on_q() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(target.child.id() > 0);
     assert!(live.contains("PHASES"), "{live}");
     assert!(live.contains("STEP TIME"), "{live}");
     for line in live.lines() {
@@ -161,9 +169,8 @@ fn top_on_a_pty_shows_live_phases_and_detaches_on_q() {
     }
     eprintln!("live screen:\n{live}");
 
-    // `q` detaches.
     let mut keys = std::fs::File::from(master.try_clone().unwrap());
-    keys.write_all(b"q").unwrap();
+    keys.write_all(key).unwrap();
     let t = Instant::now();
     let status = loop {
         if let Some(s) = daemon.0.try_wait().unwrap() {
@@ -171,7 +178,7 @@ fn top_on_a_pty_shows_live_phases_and_detaches_on_q() {
         }
         assert!(
             t.elapsed() < Duration::from_secs(30),
-            "top did not exit within 30 s of `q`"
+            "top did not exit within 30 s of {key:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -217,5 +224,4 @@ fn top_on_a_pty_shows_live_phases_and_detaches_on_q() {
             .unwrap();
     assert_eq!(summary["data_quality"]["end_reason"], "interrupted");
     assert!(summary["steps"]["count"].as_u64().unwrap() > 0);
-    drop(target);
 }
