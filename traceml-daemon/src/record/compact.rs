@@ -112,7 +112,7 @@ fn kind_code(k: &Kind) -> u8 {
 /// Api codes: the low 5 bits of an event's first byte, an api's code being its index here.
 /// Append only; values are never reused. An api not (yet) listed has no code: its events are
 /// written as JSON `item` frames, which lose nothing.
-const APIS: [Api; 18] = [
+const APIS: [Api; 27] = [
     Api::CudaLaunchKernel,
     Api::CudaLaunchKernelExC,
     Api::CudaGraphLaunch,
@@ -131,6 +131,15 @@ const APIS: [Api; 18] = [
     Api::CuMemcpyHtoDAsync,
     Api::CuMemcpyDtoHAsync,
     Api::TorchBackward,
+    Api::CollectiveWait,
+    Api::Collective,
+    Api::NcclAllReduce,
+    Api::NcclReduceScatter,
+    Api::NcclAllGather,
+    Api::NcclBroadcast,
+    Api::NcclReduce,
+    Api::NcclSend,
+    Api::NcclRecv,
 ];
 
 fn api_code(a: Api) -> Option<u8> {
@@ -443,6 +452,16 @@ mod tests {
                 tid: 9,
                 kind: Kind::RecordEnter {
                     name: "é#x".into()
+                },
+            },
+            Event {
+                ts: 2_100,
+                tgid: 9,
+                tid: 10,
+                kind: Kind::CallEnter {
+                    api: Api::NcclRecv,
+                    bytes: Some(4 << 20),
+                    copy: None,
                 },
             },
         ];
