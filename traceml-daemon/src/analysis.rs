@@ -434,6 +434,7 @@ fn target_summary(t: Option<&TargetInfo>) -> TargetSummary {
         hostname: Some(t.hostname.clone()).filter(|h| !h.is_empty()),
         num_cpus: Some(t.num_cpus).filter(|&n| n > 0),
         mem_total_bytes: t.mem_total_bytes,
+        identity: t.identity.clone(),
     }
 }
 
@@ -1075,6 +1076,7 @@ pub(crate) mod fixtures {
             daemon_version: "0.1.0".into(),
             launch_count_only: false,
             overhead_budget_pct: None,
+            identity: None,
         }))];
         if sc.cuda {
             for (path, role) in [

@@ -123,6 +123,31 @@ pub struct TargetInfo {
     /// `--overhead-budget`, percent of step time.
     #[serde(default)]
     pub overhead_budget_pct: Option<f64>,
+    /// Whose job this is: user, container, pod, systemd unit (`crate::identity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
+}
+
+/// Who a target is on the node (`crate::identity`); every field `None` when unknown.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Identity {
+    /// The target's (effective) uid and its name in the node's passwd.
+    pub uid: Option<u32>,
+    pub user: Option<String>,
+    /// Its cgroup path (v2, or the v1 hierarchy that names its container).
+    pub cgroup: Option<String>,
+    /// `docker`, `containerd`, `cri-o`, `podman` (`None` when the path does not say).
+    pub container_runtime: Option<String>,
+    /// The 64-hex-digit container id.
+    pub container_id: Option<String>,
+    /// The Kubernetes pod's UID, its name and namespace (from the target's `POD_NAME` or
+    /// `HOSTNAME`, and `POD_NAMESPACE`).
+    pub pod_uid: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+    /// The systemd unit of a target outside containers (`train.service`, `session-3.scope`).
+    pub unit: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

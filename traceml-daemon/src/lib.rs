@@ -27,6 +27,7 @@ pub mod diagnosis;
 pub mod engine;
 pub mod ending;
 pub mod event;
+pub mod identity;
 #[cfg(feature = "live")]
 pub mod job;
 #[cfg(feature = "live")]

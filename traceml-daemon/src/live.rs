@@ -680,6 +680,7 @@ pub async fn run(
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         launch_count_only: !opts.launch_events,
         overhead_budget_pct: Some(opts.overhead_budget * 100.0),
+        identity: Some(crate::identity::of(pid)),
     })))?;
 
     let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;

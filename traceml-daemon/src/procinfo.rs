@@ -186,6 +186,13 @@ pub fn environ(pid: u32) -> Option<HashMap<OsString, OsString>> {
     process(pid)?.environ().ok()
 }
 
+/// `/proc/<pid>/cgroup` as text (the paths may hold anything the container runtime chose).
+pub fn cgroup_file(pid: u32) -> Option<String> {
+    read_raw(pid, "cgroup")
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
 /// The process's cgroup path: the unified hierarchy's (0), else the first listed.
 pub fn cgroup(pid: u32) -> Option<String> {
     let cgroups: Vec<_> = process(pid)?.cgroups().ok()?.into_iter().collect();

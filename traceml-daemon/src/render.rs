@@ -230,7 +230,7 @@ fn header(s: &Summary, out: &mut Lines) {
         first.push_str(&t.cmdline.join(" "));
     }
     out.push(cut(&terminal(&first), out.width));
-    let mut second = Vec::new();
+    let mut second = who(s);
     if let Some(py) = &t.python {
         second.push(format!("Python {py}"));
     }
@@ -249,6 +249,33 @@ fn header(s: &Summary, out: &mut Lines) {
     for line in wrap_safe(&second.join(" · "), out.width) {
         out.push(line);
     }
+}
+
+/// Whose job it is: user, pod or container, or systemd unit (named by the target's cgroup and
+/// environment: shown through [`wrap_safe`]).
+fn who(s: &Summary) -> Vec<String> {
+    let Some(id) = &s.target.identity else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    match (&id.user, id.uid) {
+        (Some(u), _) => out.push(format!("user {u}")),
+        (None, Some(uid)) => out.push(format!("uid {uid}")),
+        _ => {}
+    }
+    match (&id.pod_namespace, &id.pod_name) {
+        (Some(ns), Some(n)) => out.push(format!("pod {ns}/{n}")),
+        (None, Some(n)) => out.push(format!("pod {n}")),
+        _ => {}
+    }
+    if let Some(c) = &id.container_id {
+        let runtime = id.container_runtime.as_deref().unwrap_or("container");
+        let short: String = c.chars().take(12).collect();
+        out.push(format!("{runtime} {short}"));
+    } else if let Some(unit) = &id.unit {
+        out.push(unit.clone());
+    }
+    out
 }
 
 /// How the run ended, with the target's exit status, signal or new program when known.

@@ -160,6 +160,10 @@ pub struct TargetSummary {
     pub hostname: Option<String>,
     pub num_cpus: Option<u32>,
     pub mem_total_bytes: Option<u64>,
+    /// Whose job: user, container, pod, systemd unit; absent when not read (recordings of
+    /// older daemons, replayed summaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::event::Identity>,
 }
 
 /// When and how long the daemon watched.

@@ -80,6 +80,9 @@ fn hostile_names_reach_no_output_unescaped() {
         out.stdout, out.stderr
     );
     assert_eq!(s["target"]["comm"], "\x1b[2J\u{fffd}\u{fffd}<x>");
+    // Whose job it is (crate::identity): the target runs as root here.
+    assert_eq!(s["target"]["identity"]["uid"], 0, "{}", s["target"]);
+    assert_eq!(s["target"]["identity"]["user"], "root");
     let cmdline: Vec<&str> = s["target"]["cmdline"]
         .as_array()
         .unwrap()

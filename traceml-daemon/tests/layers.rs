@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["event"],
     // Readers of the target and the stream format.
     &["procinfo"],
-    &["classify", "record", "attach", "sampler", "ending"],
+    &["classify", "record", "attach", "sampler", "ending", "identity"],
     // Events → steps and probe governance, then what code fills each phase.
     &["engine", "overhead"],
     &["profile"],

@@ -43,6 +43,12 @@ fn every_item() -> Vec<StreamItem> {
             daemon_version: "0.1.0".into(),
             launch_count_only: false,
             overhead_budget_pct: Some(0.5),
+            identity: Some(crate::event::Identity {
+                uid: Some(1000),
+                user: Some("alice".into()),
+                container_runtime: Some("docker".into()),
+                ..Default::default()
+            }),
         })),
         StreamItem::Library(Box::new(LibraryInfo {
             path: "/x/libcudart.so.12".into(),

@@ -44,6 +44,14 @@ fn hostile_summary() -> Summary {
             reason: n.clone(),
         })
         .collect();
+    s.target.identity = Some(crate::event::Identity {
+        user: Some(names[0].clone()),
+        pod_name: Some(names[5].clone()),
+        pod_namespace: Some(names[1].clone()),
+        container_runtime: Some("docker".into()),
+        container_id: Some(names[9].clone()),
+        ..Default::default()
+    });
     if let Some(g) = s.gpu.as_mut() {
         for d in &mut g.devices {
             d.name = Some(names[1].clone());
@@ -104,6 +112,10 @@ fn card_shows_hostile_names_escaped_within_the_width() {
     assert!(
         text.contains("chars]"),
         "a cut marker on the long name:\n{text}"
+    );
+    assert!(
+        text.contains("user \\x1b[2J"),
+        "the identity, escaped:\n{text}"
     );
     // With color, the only escape sequences are the painter's, and the layout is the same.
     let colored = card(&s, true);
