@@ -1,6 +1,7 @@
 //! The HTML report (`final_report.html`): one self-contained page with the verdict card, step
-//! time, phase shares and memory over the run as inline SVG ([`super::svg`]), the code inside the
-//! residual (and the primary finding's phase), data quality and the daemon's own cost.
+//! time, for a multi-rank job the ranks (table, own work against collective wait, the stacks of
+//! a hang), phase shares and memory over the run as inline SVG ([`super::svg`]), the code inside
+//! the residual (and the primary finding's phase), data quality and the daemon's own cost.
 //!
 //! Self-contained: inline CSS, inline SVG, no script, no external resource, and a
 //! Content-Security-Policy that forbids loading any (`default-src 'none'`), so opening it makes no
@@ -12,10 +13,10 @@
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::svg::{self, Axis, Band, Frame, Series};
+use super::svg::{self, Axis, Band, Frame, Group, Series};
 use crate::engine::Phase;
 use crate::sanitize::html;
-use crate::summary::{Severity, Summary};
+use crate::summary::{DiagnosisKind, Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
 
 /// One color per phase, in [`Phase::ALL`] order.
@@ -46,6 +47,8 @@ span.bar{display:inline-block;height:10px;border-radius:2px}\
 .chart .grid{stroke:#e6e8ec}.chart .axis{stroke:#9aa1ad}\
 .chart text{font-size:11px;fill:#5b6473}.chart .label{font-size:12px;fill:#1d2330}\
 .note{color:#5b6473;font-size:13px}code{font-size:12px;word-break:break-all}\
+tr.culprit td{background:#fdecea;font-weight:600}\
+pre{background:#fff;border-radius:6px;padding:8px 12px;font-size:12px;overflow-x:auto;margin:4px 0 12px}\
 footer{color:#8a919c;font-size:12px;margin:32px 0 0}";
 
 /// Writes the report.
@@ -73,6 +76,7 @@ pub fn to_html(s: &Summary) -> String {
     header(s, &mut out);
     verdict(s, &mut out);
     timing(s, &mut out);
+    ranks(s, &mut out);
     charts(s, &mut out);
     code(s, &mut out);
     findings(s, &mut out);
@@ -202,6 +206,171 @@ fn timing(s: &Summary, out: &mut String) {
     if let Some(cuda) = super::cuda_text(s) {
         let _ = writeln!(out, "<p class=\"note\">CUDA: {}</p>", html(&cuda));
     }
+}
+
+/// Colors of the ranks chart: own work (median step − median collective_wait) and collective wait.
+const OWN_WORK_COLOR: &str = "#4c78a8";
+const COLLECTIVE_WAIT_COLOR: &str = PHASE_COLORS[Phase::CollectiveWait as usize];
+/// Most frames of one rank's stack shown (the innermost ones).
+pub const MAX_STACK_FRAMES: usize = 64;
+
+/// The rank the others wait for: the primary finding's, else a STRAGGLER's or HANG's.
+fn culprit_rank(s: &Summary) -> Option<u32> {
+    s.primary_diagnosis.culprit_rank.or_else(|| {
+        s.findings
+            .iter()
+            .filter(|f| matches!(f.kind, DiagnosisKind::Straggler | DiagnosisKind::Hang))
+            .find_map(|f| f.culprit_rank)
+    })
+}
+
+/// A multi-rank job: one row per rank, the culprit marked; each rank's own work against its
+/// collective wait; each rank's stack when the job hung. Nothing for a single process.
+fn ranks(s: &Summary, out: &mut String) {
+    if s.ranks.is_empty() {
+        return;
+    }
+    let culprit = culprit_rank(s);
+    let phases: Vec<Phase> = s
+        .shown_phases()
+        .into_iter()
+        .filter(|&p| p != Phase::CollectiveWait)
+        .collect();
+    out.push_str("<h2>Ranks</h2>");
+    if let Some(j) = &s.job {
+        let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
+        if let Some(w) = j.world_size {
+            parts.push(format!("world size {w}"));
+        }
+        if let Some(l) = j.launcher_pid {
+            parts.push(format!("launcher pid {l}"));
+        }
+        if let Some(m) = &j.master {
+            parts.push(format!("master {m}"));
+        }
+        if let Some(r) = &j.run_id {
+            parts.push(format!("run id {r}"));
+        }
+        let _ = write!(
+            out,
+            "<div class=\"meta\">{}</div>",
+            html(&parts.join(" · "))
+        );
+    }
+    out.push_str(
+        "<table id=\"ranks\"><tr><th>rank</th><th class=\"n\">pid</th><th class=\"n\">steps</th>\
+         <th class=\"n\">median step</th>",
+    );
+    for p in phases.iter().copied().chain([Phase::CollectiveWait]) {
+        let _ = write!(out, "<th class=\"n\">{}</th>", html(p.name()));
+    }
+    out.push_str("<th>own verdict</th><th></th></tr>");
+    for r in &s.ranks {
+        let is_culprit = culprit == Some(r.rank);
+        let local = r
+            .local_rank
+            .map(|l| format!(" (local {l})"))
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            "<tr{}><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>",
+            if is_culprit { " class=\"culprit\"" } else { "" },
+            html(&format!("{}{local}", r.rank)),
+            r.pid,
+            r.steps,
+            html(&ms(r.step_ms.median))
+        );
+        for p in phases.iter().copied().chain([Phase::CollectiveWait]) {
+            let _ = write!(
+                out,
+                "<td class=\"n\">{}</td>",
+                html(&ms(r.phases[p].median_ms))
+            );
+        }
+        let _ = write!(
+            out,
+            "<td>{}</td><td>{}</td></tr>",
+            html(&r.verdict.headline()),
+            if is_culprit { "◀ culprit" } else { "" }
+        );
+    }
+    out.push_str(
+        "</table><p class=\"note\">Medians over each rank's complete steps, ms. The own verdict \
+         is the rank's as if it ran alone; ◀ culprit marks the rank the others wait for.</p>\n",
+    );
+    let groups: Vec<Group> = s
+        .ranks
+        .iter()
+        .map(|r| {
+            let wait = r.phases[Phase::CollectiveWait].median_ms;
+            Group {
+                label: r.rank.to_string(),
+                values: vec![r.step_ms.median.map(|m| m - wait.unwrap_or(0.0)), wait],
+            }
+        })
+        .collect();
+    let bands = [
+        Band {
+            name: "own work",
+            color: OWN_WORK_COLOR,
+        },
+        Band {
+            name: "collective_wait",
+            color: COLLECTIVE_WAIT_COLOR,
+        },
+    ];
+    let ms_fmt = svg::num;
+    out.push_str(&svg::grouped_bars(
+        "chart-ranks",
+        "Own work and collective wait per rank",
+        "rank",
+        &Axis {
+            label: "ms (median)",
+            fmt: &ms_fmt,
+        },
+        &bands,
+        &groups,
+    ));
+    out.push_str(
+        "<p class=\"note\">Own work: median step − median collective_wait. The rank with the \
+         most own work is the one the others wait for at the collectives.</p>\n",
+    );
+    let hung = s.primary_diagnosis.kind == DiagnosisKind::Hang
+        || s.findings.iter().any(|f| f.kind == DiagnosisKind::Hang);
+    if !hung {
+        return;
+    }
+    out.push_str(
+        "<h2>Stacks at the hang</h2><div id=\"rank-stacks\"><p class=\"note\">Each rank's \
+         Python stack when the hang was found, outermost frame first, innermost last.</p>",
+    );
+    for r in &s.ranks {
+        let _ = write!(
+            out,
+            "<p class=\"note\">{}{}</p>",
+            html(&format!("rank {} · pid {}", r.rank, r.pid)),
+            if culprit == Some(r.rank) {
+                " ◀ culprit"
+            } else {
+                ""
+            }
+        );
+        if r.stack.is_empty() {
+            out.push_str("<pre>(stack unknown)</pre>");
+            continue;
+        }
+        let skip = r.stack.len().saturating_sub(MAX_STACK_FRAMES);
+        let mut text = String::new();
+        if skip > 0 {
+            let _ = writeln!(text, "… {skip} outer frames");
+        }
+        for f in &r.stack[skip..] {
+            text.push_str(&html(f));
+            text.push('\n');
+        }
+        let _ = write!(out, "<pre>{}</pre>", text.trim_end_matches('\n'));
+    }
+    out.push_str("</div>\n");
 }
 
 fn charts(s: &Summary, out: &mut String) {
@@ -697,6 +866,135 @@ mod tests {
         assert!(h.contains("GPU metrics unavailable"));
         assert!(h.contains("<svg id=\"chart-memory\""));
         assert!(!h.contains("GPU memory</text>"), "no GPU line without NVML");
+    }
+
+    /// One rank of a job: `step` ms steps with `cw` ms of collective wait, `fwd` ms forward.
+    fn rank_run(r: u32, step: f64, cw: f64, fwd: f64) -> crate::ranks::RankRun {
+        let steps = 40;
+        let mut s = fixtures::summary(&Scenario {
+            steps,
+            ..Scenario::default()
+        });
+        s.step_samples.step_ms = (0..steps)
+            .map(|i| step + 0.3 * ((i * 7 + r as usize * 3) % 5) as f64)
+            .collect();
+        s.step_samples.phase_ms[Phase::CollectiveWait] = (0..steps)
+            .map(|i| cw + 0.3 * ((i * 3 + r as usize) % 4) as f64)
+            .collect();
+        s.step_ms.median = Some(step);
+        s.phases[Phase::CollectiveWait].median_ms = Some(cw);
+        s.phases[Phase::Forward].median_ms = Some(fwd);
+        crate::ranks::RankRun {
+            rank: r,
+            local_rank: Some(r),
+            pid: 4100 + r,
+            summary: s,
+            stack: Vec::new(),
+        }
+    }
+
+    /// The `<tr>` of the ranks table that starts with `rank`.
+    fn rank_row<'a>(h: &'a str, rank: &str) -> &'a str {
+        let table = h.split("<table id=\"ranks\">").nth(1).expect("ranks table");
+        let table = table.split("</table>").next().unwrap();
+        table
+            .split("<tr")
+            .find(|row| row.contains(&format!("<td>{rank}")))
+            .unwrap_or_else(|| panic!("no row for rank {rank}: {table}"))
+    }
+
+    #[test]
+    fn a_multi_rank_job_has_a_ranks_section() {
+        // Rank 1 forwards 15 ms longer; ranks 0 and 2 wait for it at the all-reduce.
+        let runs = vec![
+            rank_run(0, 45.0, 15.5, 10.0),
+            rank_run(1, 45.0, 0.5, 25.0),
+            rank_run(2, 45.0, 15.0, 10.0),
+        ];
+        let job = crate::summary::JobInfo {
+            world_size: Some(3),
+            run_id: Some("<b>job&1</b>".into()),
+            ..Default::default()
+        };
+        let s = crate::ranks::combine(runs, job, &[]).unwrap();
+        assert_eq!(s.primary_diagnosis.culprit_rank, Some(1));
+        let h = report(&s);
+        assert!(h.contains("<h2>Ranks</h2>"));
+        assert!(h.contains("<table id=\"ranks\">"));
+        assert!(h.contains("<th class=\"n\">collective_wait</th>"));
+        assert_eq!(h.matches("<th class=\"n\">collective_wait</th>").count(), 1);
+        // The culprit row is marked, and only it.
+        let row = rank_row(&h, "1 (local 1)");
+        assert!(row.starts_with(" class=\"culprit\""), "{row}");
+        assert!(row.contains("◀ culprit"), "{row}");
+        assert!(row.contains("<td class=\"n\">25.0 ms</td>"), "{row}");
+        assert!(!rank_row(&h, "0 (local 0)").contains("culprit"));
+        assert!(!rank_row(&h, "2 (local 2)").contains("culprit"));
+        assert_eq!(h.matches("◀ culprit</td>").count(), 1);
+        // The chart: two bars per rank, own work = step − collective_wait.
+        assert!(h.contains("<svg id=\"chart-ranks\""));
+        let chart = h.split("<svg id=\"chart-ranks\"").nth(1).unwrap();
+        let chart = chart.split("</svg>").next().unwrap();
+        assert_eq!(chart.matches("<rect class=\"bar\"").count(), 6);
+        assert!(
+            chart.contains("<title>rank 1 own work: 44.5</title>"),
+            "{chart}"
+        );
+        assert!(chart.contains("<title>rank 0 collective_wait: 15.5</title>"));
+        // Job strings escaped; no hang, no stacks.
+        assert!(h.contains("run id &lt;b&gt;job&amp;1&lt;/b&gt;"));
+        assert!(!h.contains("<b>job"));
+        assert!(!h.contains("id=\"rank-stacks\""));
+        assert_eq!(h.matches("<svg").count(), h.matches("</svg>").count());
+        no_remote(&h);
+        // A single process has no ranks section.
+        let single = report(&fixtures::summary(&fixtures::input_bound()));
+        assert!(!single.contains("id=\"ranks\"") && !single.contains("chart-ranks"));
+    }
+
+    #[test]
+    fn a_hung_job_shows_each_ranks_stack_escaped() {
+        let evil = "<script>alert(1)</script>\"'&\x1b[2J";
+        let mut a = rank_run(0, 45.0, 2.0, 20.0);
+        a.stack = vec!["<module>".into(), "train".into(), "all_reduce".into()];
+        let mut b = rank_run(1, 45.0, 2.0, 20.0);
+        b.stack = vec!["<module>".into(), "train".into(), evil.into()];
+        let mut c = rank_run(2, 45.0, 2.0, 20.0);
+        c.stack = (0..MAX_STACK_FRAMES + 5)
+            .map(|i| format!("f{i}"))
+            .chain(["barrier".to_owned()])
+            .collect();
+        let stuck = [crate::ranks::Stuck {
+            rank: 0,
+            idle_s: 70.0,
+        }];
+        let s = crate::ranks::combine(vec![a, b, c], Default::default(), &stuck).unwrap();
+        assert_eq!(s.primary_diagnosis.kind, DiagnosisKind::Hang);
+        assert_eq!(s.primary_diagnosis.culprit_rank, Some(1));
+        let h = report(&s);
+        assert!(h.contains("id=\"rank-stacks\""));
+        let stacks = h.split("id=\"rank-stacks\"").nth(1).unwrap();
+        let stacks = stacks.split("</div>").next().unwrap();
+        assert_eq!(stacks.matches("<pre>").count(), 3);
+        // Outermost first, innermost last, one frame a line.
+        assert!(
+            stacks.contains("<pre>&lt;module&gt;\ntrain\nall_reduce</pre>"),
+            "{stacks}"
+        );
+        assert!(
+            stacks.contains("rank 1 · pid 4101 ◀ culprit</p>"),
+            "{stacks}"
+        );
+        assert!(stacks.contains(
+            "<pre>&lt;module&gt;\ntrain\n&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#39;&amp;\\x1b[2J</pre>"
+        ));
+        // A deep stack keeps its innermost frames.
+        assert!(stacks.contains("<pre>… 6 outer frames\nf6\n"), "{stacks}");
+        assert!(stacks.contains("f68\nbarrier</pre>"), "{stacks}");
+        assert!(!h.contains("<script"));
+        assert!(!h.contains('\x1b'));
+        assert!(rank_row(&h, "1 (local 1)").contains("◀ culprit"));
+        no_remote(&h);
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! Inline SVG charts for the HTML report: a line chart and a stacked-bar chart with linear axes,
-//! "nice" ticks and a legend, written as text.
+//! Inline SVG charts for the HTML report: a line chart, a stacked-bar chart and a grouped-bar
+//! chart (categorical x axis) with linear y axes, "nice" ticks and a legend, written as text.
 //!
-//! Written by hand rather than with a charting crate: the report needs two chart kinds, and a
+//! Written by hand rather than with a charting crate: the report needs three chart kinds, and a
 //! hundred lines of SVG text give byte-for-byte deterministic output with no font, raster or
 //! template dependency, and every label passes through one escaping function
 //! ([`crate::sanitize::html`]). `plotters`' SVG backend would work too, but brings its font and
-//! layout machinery for two charts.
+//! layout machinery for a few charts.
 use std::fmt::Write as _;
 
 use crate::sanitize::html;
@@ -158,6 +158,80 @@ pub fn stacked_bars(
     close(out, &legend)
 }
 
+/// One group of a [`grouped_bars`] chart: its label under the axis (short: a number; the bar
+/// tooltips read "`x_label` `label` band: value") and one value per band (`None`: not measured,
+/// no bar).
+pub struct Group {
+    pub label: String,
+    pub values: Vec<Option<f64>>,
+}
+
+/// Most group labels under a [`grouped_bars`] chart; with more groups every k-th is labelled.
+const MAX_GROUP_LABELS: usize = 32;
+
+/// Grouped bars: one slot per group along a categorical x axis, the bands side by side in each,
+/// over `[0, y_max]` (the y range rounded up to a tick; negative values drawn as 0).
+pub fn grouped_bars(
+    id: &str,
+    title: &str,
+    x_label: &str,
+    y: &Axis,
+    bands: &[Band],
+    groups: &[Group],
+) -> String {
+    let y_top = groups
+        .iter()
+        .flat_map(|g| g.values.iter().flatten())
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max);
+    let y_ticks = ticks(0.0, nice_top(y_top), 5);
+    let y_max = y_ticks
+        .last()
+        .copied()
+        .unwrap_or(1.0)
+        .max(f64::MIN_POSITIVE);
+    let mut out = open(id, title);
+    y_grid(&mut out, y, y_max, &y_ticks);
+    let slot = (W - LEFT - RIGHT) / groups.len().max(1) as f64;
+    let gap = slot * 0.25;
+    let bar_w = (slot - gap) / bands.len().max(1) as f64;
+    let label_every = groups.len().div_ceil(MAX_GROUP_LABELS).max(1);
+    for (i, g) in groups.iter().enumerate() {
+        let x0 = LEFT + i as f64 * slot + gap / 2.0;
+        for (j, (band, v)) in bands.iter().zip(&g.values).enumerate() {
+            let Some(v) = v.filter(|v| v.is_finite()) else {
+                continue;
+            };
+            let (top, bottom) = (sy(v.max(0.0), y_max), sy(0.0, y_max));
+            let _ = write!(
+                out,
+                "<rect class=\"bar\" x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{} {} {}: {}</title></rect>",
+                x0 + j as f64 * bar_w,
+                bar_w.max(0.5),
+                (bottom - top).max(0.0),
+                band.color,
+                html(x_label),
+                html(&g.label),
+                html(band.name),
+                html(&(y.fmt)(v))
+            );
+        }
+        if i % label_every == 0 {
+            let _ = write!(
+                out,
+                "<text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+                LEFT + (i as f64 + 0.5) * slot,
+                H - BOTTOM + 16.0,
+                html(&g.label)
+            );
+        }
+    }
+    axes(&mut out, x_label, y.label);
+    let legend: Vec<(&str, &str)> = bands.iter().map(|b| (b.name, b.color)).collect();
+    close(out, &legend)
+}
+
 /// `top` rounded up so the axis ends on a tick a little above the data.
 fn nice_top(top: f64) -> f64 {
     if top <= 0.0 || !top.is_finite() {
@@ -185,17 +259,7 @@ fn open(id: &str, title: &str) -> String {
 }
 
 fn grid(out: &mut String, x: &Axis, y: &Axis, x_max: f64, y_max: f64, y_ticks: &[f64]) {
-    for &t in y_ticks {
-        let py = sy(t, y_max);
-        let _ = write!(
-            out,
-            "<line class=\"grid\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{py:.1}\" y2=\"{py:.1}\"/><text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-            W - RIGHT,
-            LEFT - 6.0,
-            py + 4.0,
-            html(&(y.fmt)(t))
-        );
-    }
+    y_grid(out, y, y_max, y_ticks);
     for t in ticks(0.0, x_max, 8) {
         let px = sx(t, x_max);
         let _ = write!(
@@ -207,15 +271,35 @@ fn grid(out: &mut String, x: &Axis, y: &Axis, x_max: f64, y_max: f64, y_ticks: &
             html(&(x.fmt)(t))
         );
     }
+    axes(out, x.label, y.label);
+}
+
+/// The horizontal grid lines at `y_ticks`, with their values on the left.
+fn y_grid(out: &mut String, y: &Axis, y_max: f64, y_ticks: &[f64]) {
+    for &t in y_ticks {
+        let py = sy(t, y_max);
+        let _ = write!(
+            out,
+            "<line class=\"grid\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{py:.1}\" y2=\"{py:.1}\"/><text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            W - RIGHT,
+            LEFT - 6.0,
+            py + 4.0,
+            html(&(y.fmt)(t))
+        );
+    }
+}
+
+/// The x axis line and the two axis labels.
+fn axes(out: &mut String, x_label: &str, y_label: &str) {
     let _ = write!(
         out,
         "<line class=\"axis\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{b:.1}\" y2=\"{b:.1}\"/><text class=\"label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text><text class=\"label\" x=\"{LEFT}\" y=\"{:.1}\">{}</text>",
         W - RIGHT,
         (LEFT + W - RIGHT) / 2.0,
         H - 4.0,
-        html(x.label),
+        html(x_label),
         TOP - 12.0,
-        html(y.label),
+        html(y_label),
         b = H - BOTTOM,
     );
 }
@@ -308,5 +392,42 @@ mod tests {
             1.0,
         );
         assert_eq!(b.matches("class=\"bar\"").count(), 4);
+    }
+
+    #[test]
+    fn grouped_bars_one_slot_per_group() {
+        let fmt = |v: f64| format!("{v:.1}");
+        let y = Axis {
+            label: "ms",
+            fmt: &fmt,
+        };
+        let bands = [
+            Band {
+                name: "own",
+                color: "#111",
+            },
+            Band {
+                name: "wait",
+                color: "#222",
+            },
+        ];
+        let groups = [
+            Group {
+                label: "<0>".into(),
+                values: vec![Some(30.0), Some(15.0)],
+            },
+            Group {
+                label: "1".into(),
+                values: vec![Some(45.0), None],
+            },
+        ];
+        let s = grouped_bars("g", "t", "rank", &y, &bands, &groups);
+        assert!(s.starts_with("<svg id=\"g\"") && s.ends_with("</svg>"));
+        assert_eq!(s.matches("<rect class=\"bar\"").count(), 3);
+        assert!(s.contains(">&lt;0&gt;</text>") && !s.contains("<0>"));
+        assert!(s.contains("<title>rank 1 own: 45.0</title>"));
+        // No groups: an empty frame, not a panic.
+        let e = grouped_bars("e", "t", "rank", &y, &bands, &[]);
+        assert!(!e.contains("class=\"bar\""));
     }
 }
