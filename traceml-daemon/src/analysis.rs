@@ -106,6 +106,11 @@ impl Collector {
         self.events
     }
 
+    /// The stream's clock reached `now` with no new item (see [`crate::engine::Engine::advance`]).
+    pub fn advance(&mut self, now: u64) {
+        self.engine.advance(now);
+    }
+
     /// Steps measured so far (and their total duration, ns): what a hang detector watches.
     pub fn steps(&self) -> (u64, u64) {
         self.engine.steps_so_far()

@@ -24,8 +24,8 @@ pub mod attach;
 pub mod classify;
 pub mod compare;
 pub mod diagnosis;
-pub mod engine;
 pub mod ending;
+pub mod engine;
 pub mod event;
 pub mod identity;
 #[cfg(feature = "live")]

@@ -12,11 +12,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use traceml_daemon::event::{End, EndReason, StreamItem};
 #[cfg(feature = "live")]
 use traceml_daemon::live;
+#[cfg(feature = "live")]
+use traceml_daemon::metrics;
 use traceml_daemon::output::{self, OutDir, Owner};
 use traceml_daemon::overhead::Policy;
 use traceml_daemon::sanitize::terminal;
-#[cfg(feature = "live")]
-use traceml_daemon::metrics;
 use traceml_daemon::{analysis, compare, record, render, summary::Summary, sweep};
 
 /// `--version`: the crate version and the commit it was built from (build.rs).
@@ -485,7 +485,10 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     let job = traceml_daemon::job::discover(pid);
     if job.ranks.len() >= 2 || (job.launcher == Some(pid) && !job.ranks.is_empty()) {
         if !(args.hang_after.is_finite() && args.hang_after > 0.0) {
-            return Err(Failure::new(2, "--hang-after must be a positive number of seconds"));
+            return Err(Failure::new(
+                2,
+                "--hang-after must be a positive number of seconds",
+            ));
         }
         if args.record.is_some() || metrics_at.is_some() {
             eprintln!(

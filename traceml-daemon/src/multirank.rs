@@ -110,16 +110,13 @@ fn stuck(ranks: &mut [Rank], floor: Duration) -> Vec<Stuck> {
         if r.done.is_finished() {
             continue;
         }
+        r.fold.borrow_mut().advance(live::monotonic_ns());
         let (n, total_ns) = r.fold.borrow().steps();
         if n != r.progress.0 {
             r.progress = (n, now);
             continue;
         }
-        let median = if n > 0 {
-            Duration::from_nanos(total_ns / n)
-        } else {
-            Duration::ZERO
-        };
+        let median = Duration::from_nanos(total_ns.checked_div(n).unwrap_or(0));
         let limit = (median * 10).max(floor);
         let idle = now.duration_since(r.progress.1);
         if n > 0 && idle >= limit {

@@ -13,7 +13,9 @@ const LAYERS: &[&[&str]] = &[
     &["event"],
     // Readers of the target and the stream format.
     &["procinfo"],
-    &["classify", "record", "attach", "sampler", "ending", "identity"],
+    &[
+        "classify", "record", "attach", "sampler", "ending", "identity",
+    ],
     // Events → steps and probe governance, then what code fills each phase.
     &["engine", "overhead"],
     &["profile"],

@@ -469,6 +469,19 @@ impl Engine {
         }
     }
 
+    /// Tells the engine the stream's clock reached `now` (`CLOCK_MONOTONIC` ns) without new
+    /// events: events older than the reorder window are folded and due steps harvested. A
+    /// stream that stops (a hung process) still gets its finished steps measured.
+    pub fn advance(&mut self, now: u64) {
+        if let Some(upto) = now.checked_sub(REORDER_NS) {
+            self.release(upto);
+            if self.first_ts.is_some() && upto >= self.next_harvest {
+                self.harvest(self.released_ts);
+                self.next_harvest = upto + HARVEST_NS;
+            }
+        }
+    }
+
     /// Steps harvested so far and their total duration (ns).
     pub fn steps_so_far(&self) -> (u64, u64) {
         (self.totals.count, self.totals.duration_ns)

@@ -183,6 +183,9 @@ pub(crate) struct ThreadFold {
     /// Last runtime launch not yet paired with a driver launch.
     runtime_launch: Option<u64>,
     seen: bool,
+    /// The thread's previous event was this collective's issue (nothing happened on the
+    /// thread since): a wait that follows starts there.
+    issued: Option<u64>,
 }
 
 impl ThreadFold {
@@ -195,6 +198,7 @@ impl ThreadFold {
         }
         self.out.last_ts = ts;
         self.close_stale_leaves(ts, kind);
+        let issued = self.issued.take();
         match *kind {
             Kind::PyEnter { code, .. } => {
                 let class = class(code);
@@ -220,6 +224,7 @@ impl ThreadFold {
             Kind::CallEnter { api, bytes, .. } if api.is_collective() => {
                 // An entry marker: nothing opens.
                 self.out.collectives.push((ts, bytes));
+                self.issued = Some(ts);
             }
             Kind::CallEnter { api, bytes, copy } => {
                 let phase = if api.is_sync() {
@@ -237,7 +242,20 @@ impl ThreadFold {
                 } else {
                     None
                 };
-                let idx = self.open(What::Call { api }, [Some(Key::Api(api)), None], ts, phase);
+                // A thread that issues a collective and then waits for it, with nothing in
+                // between (a synchronous `dist.all_reduce`, DDP's last bucket at the end of
+                // backward), is blocked from the issue on: the issue's own work (dispatch,
+                // enqueue to the backend's threads) is the collective's too.
+                let start = match issued {
+                    Some(at) if api == Api::CollectiveWait => at,
+                    _ => ts,
+                };
+                let idx = self.open(
+                    What::Call { api },
+                    [Some(Key::Api(api)), None],
+                    start,
+                    phase,
+                );
                 if api.is_copy() && self.copy_depth == 1 {
                     self.out.copies.push(Copy {
                         start: ts,
@@ -253,10 +271,15 @@ impl ThreadFold {
             Kind::CallExit {
                 api: Api::CollectiveWait,
                 ..
-            } if !self
+            } if self
                 .index
                 .get(&Key::Api(Api::CollectiveWait))
-                .is_some_and(|v| !v.is_empty()) => {}
+                .is_none_or(|v| v.is_empty()) =>
+            {
+                // Part of the issue path (it also runs when a collective is launched): the
+                // thread is still on its way from the issue to the wait.
+                self.issued = issued;
+            }
             Kind::CallExit { api, .. } => self.close_matching(Key::Api(api), ts, false),
             Kind::Launch { api } => {
                 if api.is_driver() {
