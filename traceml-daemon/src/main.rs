@@ -481,6 +481,18 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
         PathBuf::from("traceml-logs").join(format!("{}-{pid}-{}", sanitize(&comm), timestamp(now)))
     });
     let out = prepare_output(&dir)?;
+    // `--pid` is an explicit request by an admin: a target's opt-out (honoured by `serve`) is
+    // not, but the admin is told.
+    if let Some(v) = traceml_daemon::procinfo::environ(pid)
+        .and_then(|env| env.get(std::ffi::OsStr::new("TRACEML_DISABLE")).cloned())
+        .filter(|v| !v.is_empty() && v != "0")
+    {
+        eprintln!(
+            "traceml-daemon: pid {pid} opted out of profiling (TRACEML_DISABLE={}); attaching \
+             anyway: --pid is an explicit request (serve skips such processes)",
+            terminal(&v.to_string_lossy())
+        );
+    }
     // A launcher or a rank of a multi-rank job: every rank of the job on this node.
     let job = traceml_daemon::job::discover(pid);
     if job.ranks.len() >= 2 || (job.launcher == Some(pid) && !job.ranks.is_empty()) {
