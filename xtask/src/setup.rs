@@ -69,6 +69,18 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
         },
     )?;
     step(
+        "Prometheus (apt prometheus; the /metrics test scrapes the daemon with it)",
+        || {
+            if Path::new("/usr/bin/prometheus").exists() {
+                return Ok(());
+            }
+            run(Command::new("apt-get").arg("update"))?;
+            run(Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", "prometheus"])
+                .env("DEBIAN_FRONTEND", "noninteractive"))
+        },
+    )?;
+    step(
         "nightly toolchain with rust-src (builds the eBPF crate)",
         || {
             if !output(Command::new("rustup").args(["toolchain", "list"])).contains("nightly") {
