@@ -83,6 +83,27 @@ fn tolerance_ms(truth_ms: f64) -> f64 {
     (truth_ms * 0.05).max(2.0)
 }
 
+/// How far the daemon's shares may sit from the truth's before its verdict must be the truth's:
+/// the scenario suite's 2 points, plus 1 for a difference of definitions — the daemon's forward
+/// span holds the Trainer's bookkeeping between the batch fetch and backward (`_prepare_inputs`,
+/// the training_step prologue), which the workload's clocks count as residual (measured: HF
+/// residual 8 % in the daemon's, up to ~11 % in the truth's on a loaded machine).
+const FRAMEWORK_MARGIN: f64 = 0.03;
+
+fn truth_shares(t: &serde_json::Value) -> Vec<(traceml_daemon::engine::Phase, f64)> {
+    use traceml_daemon::engine::Phase;
+    Phase::ALL
+        .iter()
+        .map(|&p| (p, truth_share(t, p.name())))
+        .collect()
+}
+
+/// The verdicts near the truth's own shares (one when the run sits clear of every line).
+fn truth_verdicts(t: &serde_json::Value) -> std::collections::BTreeSet<&'static str> {
+    let steps = t["step_count"].as_u64().unwrap() as u32;
+    verdicts_near_by(FRAMEWORK_MARGIN, &truth_shares(t), steps)
+}
+
 /// The verdict the rules give on the truth's own shares (under load the run may leave its band).
 fn truth_verdict(t: &serde_json::Value) -> String {
     use traceml_daemon::engine::Phase;
@@ -116,10 +137,13 @@ fn hf_trainer_compute_bound_with_markers_and_a_named_residual() {
     let s = &r.summary;
     let mut failures = Vec::new();
     assert_eq!(s["steps"]["count"], r.truth["step_count"], "{}", r.card);
-    let want = truth_verdict(&r.truth);
+    let want = truth_verdicts(&r.truth);
     let got = s["primary_diagnosis"]["kind"].as_str().unwrap_or("?");
-    if got != want {
-        failures.push(format!("verdict {got}, the truth's shares give {want}"));
+    if !want.contains(got) {
+        failures.push(format!(
+            "verdict {got}, the truth's shares give {} (near: {want:?})",
+            truth_verdict(&r.truth)
+        ));
     }
     check_phases("hf compute", &r, &["forward", "backward"], &mut failures);
     // The governor detached the frame-evaluator probe once the markers carried the steps.
@@ -160,7 +184,7 @@ fn hf_trainer_input_bound_share_within_one_point() {
     };
     let s = &r.summary;
     let got = s["primary_diagnosis"]["kind"].as_str().unwrap_or("?");
-    assert_eq!(got, truth_verdict(&r.truth), "{}", r.card);
+    assert!(truth_verdicts(&r.truth).contains(got), "{got}\n{}", r.card);
     let share = s["phases"]["input_wait"]["share"].as_f64().unwrap();
     let want = truth_share(&r.truth, "input_wait");
     assert!(

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::*;
-use traceml_daemon::diagnosis::{BOTTLENECK_PHASES, COMPUTE_PHASES, kind_for_shares};
+use traceml_daemon::diagnosis::kind_for_shares;
 use traceml_daemon::engine::Phase;
 
 const PHASES: [&str; 7] = [
@@ -47,37 +47,6 @@ fn truth_shares(truth: &serde_json::Value) -> Vec<(Phase, f64)> {
             (p, if wall > 0.0 { ns / wall } else { 0.0 })
         })
         .collect()
-}
-
-/// The verdicts the rules give for shares within [`SHARE_MARGIN`] of the truth's: each
-/// bottleneck phase (input_wait, h2d, residual) and the compute sum moved by −margin, 0 or
-/// +margin. One verdict when the run sits clear of every line, two (or more) near one.
-fn verdicts_near(shares: &[(Phase, f64)], steps: u32) -> BTreeSet<&'static str> {
-    let share = |p: Phase| {
-        shares
-            .iter()
-            .find(|(q, _)| *q == p)
-            .map_or(0.0, |(_, s)| *s)
-    };
-    let compute: f64 = COMPUTE_PHASES.iter().map(|&p| share(p)).sum();
-    let mut quantities: Vec<(Phase, f64)> =
-        BOTTLENECK_PHASES.iter().map(|&p| (p, share(p))).collect();
-    // The compute sum rides on one compute phase: the rules only add them up.
-    quantities.push((COMPUTE_PHASES[0], compute));
-    let mut out = BTreeSet::new();
-    let n = quantities.len() as u32;
-    for combo in 0..3u32.pow(n) {
-        let moved: Vec<(Phase, f64)> = quantities
-            .iter()
-            .enumerate()
-            .map(|(i, &(p, v))| {
-                let step = (combo / 3u32.pow(i as u32)) % 3;
-                (p, (v + (f64::from(step) - 1.0) * SHARE_MARGIN).max(0.0))
-            })
-            .collect();
-        out.insert(kind_for_shares(&moved, steps).as_str());
-    }
-    out
 }
 
 /// A line on stderr past the test harness's capture: shown even when the test passes.
@@ -158,7 +127,7 @@ fn run_scenario(
     let shares = truth_shares(&truth);
     let truth_steps_u32 = u32::try_from(truth_steps).unwrap_or(u32::MAX);
     let want = kind_for_shares(&shares, truth_steps_u32).as_str();
-    let accepted = verdicts_near(&shares, truth_steps_u32);
+    let accepted = verdicts_near_by(SHARE_MARGIN, &shares, truth_steps_u32);
     let shown: Vec<String> = shares
         .iter()
         .map(|(p, v)| format!("{} {:.1}%", p.name(), v * 100.0))
@@ -307,28 +276,31 @@ fn verdicts_from_truth_shares() {
     };
     let one = |s: &[&'static str]| s.iter().copied().collect::<BTreeSet<_>>();
     assert_eq!(
-        verdicts_near(&shares(0.60, 0.02), 60),
+        verdicts_near_by(SHARE_MARGIN, &shares(0.60, 0.02), 60),
         one(&["INPUT_BOUND"])
     );
     // Input 7 %, residual 6 %, compute 87 %: more than the margin from every line.
-    assert_eq!(verdicts_near(&shares(0.07, 0.06), 60), one(&["BALANCED"]));
+    assert_eq!(
+        verdicts_near_by(SHARE_MARGIN, &shares(0.07, 0.06), 60),
+        one(&["BALANCED"])
+    );
     // Residual 9.5 %: balanced by the truth, residual-heavy within the margin.
     assert_eq!(
         kind_for_shares(&shares(0.07, 0.095), 60).as_str(),
         "BALANCED"
     );
     assert_eq!(
-        verdicts_near(&shares(0.07, 0.095), 60),
+        verdicts_near_by(SHARE_MARGIN, &shares(0.07, 0.095), 60),
         one(&["BALANCED", "RESIDUAL_HEAVY"])
     );
     // Compute 89 %: balanced, or compute-bound within the margin.
     assert_eq!(
-        verdicts_near(&shares(0.055, 0.055), 60),
+        verdicts_near_by(SHARE_MARGIN, &shares(0.055, 0.055), 60),
         one(&["BALANCED", "COMPUTE_BOUND"])
     );
     // Too few steps for any verdict.
     assert_eq!(
-        verdicts_near(&shares(0.6, 0.0), 3),
+        verdicts_near_by(SHARE_MARGIN, &shares(0.6, 0.0), 3),
         one(&["INSUFFICIENT_DATA"])
     );
 }

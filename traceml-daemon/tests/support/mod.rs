@@ -287,3 +287,40 @@ pub fn fails_clearly(cmd: &mut Command, want_code: i32, want: &str) {
 /// A recording's header line.
 pub const HEADER: &str =
     "{\"format\":\"traceml-recording\",\"version\":1,\"daemon_version\":\"0.1.0\"}\n";
+
+/// The verdicts the rules give for shares within `margin` of the truth's: each
+/// bottleneck phase (input_wait, h2d, residual) and the compute sum moved by −margin, 0 or
+/// +margin. One verdict when the run sits clear of every line, two (or more) near one.
+pub fn verdicts_near_by(
+    margin: f64,
+    shares: &[(traceml_daemon::engine::Phase, f64)],
+    steps: u32,
+) -> std::collections::BTreeSet<&'static str> {
+    use traceml_daemon::diagnosis::{BOTTLENECK_PHASES, COMPUTE_PHASES, kind_for_shares};
+    use traceml_daemon::engine::Phase;
+    let share = |p: Phase| {
+        shares
+            .iter()
+            .find(|(q, _)| *q == p)
+            .map_or(0.0, |(_, s)| *s)
+    };
+    let compute: f64 = COMPUTE_PHASES.iter().map(|&p| share(p)).sum();
+    let mut quantities: Vec<(Phase, f64)> =
+        BOTTLENECK_PHASES.iter().map(|&p| (p, share(p))).collect();
+    // The compute sum rides on one compute phase: the rules only add them up.
+    quantities.push((COMPUTE_PHASES[0], compute));
+    let mut out = std::collections::BTreeSet::new();
+    let n = quantities.len() as u32;
+    for combo in 0..3u32.pow(n) {
+        let moved: Vec<(Phase, f64)> = quantities
+            .iter()
+            .enumerate()
+            .map(|(i, &(p, v))| {
+                let step = (combo / 3u32.pow(i as u32)) % 3;
+                (p, (v + (f64::from(step) - 1.0) * margin).max(0.0))
+            })
+            .collect();
+        out.insert(kind_for_shares(&moved, steps).as_str());
+    }
+    out
+}
