@@ -30,10 +30,7 @@ pub struct JobSpec {
 
 /// The rank variables of a process's environment.
 fn rank_env(pid: u32) -> Option<HashMap<String, String>> {
-    let env = procfs::process::Process::new(pid as i32)
-        .ok()?
-        .environ()
-        .ok()?;
+    let env = crate::procinfo::environ(pid)?;
     let get = |k: &str| {
         env.get(std::ffi::OsStr::new(k))
             .map(|v| v.to_string_lossy().into_owned())

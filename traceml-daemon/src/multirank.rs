@@ -148,13 +148,11 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
         .map_err(|e| e.to_string())?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let sig = |k| signal(k).map_err(|e: std::io::Error| e.to_string());
-        let (mut term, mut int, mut hup) = (
-            sig(SignalKind::terminate())?,
-            sig(SignalKind::interrupt())?,
-            sig(SignalKind::hangup())?,
-        );
+        let crate::serve::Signals {
+            mut term,
+            mut int,
+            mut hup,
+        } = crate::serve::Signals::new()?;
         let mut ranks: Vec<Rank> = job
             .ranks
             .drain(..)

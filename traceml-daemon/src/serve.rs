@@ -385,6 +385,26 @@ struct Node {
     attached: std::collections::HashSet<(u32, u64)>,
 }
 
+/// The signals a supervisor of many runs handles itself (its runs leave them to it).
+pub(crate) struct Signals {
+    pub term: tokio::signal::unix::Signal,
+    pub int: tokio::signal::unix::Signal,
+    pub hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Registers the handlers (inside the runtime).
+    pub fn new() -> Result<Signals, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let sig = |k| signal(k).map_err(|e: std::io::Error| e.to_string());
+        Ok(Signals {
+            term: sig(SignalKind::terminate())?,
+            int: sig(SignalKind::interrupt())?,
+            hup: sig(SignalKind::hangup())?,
+        })
+    }
+}
+
 /// Runs the service until SIGTERM/SIGINT.
 pub fn run(opts: ServeOptions) -> Result<(), String> {
     let mut cfg = ServeConfig::read(&opts.config, opts.config_required)?;
@@ -399,13 +419,11 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let sig = |k| signal(k).map_err(|e: std::io::Error| e.to_string());
-        let (mut term, mut int, mut hup) = (
-            sig(SignalKind::terminate())?,
-            sig(SignalKind::interrupt())?,
-            sig(SignalKind::hangup())?,
-        );
+        let Signals {
+            mut term,
+            mut int,
+            mut hup,
+        } = Signals::new()?;
         let mut node = Node::default();
         let mut scan = tokio::time::interval(opts.scan_interval);
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -6,7 +6,7 @@
 //! capability set the unit grants, run with `setpriv` as an unprivileged user.
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -46,27 +46,6 @@ fn job(steps: u32, truth: &Path, opt_out: bool) -> Job {
         cmd.env("TRACEML_DISABLE", "1");
     }
     Job(cmd.spawn().expect("start the workload"))
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// The job directory of `pid` under the state directory (`<comm>-<pid>-<start>`).
-fn job_dir(state: &Path, pid: u32) -> Option<PathBuf> {
-    std::fs::read_dir(state)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.contains(&format!("-{pid}-")))
-        })
 }
 
 /// The verdict the share rules give on the truth's own totals.

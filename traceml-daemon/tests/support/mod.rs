@@ -324,3 +324,25 @@ pub fn verdicts_near_by(
     }
     out
 }
+
+/// Polls `f` until it holds; fails the test with `what` past `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The job directory `serve` made for `pid` under its state directory (`<comm>-<pid>-<start>`).
+pub fn job_dir(state: &Path, pid: u32) -> Option<PathBuf> {
+    std::fs::read_dir(state)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains(&format!("-{pid}-")))
+        })
+}
