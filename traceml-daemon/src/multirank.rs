@@ -129,12 +129,18 @@ fn stuck(ranks: &mut [Rank], floor: Duration) -> Vec<Stuck> {
     out
 }
 
-fn write_json(path: &Path, s: &Summary) {
+/// Writes `final_summary.json` into `dir`, created if missing (atomically, no link followed;
+/// under `sudo` both go to the user, as a single-pid run's outputs do; see `output`).
+fn write_json(dir: &Path, s: &Summary) {
     let mut json = Vec::new();
     if crate::render::render_json(s, &mut json).is_ok()
-        && let Err(e) = std::fs::write(path, json)
+        && let Err(e) = crate::output::OutDir::create(dir, crate::output::Owner::from_sudo())
+            .and_then(|out| out.write("final_summary.json", &json))
     {
-        tracing::warn!("cannot write {}: {e}", path.display());
+        tracing::warn!(
+            "cannot write {}: {e}",
+            dir.join("final_summary.json").display()
+        );
     }
 }
 
@@ -195,7 +201,7 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
                         let live: Vec<&Rank> = ranks.iter().filter(|r| !r.done.is_finished()).collect();
                         if let Some(sum) = crate::ranks::combine(runs(&live, true), job_info(&job), &s) {
                             tracing::warn!("HANG: {}", sum.primary_diagnosis.why);
-                            write_json(&opts.dir.join("final_summary.json"), &sum);
+                            write_json(&opts.dir, &sum);
                         }
                     } else if s.is_empty() {
                         hang_reported = false;
@@ -244,9 +250,7 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
             }
             let summary = fold.finish();
             let dir = opts.dir.join(format!("rank-{}", r.proc.rank));
-            if crate::output::create_dir_private(&dir).is_ok() {
-                write_json(&dir.join("final_summary.json"), &summary);
-            }
+            write_json(&dir, &summary);
             out.push(RankRun {
                 rank: r.proc.rank,
                 local_rank: r.proc.local_rank,

@@ -221,10 +221,58 @@ impl OutDir {
         )
     }
 
-    /// Writes `bytes` as the whole of `name` in the directory.
+    /// Opens the existing directory `dir` (its own entry must not be a symbolic link).
+    pub fn open(dir: &Path, owner: Option<Owner>) -> io::Result<OutDir> {
+        let fd = match split(dir) {
+            Some((parent, name)) => open_subdir(open_dir(&parent)?.as_fd(), name, dir)?,
+            None => open_dir(dir)?,
+        };
+        Ok(OutDir {
+            fd,
+            path: dir.to_path_buf(),
+            owner,
+        })
+    }
+
+    /// Writes `bytes` as the whole of `name` in the directory, atomically: a reader (a sweep,
+    /// a test, a collector polling the directory) sees the old file or the new one, never a
+    /// part. The bytes go to a hidden temporary file, created by [`create_in`] rules, which is
+    /// then renamed over `name`. A symbolic link or non-file already at `name` is refused.
     pub fn write(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        let mut f = self.create_file(name)?;
-        f.write_all(bytes)
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        self.check_name(name)?;
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = format!(".{name}.{}-{seq}.tmp", std::process::id());
+        let written = self.create_file(&tmp).and_then(|mut f| f.write_all(bytes));
+        let renamed = written.and_then(|()| {
+            let (from, to) = (cstr(OsStr::new(&tmp))?, cstr(OsStr::new(name))?);
+            // SAFETY: `self.fd` is open; both names are NUL-terminated and outlive the call.
+            let r = unsafe {
+                libc::renameat(
+                    self.fd.as_raw_fd(),
+                    from.as_ptr(),
+                    self.fd.as_raw_fd(),
+                    to.as_ptr(),
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                let e = io::Error::last_os_error();
+                let shown = self.path.join(name);
+                Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", shown.display()),
+                ))
+            }
+        });
+        if renamed.is_err()
+            && let Ok(c) = cstr(OsStr::new(&tmp))
+        {
+            // SAFETY: as above; removes only the temporary entry this call created.
+            unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) };
+        }
+        renamed
     }
 
     /// Checks, without creating it, that `name` could be written: not a symbolic link, not
@@ -417,11 +465,14 @@ mod tests {
         let e = out.write("final_summary.txt", b"x").unwrap_err();
         assert!(e.to_string().contains("symbolic link: refused"), "{e}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-        // A hard link to it: refused too.
+        // A hard link to it: the name is replaced (renamed over), the other link untouched.
         std::fs::hard_link(&victim, out.path().join("final_report.html")).unwrap();
-        let e = out.write("final_report.html", b"x").unwrap_err();
-        assert!(e.to_string().contains("hard links"), "{e}");
+        out.write("final_report.html", b"x").unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(
+            std::fs::read(out.path().join("final_report.html")).unwrap(),
+            b"x"
+        );
         // A FIFO: refused without blocking.
         let fifo = out.path().join("fifo");
         let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
@@ -429,6 +480,13 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         let e = out.write("fifo", b"x").unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+        // No temporary file is left behind, written or refused.
+        let left: Vec<_> = std::fs::read_dir(out.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
         // A link planted at the directory itself.
         let elsewhere = t.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();

@@ -171,17 +171,19 @@ fn job_dir_name(pid: u32) -> String {
 }
 
 /// Writes a summary's JSON, card and report into `dir` (`stem` = `final_summary` or
-/// `summary-<n>`; the report only for the final one).
+/// `summary-<n>`; the report only for the final one), each atomically (`OutDir::write`).
 pub fn write_summary(dir: &Path, stem: &str, s: &Summary) -> std::io::Result<()> {
-    let mut json = Vec::new();
-    crate::render::render_json(s, &mut json)?;
-    std::fs::write(dir.join(format!("{stem}.json")), json)?;
+    let out = crate::output::OutDir::open(dir, None)?;
+    // The JSON last: a reader that waits for it finds the card and the report in place.
     if stem == "final_summary" {
         let mut txt = Vec::new();
         crate::render::render_card(s, &mut txt, false)?;
-        std::fs::write(dir.join(format!("{stem}.txt")), txt)?;
-        std::fs::write(dir.join("final_report.html"), crate::render::to_html(s))?;
+        out.write(&format!("{stem}.txt"), &txt)?;
+        out.write("final_report.html", crate::render::to_html(s).as_bytes())?;
     }
+    let mut json = Vec::new();
+    crate::render::render_json(s, &mut json)?;
+    out.write(&format!("{stem}.json"), &json)?;
     Ok(())
 }
 
