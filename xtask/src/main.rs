@@ -66,6 +66,10 @@ enum Cmd {
         /// the existing BENCHMARKS.md.
         #[arg(long)]
         sweep_only: bool,
+        /// Only the streaming-engine memory section: the release daemon replays a synthetic
+        /// 10 M-step recording from a pipe (1 M with --quick), spliced into BENCHMARKS.md.
+        #[arg(long)]
+        replay_only: bool,
     },
 }
 
@@ -108,7 +112,8 @@ fn main() -> anyhow::Result<()> {
             quick,
             inprocess_only,
             sweep_only,
-        } => bench::bench(quick, inprocess_only, sweep_only),
+            replay_only,
+        } => bench::bench(quick, inprocess_only, sweep_only, replay_only),
     }
 }
 

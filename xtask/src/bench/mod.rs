@@ -21,6 +21,7 @@ use crate::{root, run, setup};
 
 mod inprocess;
 mod measure;
+mod replay;
 mod report;
 mod runs;
 mod stats;
@@ -101,11 +102,19 @@ fn prepare(release: bool, traceml: bool) -> anyhow::Result<Ctx> {
     })
 }
 
-pub fn bench(quick: bool, inprocess_only: bool, sweep_only: bool) -> anyhow::Result<()> {
+pub fn bench(
+    quick: bool,
+    inprocess_only: bool,
+    sweep_only: bool,
+    replay_only: bool,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let path: PathBuf = root().join("BENCHMARKS.md");
     if sweep_only {
         return sweep_section(&path);
+    }
+    if replay_only {
+        return replay_section(&path, if quick { 1_000_000 } else { replay::STEPS });
     }
     if inprocess_only {
         // What is iterated on: the dev build (shared with `cargo xtask test`), this section only.
@@ -174,4 +183,28 @@ fn sweep_section(path: &std::path::Path) -> anyhow::Result<()> {
     eprint!("{section}");
     let old = std::fs::read_to_string(path).unwrap_or_default();
     std::fs::write(path, sweep::splice(&old, &section)).context("writing BENCHMARKS.md")
+}
+
+/// `--replay-only`: the release daemon replaying a synthetic 10 M-step recording from a pipe,
+/// its memory sampled, spliced into BENCHMARKS.md (no root; with `--quick`, 1 M steps).
+fn replay_section(path: &std::path::Path, steps: u64) -> anyhow::Result<()> {
+    let root = root();
+    run(Command::new("cargo")
+        .args(["build", "--release", "-p", "traceml-daemon"])
+        .args(["--bin", "traceml-daemon", "--example", "synth_recording"])
+        .current_dir(&root))?;
+    let scratch = std::env::temp_dir().join("traceml-bench-replay");
+    std::fs::create_dir_all(&scratch)?;
+    let load = sh("cat /proc/loadavg");
+    let b = replay::measure(
+        &root.join("target/release/traceml-daemon"),
+        &root.join("target/release/examples/synth_recording"),
+        &scratch,
+        steps,
+    )?;
+    let section = replay::section(&b, "target/release/traceml-daemon", &load);
+    eprint!("{section}");
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, sweep::splice_at(&old, replay::HEADING, &section))
+        .context("writing BENCHMARKS.md")
 }

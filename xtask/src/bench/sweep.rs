@@ -226,9 +226,15 @@ pub const HEADING: &str = "## Regression sweep: `traceml-daemon sweep` over 1,00
 
 /// `old` with the sweep section replaced, or inserted before the notes (or at the end).
 pub fn splice(old: &str, section: &str) -> String {
+    splice_at(old, HEADING, section)
+}
+
+/// `old` with the section under `heading` replaced, or inserted before the notes (or at the
+/// end).
+pub fn splice_at(old: &str, heading: &str, section: &str) -> String {
     let section = section.trim_matches('\n');
-    if let Some(start) = old.find(HEADING) {
-        let after = start + HEADING.len();
+    if let Some(start) = old.find(heading) {
+        let after = start + heading.len();
         let end = old[after..]
             .find("\n## ")
             .map(|i| after + i + 1)
