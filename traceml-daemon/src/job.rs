@@ -51,6 +51,18 @@ fn rank_env(pid: u32) -> Option<HashMap<String, String>> {
     )
 }
 
+/// `pid` as a rank: `None` when its environment has no `RANK` (a job of one).
+pub fn rank_of(pid: u32) -> Option<RankProc> {
+    let env = rank_env(pid)?;
+    let num = |k: &str| env.get(k).and_then(|v| v.parse().ok());
+    Some(RankProc {
+        pid,
+        rank: num("RANK")?,
+        local_rank: num("LOCAL_RANK"),
+        world_size: num("WORLD_SIZE"),
+    })
+}
+
 fn job_key(env: &HashMap<String, String>) -> (Option<String>, Option<String>, Option<String>) {
     (
         env.get("MASTER_ADDR").cloned(),

@@ -39,7 +39,8 @@ struct Rank {
     progress: (u64, Instant),
 }
 
-fn job_info(job: &JobSpec) -> JobInfo {
+/// The job as the summary describes it.
+pub(crate) fn job_info(job: &JobSpec) -> JobInfo {
     JobInfo {
         launcher_pid: job.launcher,
         world_size: job.ranks.iter().find_map(|r| r.world_size),

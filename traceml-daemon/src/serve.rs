@@ -7,7 +7,10 @@
 //!
 //! Job directories: `<state-dir>/<comm>-<pid>-<start time UTC>/` holding `final_summary.json`,
 //! `final_summary.txt`, `final_report.html`, and `summary-<n>.json` for each `--window` (a normal
-//! summary of that window alone, readable by `compare`).
+//! summary of that window alone, readable by `compare`). The ranks of a multi-rank job
+//! (`RANK`/`WORLD_SIZE` in their environment, [`crate::job`]) share one directory, named after
+//! their launcher: each rank's files under `rank-<r>/`, and the job's summary (the ranks table,
+//! STRAGGLER) at its top once no rank of it runs.
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -227,6 +230,9 @@ struct MetricsSink {
     exporter: crate::metrics::http::Shared,
     job: String,
     rank: String,
+    /// This rank's verdict is the job's while it runs (a single process, or rank 0 of a
+    /// grouped job until the job's combined verdict replaces it at the end).
+    sets_verdict: bool,
 }
 
 impl MetricsSink {
@@ -239,12 +245,15 @@ impl MetricsSink {
         let values = RankValues::from_summary(s, t, gpu);
         self.with(|e| {
             e.update(&self.job, &self.rank, values);
-            e.set_verdict(&self.job, v);
+            if self.sets_verdict {
+                e.set_verdict(&self.job, v);
+            }
         });
     }
 }
 
-/// Attaches to `pid` and runs until the target ends or `stop` says; writes its summaries.
+/// Attaches to `pid` and runs until the target ends or `stop` says; writes its summaries and
+/// returns the final one (`None` when it could not be attached).
 async fn run_target(
     pid: u32,
     dir: PathBuf,
@@ -252,7 +261,7 @@ async fn run_target(
     stop: watch::Receiver<Option<EndReason>>,
     window: Duration,
     metrics: Option<MetricsSink>,
-) {
+) -> Option<Summary> {
     opts.stop = Some(stop);
     let folds = Rc::new(RefCell::new(Folds {
         run: Collector::new(),
@@ -324,7 +333,7 @@ async fn run_target(
             if let Some(m) = &metrics {
                 m.with(|e| e.forget(&m.job, &m.rank));
             }
-            return;
+            return None;
         }
         Err(e) => tracing::warn!("pid {pid}: {e}; writing the summary of what was gathered"),
     }
@@ -347,6 +356,7 @@ async fn run_target(
         ),
         Err(e) => tracing::warn!("pid {pid}: cannot write the final summary: {e}"),
     }
+    Some(summary)
 }
 
 /// Tells systemd (`$NOTIFY_SOCKET`), when it is listening.
@@ -385,6 +395,70 @@ struct Node {
     decided: HashMap<(u32, u64), Decision>,
     /// Processes attached once (a run that ended is not restarted on the same process).
     attached: std::collections::HashSet<(u32, u64)>,
+    /// Multi-rank jobs by key (the launcher's pid and start time, or the ranks' rendezvous).
+    jobs: HashMap<String, JobGroup>,
+}
+
+/// The ranks of one multi-rank job on this node: each rank runs as its own target (its summaries
+/// under `rank-<r>/`); once none of them runs, the job's summary ([`crate::ranks::combine`]:
+/// STRAGGLER and the ranks table) is written in the job's directory.
+struct JobGroup {
+    name: String,
+    dir: PathBuf,
+    info: crate::summary::JobInfo,
+    /// Rank pids attached (their targets are in `Node::targets` while they run).
+    pids: Vec<u32>,
+    /// Final summaries of the ranks that ended.
+    runs: Rc<RefCell<Vec<crate::ranks::RankRun>>>,
+    /// Rank summaries the job's summary was last written from.
+    written: usize,
+    /// The launcher, whose exit (with no rank running) ends the group.
+    launcher: Option<(u32, u64)>,
+}
+
+impl JobGroup {
+    /// Writes the job's summary when no rank runs and a rank ended since the last write.
+    /// `true` when the group is over (no rank runs and its launcher is gone).
+    fn settle(
+        &mut self,
+        targets: &HashMap<u32, Target>,
+        metrics: &Option<crate::metrics::http::Shared>,
+    ) -> bool {
+        let running = self
+            .pids
+            .iter()
+            .any(|p| targets.get(p).is_some_and(|t| !t.done.is_finished()));
+        if running {
+            return false;
+        }
+        let runs = self.runs.borrow();
+        if runs.len() > self.written {
+            self.written = runs.len();
+            match crate::ranks::combine(runs.clone(), self.info.clone(), &[]) {
+                Some(sum) => {
+                    if let Some(exporter) = metrics {
+                        let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
+                        e.set_verdict(&self.name, Verdict::of(&sum));
+                    }
+                    match write_summary(&self.dir, "final_summary", &sum) {
+                        Ok(()) => tracing::info!(
+                            "job {} ({} ranks): {} → {}",
+                            self.name,
+                            runs.len(),
+                            verdict_line(&sum),
+                            self.dir.join("final_summary.json").display()
+                        ),
+                        Err(e) => {
+                            tracing::warn!("job {}: cannot write its summary: {e}", self.name)
+                        }
+                    }
+                }
+                None => tracing::warn!("job {}: no rank could be measured", self.name),
+            }
+        }
+        self.launcher
+            .is_none_or(|(pid, start)| start_time(pid) != Some(start))
+    }
 }
 
 /// The signals a supervisor of many runs handles itself (its runs leave them to it).
@@ -439,7 +513,9 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
         loop {
             tokio::select! {
                 _ = scan.tick() => {
-                    node.targets.retain(|_, t| !t.done.is_finished());
+                    let Node { targets, jobs, .. } = &mut node;
+                    jobs.retain(|_, g| !g.settle(targets, &metrics));
+                    targets.retain(|_, t| !t.done.is_finished());
                     scan_once(&opts, &cfg, &policy, &state_dir, window, &metrics, &mut node);
                 }
                 _ = hup.recv() => {
@@ -465,11 +541,14 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
         for t in node.targets.values() {
             let _ = t.stop.send(Some(EndReason::Terminated));
         }
-        for (_, t) in node.targets.drain() {
+        for t in node.targets.values_mut() {
             let left = deadline.saturating_duration_since(Instant::now());
-            if tokio::time::timeout(left, t.done).await.is_err() {
+            if tokio::time::timeout(left, &mut t.done).await.is_err() {
                 tracing::warn!("a target did not finish its summary in time");
             }
+        }
+        for g in node.jobs.values_mut() {
+            g.settle(&node.targets, &metrics);
         }
         Ok::<(), String>(())
     })
@@ -506,6 +585,7 @@ fn scan_once(
         targets,
         decided,
         attached,
+        jobs,
     } = node;
     let Some(all) = crate::procinfo::pids() else {
         return;
@@ -545,8 +625,50 @@ fn scan_once(
         if d != Decision::Attach || !attached.insert((*pid, start)) {
             continue;
         }
-        let job = job_dir_name(*pid);
-        let dir = state_dir.join(&job);
+        // A rank of a multi-rank job goes under its job's directory, as `rank-<r>/`.
+        let rank = crate::job::rank_of(*pid).filter(|r| r.world_size.is_none_or(|w| w > 1));
+        let (job, dir, group) = match &rank {
+            Some(r) => {
+                let spec = crate::job::discover(*pid);
+                let launcher = spec.launcher.and_then(|l| Some((l, start_time(l)?)));
+                let key = match launcher {
+                    Some((l, t)) => format!("launcher {l} {t}"),
+                    None => format!(
+                        "rendezvous {} {}",
+                        spec.master.as_deref().unwrap_or("-"),
+                        spec.run_id.as_deref().unwrap_or("-")
+                    ),
+                };
+                let g = jobs.entry(key).or_insert_with(|| {
+                    let name = job_dir_name(launcher.map_or(*pid, |(l, _)| l));
+                    let dir = state_dir.join(&name);
+                    let mut info = crate::multirank::job_info(&spec);
+                    info.world_size = info.world_size.or(r.world_size);
+                    tracing::info!("multi-rank job {name}: {info:?}");
+                    JobGroup {
+                        name,
+                        dir,
+                        info,
+                        pids: Vec::new(),
+                        runs: Rc::default(),
+                        written: 0,
+                        launcher,
+                    }
+                });
+                if let Err(e) = crate::output::create_dir_private(&g.dir) {
+                    tracing::warn!("pid {pid}: cannot create {}: {e}", g.dir.display());
+                    continue;
+                }
+                g.pids.push(*pid);
+                let dir = g.dir.join(format!("rank-{}", r.rank));
+                (g.name.clone(), dir, Some(g.runs.clone()))
+            }
+            None => {
+                let job = job_dir_name(*pid);
+                let dir = state_dir.join(&job);
+                (job, dir, None)
+            }
+        };
         if let Err(e) = crate::output::create_dir_private(&dir) {
             tracing::warn!("pid {pid}: cannot create {}: {e}", dir.display());
             continue;
@@ -568,7 +690,8 @@ fn scan_once(
                 exporter: exporter.clone(),
                 job,
                 // Single-process jobs are rank 0.
-                rank: "0".into(),
+                rank: rank.as_ref().map_or(0, |r| r.rank).to_string(),
+                sets_verdict: rank.as_ref().is_none_or(|r| r.rank == 0),
             };
             let info = crate::metrics::JobInfo {
                 pid: *pid,
@@ -581,7 +704,23 @@ fn scan_once(
             sink.with(|e| e.attached(&sink.job, &sink.rank, info));
             sink
         });
-        let done = tokio::task::spawn_local(run_target(*pid, dir, lo, rx, window, sink));
+        let run = run_target(*pid, dir, lo, rx, window, sink);
+        let done = match (rank, group) {
+            (Some(r), Some(runs)) => tokio::task::spawn_local(async move {
+                if let Some(summary) = run.await {
+                    runs.borrow_mut().push(crate::ranks::RankRun {
+                        rank: r.rank,
+                        local_rank: r.local_rank,
+                        pid: r.pid,
+                        summary,
+                        stack: Vec::new(),
+                    });
+                }
+            }),
+            _ => tokio::task::spawn_local(async move {
+                run.await;
+            }),
+        };
         targets.insert(
             *pid,
             Target {

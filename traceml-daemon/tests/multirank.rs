@@ -2,7 +2,8 @@
 //! under `torchrun` (tests/workloads/ddp/ddp_train.py: every rank writes its own truth). The
 //! daemon is attached to the launcher's pid or to a rank's pid and must find every rank, name the
 //! injected straggler (2 and 4 ranks), find none in an even job, measure each rank's collective
-//! wait within max(2 ms, 5 %) of the truth, and write a HANG with stacks while a job is hung.
+//! wait within max(2 ms, 5 %) of the truth, and write a HANG with stacks while a job is hung;
+//! `serve` must group the ranks of a job it discovers and name the straggler.
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -310,4 +311,117 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
     drop(job);
+}
+
+/// `serve` (no pid) groups the ranks of a torchrun job it discovers: one directory named after
+/// the launcher, each rank's summary under `rank-<r>/`, and the job's summary at the top naming
+/// the injected straggler.
+#[test]
+fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
+    if !root_or_skip() || torch_python().is_none() {
+        return;
+    }
+    let base = scratch("mr-serve");
+    let state = base.join("state");
+    let (ready, log) = (base.join("serving"), base.join("serve.log"));
+    let mut serve = Proc(
+        Command::new(daemon())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--scan-interval", "0.2", "--include", "*ddp_train.py*"])
+            .arg("--ready-file")
+            .arg(&ready)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start serve"),
+    );
+    let serve_pid = serve.0.id();
+    wait_for("serve's ready file", Duration::from_secs(10), || {
+        ready.exists()
+    });
+    let args = [
+        "--mode",
+        "ddp",
+        "--steps",
+        "60",
+        "--straggler-rank",
+        "1",
+        "--straggler-phase",
+        "compute",
+        "--straggler-ms",
+        "15",
+        "--straggler-how",
+        "sleep",
+    ];
+    let Some(mut job) = start("mr-serve-job", 2, &args) else {
+        return;
+    };
+    // Every rank attached before the first measured step (its log line), as a user's serve would
+    // have been long before.
+    let attached = |pid: u32| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(&format!("attached to {pid} in"))
+    };
+    wait_for(
+        "serve to attach both ranks",
+        Duration::from_secs(120),
+        || job.ranks.iter().all(|&p| attached(p)),
+    );
+    std::fs::write(job.dir.join("ready"), "go\n").unwrap();
+    let launcher = job.torchrun.id();
+    let t = Instant::now();
+    while job.torchrun.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "the job did not end"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for("the job's summary", Duration::from_secs(20), || {
+        job_dir(&state, launcher).is_some_and(|d| d.join("final_summary.json").exists())
+    });
+    let jd = job_dir(&state, launcher).unwrap();
+    let s = json(&jd.join("final_summary.json"));
+    assert_eq!(
+        verdict(&s),
+        ("STRAGGLER".into(), Some(1)),
+        "{:#}",
+        s["primary_diagnosis"]
+    );
+    assert_eq!(s["job"]["launcher_pid"].as_u64(), Some(u64::from(launcher)));
+    let ranks = s["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{ranks:#?}");
+    for r in 0..2u32 {
+        let rs = json(&jd.join(format!("rank-{r}/final_summary.json")));
+        let n = rs["steps"]["count"].as_u64().unwrap();
+        // The truth: 60 measured steps per rank, all after the attach (the first one the
+        // fragment before the first boundary).
+        assert!((58..=60).contains(&n), "rank {r}: {n} steps");
+        assert_eq!(
+            ranks[r as usize]["pid"].as_u64(),
+            Some(u64::from(job.ranks[r as usize]))
+        );
+    }
+    // No per-rank directory of its own at the top of the state directory.
+    for pid in &job.ranks {
+        assert!(
+            job_dir(&state, *pid).is_none(),
+            "rank {pid} has its own job directory"
+        );
+    }
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(serve_pid as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = serve.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "serve still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "serve exited with {status}");
 }

@@ -7,32 +7,18 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
 use traceml_daemon::engine::Phase;
 
 /// A `serve` process, killed on drop.
-struct Serve(Child);
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+/// `serve`, and a workload started without the daemon's handshake (serve finds it by itself):
+/// both killed on drop.
+type Serve = Proc;
+type Job = Proc;
 
-/// A workload started without the daemon's handshake (serve finds it by itself), killed on drop.
-struct Job(Child);
-impl Drop for Job {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts an input-bound fake-torch loop of `steps` steps (a step count no other test uses: the
-/// serve under test only includes command lines with it).
 fn job(steps: u32, truth: &Path, opt_out: bool) -> Job {
     let mut cmd = Command::new(python(11));
     cmd.arg(workspace().join("tests/workloads/input_bound_single.py"))
@@ -45,7 +31,7 @@ fn job(steps: u32, truth: &Path, opt_out: bool) -> Job {
     if opt_out {
         cmd.env("TRACEML_DISABLE", "1");
     }
-    Job(cmd.spawn().expect("start the workload"))
+    Proc(cmd.spawn().expect("start the workload"))
 }
 
 /// The verdict the share rules give on the truth's own totals.
@@ -89,7 +75,7 @@ fn start_serve(mut cmd: Command, state: &Path, ready: &Path, steps: &[u32]) -> S
             &format!("*input_bound_single.py --steps {s} *"),
         ]);
     }
-    let serve = Serve(cmd.spawn().expect("start serve"));
+    let serve = Proc(cmd.spawn().expect("start serve"));
     wait_for("serve's ready file", Duration::from_secs(10), || {
         ready.exists()
     });

@@ -346,3 +346,14 @@ pub fn job_dir(state: &Path, pid: u32) -> Option<PathBuf> {
                 .is_some_and(|n| n.contains(&format!("-{pid}-")))
         })
 }
+
+/// A child process killed (SIGKILL) and reaped when dropped: a test that fails half-way leaves
+/// nothing running.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
