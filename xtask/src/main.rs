@@ -70,6 +70,14 @@ enum Cmd {
         /// 10 M-step recording from a pipe (1 M with --quick), spliced into BENCHMARKS.md.
         #[arg(long)]
         replay_only: bool,
+        /// Only `serve` with 8 jobs attached at once: its CPU and memory over a steady minute
+        /// (release build), spliced into BENCHMARKS.md.
+        #[arg(long)]
+        service_only: bool,
+        /// Only one `--pid` daemon on a job of about this many minutes (60 for the hour-long
+        /// run): its RssAnon every 10 s, spliced into BENCHMARKS.md.
+        #[arg(long, value_name = "M")]
+        long_minutes: Option<u32>,
     },
 }
 
@@ -113,7 +121,16 @@ fn main() -> anyhow::Result<()> {
             inprocess_only,
             sweep_only,
             replay_only,
-        } => bench::bench(quick, inprocess_only, sweep_only, replay_only),
+            service_only,
+            long_minutes,
+        } => bench::bench(
+            quick,
+            inprocess_only,
+            sweep_only,
+            replay_only,
+            service_only,
+            long_minutes,
+        ),
     }
 }
 

@@ -24,6 +24,7 @@ mod measure;
 mod replay;
 mod report;
 mod runs;
+mod service;
 mod stats;
 mod sweep;
 
@@ -107,11 +108,16 @@ pub fn bench(
     inprocess_only: bool,
     sweep_only: bool,
     replay_only: bool,
+    service_only: bool,
+    long_minutes: Option<u32>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let path: PathBuf = root().join("BENCHMARKS.md");
     if sweep_only {
         return sweep_section(&path);
+    }
+    if service_only || long_minutes.is_some() {
+        return service_section(&path, service_only, long_minutes);
     }
     if replay_only {
         return replay_section(&path, if quick { 1_000_000 } else { replay::STEPS });
@@ -207,4 +213,41 @@ fn replay_section(path: &std::path::Path, steps: u64) -> anyhow::Result<()> {
     let old = std::fs::read_to_string(path).unwrap_or_default();
     std::fs::write(path, sweep::splice_at(&old, replay::HEADING, &section))
         .context("writing BENCHMARKS.md")
+}
+
+/// `--service-only` (serve with 8 jobs at once) and `--long-minutes M` (one `--pid` daemon on a
+/// job of about M minutes): the release daemon's own CPU and memory, spliced into BENCHMARKS.md.
+fn service_section(
+    path: &std::path::Path,
+    eight: bool,
+    long_minutes: Option<u32>,
+) -> anyhow::Result<()> {
+    let mut ctx = prepare(true, false)?;
+    let daemon = "target/release/traceml-daemon";
+    if eight {
+        let load = sh("cat /proc/loadavg");
+        let b = service::eight_jobs(&mut ctx)?;
+        let section = service::serve_section(&b, daemon, &load);
+        eprint!("{section}");
+        let old = std::fs::read_to_string(path).unwrap_or_default();
+        std::fs::write(
+            path,
+            sweep::splice_at(&old, service::SERVE_HEADING, &section),
+        )
+        .context("writing BENCHMARKS.md")?;
+    }
+    if let Some(m) = long_minutes {
+        let load = sh("cat /proc/loadavg");
+        // ~100 ms steps: 600 a minute.
+        let b = service::long_live(&mut ctx, m.max(1) * 600)?;
+        let section = service::long_section(&b, daemon, &load);
+        eprint!("{section}");
+        let old = std::fs::read_to_string(path).unwrap_or_default();
+        std::fs::write(
+            path,
+            sweep::splice_at(&old, service::LONG_HEADING, &section),
+        )
+        .context("writing BENCHMARKS.md")?;
+    }
+    Ok(())
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 
-use super::runs::proc_sample;
+use super::runs::{number_after, proc_sample};
 
 /// Steps in the synthetic recording.
 pub const STEPS: u64 = 10_000_000;
@@ -40,17 +40,6 @@ impl ReplayBench {
     fn peak(&self) -> u64 {
         self.rss.iter().map(|r| r.1).max().unwrap_or(0)
     }
-}
-
-/// A number after `"key": ` following `after` in a JSON text (xtask has no JSON parser).
-fn number_after(text: &str, after: &str, key: &str) -> Option<u64> {
-    let rest = &text[text.find(after)?..];
-    let rest = &rest[rest.find(&format!("\"{key}\":"))? + key.len() + 3..];
-    let rest = rest.trim_start();
-    let end = rest
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(rest.len());
-    rest[..end].parse().ok()
 }
 
 pub fn measure(
@@ -143,17 +132,4 @@ pub fn section(b: &ReplayBench, daemon: &str, load: &str) -> String {
         mb(b.peak()),
         mb(b.last()) - mb(ten),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_numbers_after_a_key() {
-        let j = "{\n  \"steps\": {\n    \"count\": 9999,\n  },\n  \"x\": {\"count\": 3}}";
-        assert_eq!(number_after(j, "\"steps\": {", "count"), Some(9999));
-        assert_eq!(number_after(j, "\"x\"", "count"), Some(3));
-        assert_eq!(number_after(j, "\"y\"", "count"), None);
-    }
 }

@@ -260,6 +260,18 @@ impl Ctx {
     }
 }
 
+/// A number after `"key": ` following `after` in a JSON text (xtask has no JSON parser; the
+/// daemon's summaries and the truths are pretty-printed or compact, both work).
+pub fn number_after(text: &str, after: &str, key: &str) -> Option<u64> {
+    let rest = &text[text.find(after)?..];
+    let rest = &rest[rest.find(&format!("\"{key}\":"))? + key.len() + 3..];
+    let rest = rest.trim_start();
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
 pub fn sh(cmd: &str) -> String {
     Command::new("sh")
         .args(["-c", cmd])
