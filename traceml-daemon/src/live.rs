@@ -247,7 +247,8 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     /// wait in `backlog` for [`Run::process`]. Until the kernel knows a class it reports only a
     /// code object's first few calls, so classification must not wait behind the processing of
     /// a large backlog (the burst of events while the target imports torch).
-    fn drain(&mut self, k: &mut Kernel) {
+    /// Reads every event the ring holds into the backlog; how many.
+    fn drain(&mut self, k: &mut Kernel) -> usize {
         if let Some(log) = &mut k.log {
             log.flush();
         }
@@ -268,6 +269,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                 self.classify(k, &raw);
             }
         }
+        self.backlog.len() - first
     }
 
     fn classify(&mut self, k: &mut Kernel, raw: &RawEvent) {
@@ -875,14 +877,29 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     watch: &mut ending::Watch,
 ) -> Result<EndReason, LiveError> {
     use tokio::signal::unix::{SignalKind, signal};
-    use tokio::time::{MissedTickBehavior, interval};
+    use tokio::time::{MissedTickBehavior, interval, interval_at};
     let pid = run.opts.pid;
-    let mut poll = interval(Duration::from_millis(10));
+    // The ring is polled every 10 ms while events flow fast, every 50 ms while they trickle
+    // (a plain loop after the frame-evaluator probe's detach: tens of events per step): at
+    // the slow pace a drain that finds more than 1/256 of the ring (with the default 8 MiB,
+    // ~400 events: a rate over 8,000 events/s) goes back to 10 ms; a burst would have to
+    // exceed 256 times that rate within 50 ms to fill the ring. Most of an idle daemon's
+    // wake-ups were these polls.
+    let ring_events = run.opts.ring_bytes as usize / size_of::<RawEvent>();
+    let (poll_fast, poll_slow) = (Duration::from_millis(10), Duration::from_millis(50));
+    let mut poll_every = poll_fast;
+    let poll = tokio::time::sleep(poll_every);
+    tokio::pin!(poll);
+    // /proc/<pid>/maps of a torch process is thousands of lines: read every `rescan_interval`
+    // for the first 10 s (libraries loaded at start-up: CUDA is initialised lazily), then every
+    // second (a library loaded later, NCCL at the first collective, is probed within 1 s).
     let mut rescan = interval(run.opts.rescan_interval);
+    let rescan_started = tokio::time::Instant::now();
+    let mut rescan_slow = false;
     let mut sample = interval(run.opts.sample_interval);
     let mut govern = interval(Duration::from_secs(1));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
-    for i in [&mut poll, &mut rescan, &mut sample, &mut govern, &mut stack] {
+    for i in [&mut rescan, &mut sample, &mut govern, &mut stack] {
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
     // Readiness of the ring buffer (a duplicate of its fd: the `RingBuf` itself is drained
@@ -907,9 +924,11 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let mut last_lost = Lost::default();
     loop {
         tokio::select! {
-            _ = poll.tick() => {
-                run.drain(k);
+            _ = &mut poll => {
+                let n = run.drain(k);
                 run.process(Some(Duration::from_millis(20)))?;
+                poll_every = if n > ring_events / 256 { poll_fast } else { poll_slow };
+                poll.as_mut().reset(tokio::time::Instant::now() + poll_every);
             }
             guard = ready.readable() => {
                 if let Ok(mut guard) = guard {
@@ -918,6 +937,12 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 run.drain(k);
             }
             _ = rescan.tick() => {
+                if !rescan_slow && rescan_started.elapsed() >= Duration::from_secs(10) {
+                    rescan_slow = true;
+                    let every = run.opts.rescan_interval.max(Duration::from_secs(1));
+                    rescan = interval_at(tokio::time::Instant::now() + every, every);
+                    rescan.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                }
                 // Maps first, then the process's state (see crate::ending: a process tearing
                 // down its memory on exit is not an exec).
                 let mappings = maps::read(pid).ok();

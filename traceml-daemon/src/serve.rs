@@ -397,7 +397,14 @@ struct Node {
     attached: std::collections::HashSet<(u32, u64)>,
     /// Multi-rank jobs by key (the launcher's pid and start time, or the ranks' rendezvous).
     jobs: HashMap<String, JobGroup>,
+    /// Processes that run no Python, by (pid, start time): their program (exe), and the scan
+    /// after which they are looked at again (a Python process is looked at every scan until it
+    /// maps libtorch; one that execs another program is looked at at once).
+    not_python: HashMap<(u32, u64), (Option<PathBuf>, Instant)>,
 }
+
+/// How long a process that runs no Python is left alone (unless it execs).
+const NOT_PYTHON_RECHECK: Duration = Duration::from_secs(30);
 
 /// The ranks of one multi-rank job on this node: each rank runs as its own target (its summaries
 /// under `rank-<r>/`); once none of them runs, the job's summary ([`crate::ranks::combine`]:
@@ -586,30 +593,56 @@ fn scan_once(
         decided,
         attached,
         jobs,
+        not_python,
     } = node;
     let Some(all) = crate::procinfo::pids() else {
         return;
     };
     let me = std::process::id();
-    let infos: HashMap<u32, ProcInfo> = all
-        .into_iter()
-        .filter_map(|pid| {
-            (pid != me)
-                .then(|| proc_info(pid))
-                .flatten()
-                .map(|i| (pid, i))
-        })
-        .collect();
-    // Forget decisions about processes that are gone (bounded by the node's processes).
-    decided.retain(|(pid, _), _| infos.contains_key(pid));
-    attached.retain(|(pid, _)| infos.contains_key(pid));
-    for (pid, info) in &infos {
-        let start = start_time(*pid).unwrap_or(0);
-        if targets.get(pid).is_some_and(|t| t.start == start) {
+    let alive: std::collections::HashSet<u32> = all.iter().copied().collect();
+    // Forget what was learned of processes that are gone (bounded by the node's processes).
+    decided.retain(|(pid, _), _| alive.contains(pid));
+    attached.retain(|(pid, _)| alive.contains(pid));
+    not_python.retain(|(pid, _), _| alive.contains(pid));
+    // Read once per scan, and only for processes not settled yet: an attached target, a process
+    // decided on (worker, launcher, excluded, opted out: until SIGHUP) or one that runs no Python
+    // costs a read of /proc/<pid>/stat per scan, not of its maps.
+    let mut infos: HashMap<u32, Option<ProcInfo>> = HashMap::new();
+    let now = Instant::now();
+    for pid in &all {
+        if *pid == me {
             continue;
         }
-        let parent = infos.get(&info.ppid);
-        let d = policy.decide(info, parent);
+        let start = start_time(*pid).unwrap_or(0);
+        if targets.get(pid).is_some_and(|t| t.start == start)
+            || decided.contains_key(&(*pid, start))
+        {
+            continue;
+        }
+        if let Some((exe, until)) = not_python.get(&(*pid, start))
+            && now < *until
+            && crate::procinfo::exe(*pid) == *exe
+        {
+            continue;
+        }
+        let Some(info) = infos.entry(*pid).or_insert_with(|| proc_info(*pid)).clone() else {
+            continue;
+        };
+        if !info.python {
+            not_python.insert(
+                (*pid, start),
+                (crate::procinfo::exe(*pid), now + NOT_PYTHON_RECHECK),
+            );
+            continue;
+        }
+        if !info.torch {
+            continue;
+        }
+        let parent = infos
+            .entry(info.ppid)
+            .or_insert_with(|| proc_info(info.ppid))
+            .clone();
+        let d = policy.decide(&info, parent.as_ref());
         if d == Decision::NotTraining {
             continue;
         }

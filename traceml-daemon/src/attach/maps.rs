@@ -16,9 +16,12 @@ pub fn read(pid: u32) -> std::io::Result<Vec<Mapping>> {
 
 /// The distinct file paths, in first-mapped order.
 pub fn files(maps: &[Mapping]) -> Vec<PathBuf> {
+    // A torch process maps thousands of regions; compared as bytes (a `Path` compares component
+    // by component) and hashed, once per scan of the maps.
+    let mut seen: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
     let mut out: Vec<PathBuf> = Vec::new();
     for m in maps {
-        if !out.contains(&m.path) {
+        if seen.insert(m.path.as_os_str().as_encoded_bytes()) {
             out.push(m.path.clone());
         }
     }
