@@ -203,7 +203,7 @@ struct ServeArgs {
     /// Python stack samples per second of each target's training thread: lower than a
     /// single-pid run's 100, since a service's runs are long (hours of samples) and it holds
     /// many targets; 0 turns them off.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 10)]
     stack_rate: u32,
     /// Write this file once the service runs (for scripts and tests).
     #[arg(long)]
