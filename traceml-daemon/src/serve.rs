@@ -393,8 +393,14 @@ struct Node {
     targets: HashMap<u32, Target>,
     /// The policy's decision per (pid, start time), logged once.
     decided: HashMap<(u32, u64), Decision>,
-    /// Processes attached once (a run that ended is not restarted on the same process).
+    /// Processes attached once (a run that ended is not restarted on the same process, unless
+    /// it ended because the process exec'd: its new program is looked at again).
     attached: std::collections::HashSet<(u32, u64)>,
+    /// Processes whose run ended with an exec, filled by their run's task.
+    execed: Rc<RefCell<Vec<(u32, u64)>>>,
+    /// Job directories handed out (an exec'd process gets a new one: same pid and start time).
+    /// By name, with the pid they were made for (forgotten once it is gone).
+    dirs: HashMap<String, u32>,
     /// Multi-rank jobs by key (the launcher's pid and start time, or the ranks' rendezvous).
     jobs: HashMap<String, JobGroup>,
     /// Processes that run no Python, by (pid, start time): their program (exe), and the scan
@@ -592,9 +598,18 @@ fn scan_once(
         targets,
         decided,
         attached,
+        execed,
+        dirs,
         jobs,
         not_python,
     } = node;
+    // A process that exec'd is a new program: decided on again (and attached again if it
+    // trains), in a directory of its own.
+    for key in execed.borrow_mut().drain(..) {
+        tracing::info!("pid {} exec'd: looking at its new program", key.0);
+        attached.remove(&key);
+        decided.remove(&key);
+    }
     let Some(all) = crate::procinfo::pids() else {
         return;
     };
@@ -602,6 +617,7 @@ fn scan_once(
     let alive: std::collections::HashSet<u32> = all.iter().copied().collect();
     // Forget what was learned of processes that are gone (bounded by the node's processes).
     decided.retain(|(pid, _), _| alive.contains(pid));
+    dirs.retain(|_, pid| alive.contains(pid));
     attached.retain(|(pid, _)| alive.contains(pid));
     not_python.retain(|(pid, _), _| alive.contains(pid));
     // Read once per scan, and only for processes not settled yet: an attached target, a process
@@ -697,7 +713,19 @@ fn scan_once(
                 (g.name.clone(), dir, Some(g.runs.clone()))
             }
             None => {
-                let job = job_dir_name(*pid);
+                // After an exec the same pid and start time: `-2`, `-3`, ... on the name.
+                let base = job_dir_name(*pid);
+                let job = (1..)
+                    .map(|n| {
+                        if n == 1 {
+                            base.clone()
+                        } else {
+                            format!("{base}-{n}")
+                        }
+                    })
+                    .find(|j| !dirs.contains_key(j) && !state_dir.join(j).exists())
+                    .expect("an unused name");
+                dirs.insert(job.clone(), *pid);
                 let dir = state_dir.join(&job);
                 (job, dir, None)
             }
@@ -750,9 +778,18 @@ fn scan_once(
                     });
                 }
             }),
-            _ => tokio::task::spawn_local(async move {
-                run.await;
-            }),
+            _ => {
+                let execed = execed.clone();
+                let key = (*pid, start);
+                tokio::task::spawn_local(async move {
+                    if run
+                        .await
+                        .is_some_and(|s| s.data_quality.end_reason == EndReason::TargetExeced)
+                    {
+                        execed.borrow_mut().push(key);
+                    }
+                })
+            }
         };
         targets.insert(
             *pid,

@@ -6,14 +6,13 @@
 //! capability set the unit grants, run with `setpriv` as an unprivileged user.
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
 use traceml_daemon::engine::Phase;
 
-/// A `serve` process, killed on drop.
 /// `serve`, and a workload started without the daemon's handshake (serve finds it by itself):
 /// both killed on drop.
 type Serve = Proc;
@@ -258,5 +257,94 @@ fn unit_file_verifies_and_its_capability_set_is_enough() {
     });
     let s = summary(&job_dir(&state, pa).unwrap());
     assert_eq!(s["primary_diagnosis"]["kind"], truth_kind(&t), "{s:#}");
+    stop(serve);
+}
+
+/// A process that execs a new training program keeps its pid: `serve` ends the first run at the
+/// exec (its summary says so) and attaches to the new program, in a directory of its own.
+#[test]
+fn serve_attaches_again_after_an_exec_in_a_new_directory() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("serve-exec");
+    let state = dir.join("state");
+    let ready = dir.join("ready");
+    let (before, after) = (200u32, 203u32);
+    let serve = Proc(
+        Command::new(daemon())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--scan-interval", "0.2", "--include", "*exec_restart.py *"])
+            .args([
+                "--include",
+                &format!("*input_bound_single.py --steps {after} *"),
+            ])
+            .arg("--ready-file")
+            .arg(&ready)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start serve"),
+    );
+    wait_for("serve's ready file", Duration::from_secs(10), || {
+        ready.exists()
+    });
+    let (t1, t2) = (dir.join("t1.json"), dir.join("t2.json"));
+    let mut job = Proc(
+        Command::new(python(11))
+            .arg(workspace().join("tests/workloads/exec_restart.py"))
+            .args(["--steps", &before.to_string(), "--truth"])
+            .arg(&t1)
+            .args(["--steps-after", &after.to_string(), "--truth-after"])
+            .arg(&t2)
+            .env("PYTHONPATH", workspace().join("tests/faketorch"))
+            .env("TRACEML_TESTS_BUILD", tests_build())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the workload"),
+    );
+    let pid = job.0.id();
+    assert!(job.0.wait().unwrap().success(), "the workload failed");
+    // Two directories of this pid, the second named `...-2`, each with its final summary.
+    let dirs = || -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&state)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        v.retain(|p| p.to_string_lossy().contains(&format!("-{pid}-")));
+        v.sort_by_key(|p| p.as_os_str().len());
+        v
+    };
+    wait_for(
+        "both runs' final summaries",
+        Duration::from_secs(15),
+        || {
+            let d = dirs();
+            d.len() == 2 && d.iter().all(|d| d.join("final_summary.json").exists())
+        },
+    );
+    let d = dirs();
+    assert!(d[1].to_string_lossy().ends_with("-2"), "{d:?}");
+    let (first, second) = (summary(&d[0]), summary(&d[1]));
+    assert_eq!(
+        first["data_quality"]["end_reason"], "target_execed",
+        "{}",
+        first["data_quality"]
+    );
+    assert_eq!(second["data_quality"]["end_reason"], "target_exited");
+    // Each run's steps are its own program's: no more than it ran, and most of them (serve
+    // attaches within a scan or two of torch being mapped; each run lasts ~7 s).
+    for (s, t, n) in [(&first, &t1, before), (&second, &t2, after)] {
+        let count = s["steps"]["count"].as_u64().unwrap();
+        assert!(
+            count <= u64::from(n) && count >= u64::from(n) / 3,
+            "{count} steps of {n}"
+        );
+        assert_eq!(s["primary_diagnosis"]["kind"], truth_kind(t), "{s:#}");
+    }
+    assert_ne!(first["target"]["cmdline"], second["target"]["cmdline"]);
     stop(serve);
 }
