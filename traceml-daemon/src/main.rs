@@ -614,16 +614,7 @@ impl SinglePidMetrics {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| format!("pid-{pid}"));
-        let info = metrics::JobInfo {
-            pid,
-            comm: traceml_daemon::procinfo::comm(pid)
-                .map(|b| traceml_daemon::sanitize::comm(&b))
-                .unwrap_or_default(),
-            command: traceml_daemon::procinfo::cmdline(pid)
-                .map(|b| traceml_daemon::sanitize::cmdline(&b).join(" "))
-                .unwrap_or_default(),
-            user: None,
-        };
+        let info = metrics::JobInfo::of(pid);
         exporter
             .lock()
             .unwrap_or_else(|p| p.into_inner())

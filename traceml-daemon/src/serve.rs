@@ -754,14 +754,7 @@ fn scan_once(
                 rank: rank.as_ref().map_or(0, |r| r.rank).to_string(),
                 sets_verdict: rank.as_ref().is_none_or(|r| r.rank == 0),
             };
-            let info = crate::metrics::JobInfo {
-                pid: *pid,
-                comm: crate::procinfo::comm(*pid)
-                    .map(|b| crate::sanitize::comm(&b))
-                    .unwrap_or_default(),
-                command: info.cmdline.join(" "),
-                user: info.user.clone(),
-            };
+            let info = crate::metrics::JobInfo::of(*pid);
             sink.with(|e| e.attached(&sink.job, &sink.rank, info));
             sink
         });

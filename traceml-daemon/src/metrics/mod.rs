@@ -19,7 +19,7 @@
 //! | `traceml_events_lost_total`, `traceml_probe_failures_total` | counter | job, rank |
 //! | `traceml_daemon_overhead_ratio` | gauge | job, rank |
 //! | `traceml_attached_jobs` | gauge | |
-//! | `traceml_job_info` | info | job, rank, pid, comm, command, user |
+//! | `traceml_job_info` | info | job, rank, pid, comm, command, user, container, pod, unit |
 //!
 //! Counters never go backwards: each is the largest value reported so far for its series (a
 //! snapshot of a run in progress closes its open step early, and a later harvest may measure
@@ -161,6 +161,57 @@ pub struct JobInfo {
     /// The command line, joined with spaces.
     pub command: String,
     pub user: Option<String>,
+    /// The container id (short, as `docker ps` shows it), from the cgroup path.
+    pub container: Option<String>,
+    /// `<namespace>/<name>` of the Kubernetes pod (or its uid when only that is known).
+    pub pod: Option<String>,
+    /// The systemd unit the process runs in (`slurmstepd`-style scopes included).
+    pub unit: Option<String>,
+}
+
+impl JobInfo {
+    /// The info series' values for process `pid`: name, command line and where it runs
+    /// ([`crate::identity`]), each sanitized for a label.
+    #[cfg(feature = "live")]
+    pub fn of(pid: u32) -> JobInfo {
+        JobInfo::with_identity(
+            pid,
+            crate::procinfo::comm(pid)
+                .map(|b| crate::sanitize::comm(&b))
+                .unwrap_or_default(),
+            crate::procinfo::cmdline(pid)
+                .map(|b| crate::sanitize::cmdline(&b).join(" "))
+                .unwrap_or_default(),
+            &crate::identity::of(pid),
+        )
+    }
+
+    /// Pure: the series' values from what was read.
+    pub fn with_identity(
+        pid: u32,
+        comm: String,
+        command: String,
+        id: &crate::event::Identity,
+    ) -> JobInfo {
+        let pod = match (&id.pod_namespace, &id.pod_name, &id.pod_uid) {
+            (Some(ns), Some(name), _) => Some(format!("{ns}/{name}")),
+            (None, Some(name), _) => Some(name.clone()),
+            (_, None, Some(uid)) => Some(uid.clone()),
+            _ => None,
+        };
+        JobInfo {
+            pid,
+            comm,
+            command,
+            user: id.user.clone().or_else(|| id.uid.map(|u| u.to_string())),
+            container: id
+                .container_id
+                .as_ref()
+                .map(|c| c.chars().take(12).collect()),
+            pod,
+            unit: id.unit.clone(),
+        }
+    }
 }
 
 /// A job's primary verdict.
@@ -499,7 +550,13 @@ impl Collector for Exposition {
                 for (r, rank) in &job.ranks {
                     let pid = rank.info.pid.to_string();
                     let (comm, command) = (label(&rank.info.comm), label(&rank.info.command));
-                    let user = label(rank.info.user.as_deref().unwrap_or(""));
+                    let opt = |v: &Option<String>| label(v.as_deref().unwrap_or(""));
+                    let user = opt(&rank.info.user);
+                    let (container, pod, unit) = (
+                        opt(&rank.info.container),
+                        opt(&rank.info.pod),
+                        opt(&rank.info.unit),
+                    );
                     let labels: Labels = vec![
                         ("job", j.as_str()),
                         ("rank", r.as_str()),
@@ -507,6 +564,9 @@ impl Collector for Exposition {
                         ("comm", &comm),
                         ("command", &command),
                         ("user", &user),
+                        ("container", &container),
+                        ("pod", &pod),
+                        ("unit", &unit),
                     ];
                     m.encode_info(&labels)?;
                 }

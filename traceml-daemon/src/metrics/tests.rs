@@ -45,6 +45,9 @@ fn exporter_with(sc: &fixtures::Scenario) -> (Exporter, Summary, StepTotals) {
             comm: "python".into(),
             command: "python train.py --lr 0.1".into(),
             user: Some("alice".into()),
+            container: Some("0123456789ab".into()),
+            pod: Some("team-a/trainer-0".into()),
+            unit: None,
         },
     );
     e.update(
@@ -118,7 +121,7 @@ fn exposition_holds_every_series_in_base_units() {
     assert_eq!(v["traceml_attached_jobs"], 1.0);
     assert_eq!(
         v[&format!(
-            r#"traceml_job_info{{{l},pid="4242",comm="python",command="python train.py --lr 0.1",user="alice"}}"#
+            r#"traceml_job_info{{{l},pid="4242",comm="python",command="python train.py --lr 0.1",user="alice",container="0123456789ab",pod="team-a/trainer-0",unit=""}}"#
         )],
         1.0
     );
@@ -256,6 +259,9 @@ fn hostile_names_cannot_break_the_exposition() {
                 comm: name.clone(),
                 command: format!("python {name}"),
                 user: Some(name.clone()),
+                container: Some(name.clone()),
+                pod: Some(format!("{name}/{name}")),
+                unit: Some(name.clone()),
             },
         );
         e.update(&job, "0", RankValues::default());
@@ -456,4 +462,25 @@ fn step_buckets_follow_le() {
     want[STEP_BUCKETS_NS.len()] = 1;
     assert_eq!(t.step_buckets, want);
     assert_eq!(t.step_buckets.iter().sum::<u64>(), t.count);
+}
+
+#[test]
+fn job_info_says_where_the_process_runs() {
+    let id = crate::identity::from_cgroup_path(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_7980_1a2b_3c4d5e6f7a8b.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope",
+    );
+    let i = JobInfo::with_identity(7, "python".into(), "python t.py".into(), &id);
+    assert_eq!(i.container.as_deref(), Some("0123456789ab"));
+    assert!(i.pod.is_some(), "{id:?}");
+    let plain = JobInfo::with_identity(
+        7,
+        "python".into(),
+        "python t.py".into(),
+        &crate::event::Identity {
+            uid: Some(1000),
+            ..Default::default()
+        },
+    );
+    assert_eq!(plain.user.as_deref(), Some("1000"));
+    assert_eq!((plain.container, plain.pod, plain.unit), (None, None, None));
 }
