@@ -205,6 +205,11 @@ struct ServeArgs {
     /// many targets; 0 turns them off.
     #[arg(long, default_value_t = 10)]
     stack_rate: u32,
+    /// Multi-rank jobs: a rank that completes no step for max(10 × its median step, this many
+    /// seconds) makes its job a HANG (written to the job's summary at once, with every rank's
+    /// stack).
+    #[arg(long, default_value_t = 60.0)]
+    hang_after: f64,
     /// Write this file once the service runs (for scripts and tests).
     #[arg(long)]
     ready_file: Option<PathBuf>,
@@ -289,6 +294,12 @@ fn main() -> ExitCode {
 
 #[cfg(feature = "live")]
 fn serve(a: ServeArgs) -> Result<u8, Failure> {
+    if !(a.hang_after.is_finite() && a.hang_after > 0.0) {
+        return Err(Failure::new(
+            2,
+            "--hang-after must be a positive number of seconds",
+        ));
+    }
     if !(a.window.is_finite() && a.window >= 1.0) {
         return Err(Failure::new(2, "--window must be at least 1 second"));
     }
@@ -314,6 +325,7 @@ fn serve(a: ServeArgs) -> Result<u8, Failure> {
         probe_policy: a.probe_set,
         overhead_budget: a.overhead_budget / 100.0,
         stack_rate: a.stack_rate,
+        hang_after: Duration::from_secs_f64(a.hang_after),
         ready_file: a.ready_file,
         metrics_addr,
     })

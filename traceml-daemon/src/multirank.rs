@@ -111,16 +111,7 @@ fn stuck(ranks: &mut [Rank], floor: Duration) -> Vec<Stuck> {
         if r.done.is_finished() {
             continue;
         }
-        r.fold.borrow_mut().advance(live::monotonic_ns());
-        let (n, total_ns) = r.fold.borrow().steps();
-        if n != r.progress.0 {
-            r.progress = (n, now);
-            continue;
-        }
-        let median = Duration::from_nanos(total_ns.checked_div(n).unwrap_or(0));
-        let limit = (median * 10).max(floor);
-        let idle = now.duration_since(r.progress.1);
-        if n > 0 && idle >= limit {
+        if let Some(idle) = idle_rank(&mut r.fold.borrow_mut(), &mut r.progress, now, floor) {
             out.push(Stuck {
                 rank: r.proc.rank,
                 idle_s: idle.as_secs_f64(),
@@ -128,6 +119,26 @@ fn stuck(ranks: &mut [Rank], floor: Duration) -> Vec<Stuck> {
         }
     }
     out
+}
+
+/// How long a running rank has completed no step, when that is a hang: over max(10 × its mean
+/// step, `floor`) with at least one step done. `progress` is (steps, when they changed), kept
+/// by the caller between checks.
+pub(crate) fn idle_rank(
+    fold: &mut Collector,
+    progress: &mut (u64, Instant),
+    now: Instant,
+    floor: Duration,
+) -> Option<Duration> {
+    fold.advance(live::monotonic_ns());
+    let (n, total_ns) = fold.steps();
+    if n != progress.0 {
+        *progress = (n, now);
+        return None;
+    }
+    let mean = Duration::from_nanos(total_ns.checked_div(n).unwrap_or(0));
+    let idle = now.duration_since(progress.1);
+    (n > 0 && idle >= (mean * 10).max(floor)).then_some(idle)
 }
 
 /// Writes `final_summary.json` into `dir`, created if missing (atomically, no link followed;

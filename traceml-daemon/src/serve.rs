@@ -38,6 +38,8 @@ pub struct ServeConfig {
     /// Percent of step time.
     pub overhead_budget: Option<f64>,
     pub stack_rate: Option<u32>,
+    /// Seconds, as `--hang-after`.
+    pub hang_after_s: Option<f64>,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
     pub include_users: Vec<String>,
@@ -87,6 +89,8 @@ pub struct ServeOptions {
     pub probe_policy: ProbePolicy,
     pub overhead_budget: f64,
     pub stack_rate: u32,
+    /// Multi-rank jobs: the floor of the hang threshold (`--hang-after`).
+    pub hang_after: Duration,
     /// Written once the supervisor runs (for scripts and tests).
     pub ready_file: Option<PathBuf>,
     /// Serve `/metrics` here (`--metrics-addr`; over the config file's `metrics_addr`).
@@ -215,6 +219,14 @@ struct Folds {
 }
 
 impl Folds {
+    fn new() -> Folds {
+        Folds {
+            run: Collector::new(),
+            window: Collector::new(),
+            gpu_utilization: None,
+        }
+    }
+
     fn push(&mut self, item: &StreamItem) {
         if let StreamItem::Sample(s) = item {
             self.gpu_utilization = crate::metrics::gpu_utilization(s);
@@ -261,13 +273,9 @@ async fn run_target(
     stop: watch::Receiver<Option<EndReason>>,
     window: Duration,
     metrics: Option<MetricsSink>,
+    folds: Rc<RefCell<Folds>>,
 ) -> Option<Summary> {
     opts.stop = Some(stop);
-    let folds = Rc::new(RefCell::new(Folds {
-        run: Collector::new(),
-        window: Collector::new(),
-        gpu_utilization: None,
-    }));
     let sink_folds = folds.clone();
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
     let refresh = crate::metrics::REFRESH;
@@ -322,9 +330,8 @@ async fn run_target(
             }
         }
     };
-    let Ok(folds) = Rc::try_unwrap(folds).map(RefCell::into_inner) else {
-        unreachable!("the run and its sink are gone");
-    };
+    // The job of a rank may hold the folds too (hang checks): what it sees from now on is empty.
+    let folds = folds.replace(Folds::new());
     match result {
         Ok(reason) => tracing::info!("pid {pid}: run ended ({reason:?})"),
         Err(e) if folds.run.events() == 0 => {
@@ -412,6 +419,10 @@ struct Node {
 /// How long a process that runs no Python is left alone (unless it execs).
 const NOT_PYTHON_RECHECK: Duration = Duration::from_secs(30);
 
+/// An attached rank as its job sees it: its folds (shared with its run) and its progress
+/// (steps, when they last changed).
+type LiveRank = (crate::job::RankProc, Rc<RefCell<Folds>>, (u64, Instant));
+
 /// The ranks of one multi-rank job on this node: each rank runs as its own target (its summaries
 /// under `rank-<r>/`); once none of them runs, the job's summary ([`crate::ranks::combine`]:
 /// STRAGGLER and the ranks table) is written in the job's directory.
@@ -427,6 +438,13 @@ struct JobGroup {
     written: usize,
     /// The launcher, whose exit (with no rank running) ends the group.
     launcher: Option<(u32, u64)>,
+    /// Each attached rank's folds, and its progress (steps, when they last changed).
+    live: Vec<LiveRank>,
+    /// A rank is a HANG after completing no step for max(10 × its mean step, this).
+    hang_after: Duration,
+    /// The ranks stuck at the last check, and every rank's stack then (for the HANG).
+    hung: Vec<crate::ranks::Stuck>,
+    hang_stacks: HashMap<u32, Vec<String>>,
 }
 
 impl JobGroup {
@@ -437,17 +455,23 @@ impl JobGroup {
         targets: &HashMap<u32, Target>,
         metrics: &Option<crate::metrics::http::Shared>,
     ) -> bool {
-        let running = self
-            .pids
-            .iter()
-            .any(|p| targets.get(p).is_some_and(|t| !t.done.is_finished()));
-        if running {
+        let is_running = |p: &u32| targets.get(p).is_some_and(|t| !t.done.is_finished());
+        if self.pids.iter().any(is_running) {
+            self.check_hang(is_running);
             return false;
         }
         let runs = self.runs.borrow();
         if runs.len() > self.written {
             self.written = runs.len();
-            match crate::ranks::combine(runs.clone(), self.info.clone(), &[]) {
+            // A job that ended hung (its ranks killed, or serve stopped) says so, with the
+            // stacks read while it hung.
+            let mut runs = runs.clone();
+            if !self.hung.is_empty() {
+                for r in &mut runs {
+                    r.stack = self.hang_stacks.get(&r.rank).cloned().unwrap_or_default();
+                }
+            }
+            match crate::ranks::combine(runs.clone(), self.info.clone(), &self.hung) {
                 Some(sum) => {
                     if let Some(exporter) = metrics {
                         let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
@@ -471,6 +495,59 @@ impl JobGroup {
         }
         self.launcher
             .is_none_or(|(pid, start)| start_time(pid) != Some(start))
+    }
+
+    /// While ranks run: a rank that stopped completing steps makes the job a HANG, written to
+    /// the job's `final_summary.json` at once (every running rank's stack in it) and logged at
+    /// warning, once per hang (again after the job made progress).
+    fn check_hang(&mut self, is_running: impl Fn(&u32) -> bool) {
+        let now = Instant::now();
+        let mut stuck = Vec::new();
+        for (p, folds, progress) in &mut self.live {
+            if !is_running(&p.pid) {
+                continue;
+            }
+            let mut f = folds.borrow_mut();
+            if let Some(idle) =
+                crate::multirank::idle_rank(&mut f.run, progress, now, self.hang_after)
+            {
+                stuck.push(crate::ranks::Stuck {
+                    rank: p.rank,
+                    idle_s: idle.as_secs_f64(),
+                });
+            }
+        }
+        if stuck.is_empty() {
+            self.hung.clear();
+            return;
+        }
+        let reported = !self.hung.is_empty();
+        self.hung = stuck;
+        if reported {
+            return;
+        }
+        let runs: Vec<crate::ranks::RankRun> = self
+            .live
+            .iter()
+            .filter(|(p, _, _)| is_running(&p.pid))
+            .map(|(p, folds, _)| {
+                let f = folds.borrow();
+                crate::ranks::RankRun {
+                    rank: p.rank,
+                    local_rank: p.local_rank,
+                    pid: p.pid,
+                    summary: f.run.snapshot(),
+                    stack: f.run.last_stack(),
+                }
+            })
+            .collect();
+        self.hang_stacks = runs.iter().map(|r| (r.rank, r.stack.clone())).collect();
+        if let Some(sum) = crate::ranks::combine(runs, self.info.clone(), &self.hung) {
+            tracing::warn!("job {}: HANG: {}", self.name, sum.primary_diagnosis.why);
+            if let Err(e) = write_summary(&self.dir, "final_summary", &sum) {
+                tracing::warn!("job {}: cannot write the HANG summary: {e}", self.name);
+            }
+        }
     }
 }
 
@@ -674,6 +751,7 @@ fn scan_once(
         if d != Decision::Attach || !attached.insert((*pid, start)) {
             continue;
         }
+        let folds = Rc::new(RefCell::new(Folds::new()));
         // A rank of a multi-rank job goes under its job's directory, as `rank-<r>/`.
         let rank = crate::job::rank_of(*pid).filter(|r| r.world_size.is_none_or(|w| w > 1));
         let (job, dir, group) = match &rank {
@@ -702,6 +780,13 @@ fn scan_once(
                         runs: Rc::default(),
                         written: 0,
                         launcher,
+                        live: Vec::new(),
+                        hang_after: cfg
+                            .hang_after_s
+                            .filter(|s| s.is_finite() && *s > 0.0)
+                            .map_or(opts.hang_after, Duration::from_secs_f64),
+                        hung: Vec::new(),
+                        hang_stacks: HashMap::new(),
                     }
                 });
                 if let Err(e) = crate::output::create_dir_private(&g.dir) {
@@ -709,6 +794,7 @@ fn scan_once(
                     continue;
                 }
                 g.pids.push(*pid);
+                g.live.push((r.clone(), folds.clone(), (0, Instant::now())));
                 let dir = g.dir.join(format!("rank-{}", r.rank));
                 (g.name.clone(), dir, Some(g.runs.clone()))
             }
@@ -758,7 +844,7 @@ fn scan_once(
             sink.with(|e| e.attached(&sink.job, &sink.rank, info));
             sink
         });
-        let run = run_target(*pid, dir, lo, rx, window, sink);
+        let run = run_target(*pid, dir, lo, rx, window, sink, folds);
         let done = match (rank, group) {
             (Some(r), Some(runs)) => tokio::task::spawn_local(async move {
                 if let Some(summary) = run.await {

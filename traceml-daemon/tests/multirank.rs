@@ -313,23 +313,18 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
     drop(job);
 }
 
-/// `serve` (no pid) groups the ranks of a torchrun job it discovers: one directory named after
-/// the launcher, each rank's summary under `rank-<r>/`, and the job's summary at the top naming
-/// the injected straggler.
-#[test]
-fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
-    if !root_or_skip() || torch_python().is_none() {
-        return;
-    }
-    let base = scratch("mr-serve");
+/// `serve` on ddp_train.py jobs (log to a file, which [`release_when_attached`] reads).
+fn start_serve(label: &str, extra: &[&str]) -> (Proc, PathBuf, PathBuf) {
+    let base = scratch(label);
     let state = base.join("state");
     let (ready, log) = (base.join("serving"), base.join("serve.log"));
-    let mut serve = Proc(
+    let serve = Proc(
         Command::new(daemon())
             .arg("serve")
             .arg("--state-dir")
             .arg(&state)
             .args(["--scan-interval", "0.2", "--include", "*ddp_train.py*"])
+            .args(extra)
             .arg("--ready-file")
             .arg(&ready)
             .env("RUST_LOG", "info")
@@ -338,10 +333,52 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
             .spawn()
             .expect("start serve"),
     );
-    let serve_pid = serve.0.id();
     wait_for("serve's ready file", Duration::from_secs(10), || {
         ready.exists()
     });
+    (serve, state, log)
+}
+
+/// Lets the job's ranks start their measured steps once serve has attached to every one (its
+/// log line), as a user's serve would have been long before.
+fn release_when_attached(job: &Job, log: &Path) {
+    let attached = |pid: u32| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains(&format!("attached to {pid} in"))
+    };
+    wait_for(
+        "serve to attach every rank",
+        Duration::from_secs(120),
+        || job.ranks.iter().all(|&p| attached(p)),
+    );
+    std::fs::write(job.dir.join("ready"), "go\n").unwrap();
+}
+
+/// SIGTERM to serve: it must exit 0 within 10 s.
+fn stop_serve(serve: &mut Proc) {
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = serve.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "serve still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "serve exited with {status}");
+}
+
+/// `serve` (no pid) groups the ranks of a torchrun job it discovers: one directory named after
+/// the launcher, each rank's summary under `rank-<r>/`, and the job's summary at the top naming
+/// the injected straggler.
+#[test]
+fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
+    if !root_or_skip() || torch_python().is_none() {
+        return;
+    }
+    let (mut serve, state, log) = start_serve("mr-serve", &[]);
     let args = [
         "--mode",
         "ddp",
@@ -359,19 +396,7 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
     let Some(mut job) = start("mr-serve-job", 2, &args) else {
         return;
     };
-    // Every rank attached before the first measured step (its log line), as a user's serve would
-    // have been long before.
-    let attached = |pid: u32| {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains(&format!("attached to {pid} in"))
-    };
-    wait_for(
-        "serve to attach both ranks",
-        Duration::from_secs(120),
-        || job.ranks.iter().all(|&p| attached(p)),
-    );
-    std::fs::write(job.dir.join("ready"), "go\n").unwrap();
+    release_when_attached(&job, &log);
     let launcher = job.torchrun.id();
     let t = Instant::now();
     while job.torchrun.try_wait().unwrap().is_none() {
@@ -413,15 +438,82 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
             "rank {pid} has its own job directory"
         );
     }
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(serve_pid as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = serve.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "serve still running");
-        std::thread::sleep(Duration::from_millis(20));
+    stop_serve(&mut serve);
+}
+
+/// `serve` finds a hung job by itself: the HANG (culprit rank, every rank's stack) is in the
+/// job's summary while the ranks still hang, and stays in it after the job is killed.
+#[test]
+fn serve_writes_a_hang_with_stacks_while_the_job_is_hung() {
+    if !root_or_skip() || torch_python().is_none() {
+        return;
+    }
+    let (mut serve, state, log) = start_serve("mr-serve-hang", &["--hang-after", "5"]);
+    let args = [
+        "--mode",
+        "ddp",
+        "--steps",
+        "200",
+        "--hang-rank",
+        "1",
+        "--hang-after",
+        "15",
+    ];
+    let Some(job) = start("mr-serve-hang-job", 2, &args) else {
+        return;
     };
-    assert!(status.success(), "serve exited with {status}");
+    release_when_attached(&job, &log);
+    let launcher = job.torchrun.id();
+    let hang = |s: &serde_json::Value| s["primary_diagnosis"]["kind"] == "HANG";
+    let t = Instant::now();
+    let summary = loop {
+        assert!(t.elapsed() < Duration::from_secs(120), "no HANG written");
+        if let Some(d) = job_dir(&state, launcher)
+            && let Ok(text) = std::fs::read_to_string(d.join("final_summary.json"))
+            && let Ok(s) = serde_json::from_str::<serde_json::Value>(&text)
+            && hang(&s)
+        {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Written while the job is hung: both ranks alive.
+    for pid in &job.ranks {
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "rank {pid} gone"
+        );
+    }
+    let culprit = |s: &serde_json::Value| s["primary_diagnosis"]["culprit_rank"].as_u64();
+    assert_eq!(
+        culprit(&summary),
+        Some(1),
+        "{:#}",
+        summary["primary_diagnosis"]
+    );
+    let stacks = |s: &serde_json::Value| -> Vec<usize> {
+        s["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["stack"].as_array().map_or(0, Vec::len))
+            .collect()
+    };
+    assert!(
+        stacks(&summary).len() == 2 && stacks(&summary).iter().all(|&n| n > 0),
+        "{:#}",
+        summary["ranks"]
+    );
+    // The job is killed (its launcher told to stop, then its ranks): its final summary keeps
+    // the HANG and the stacks read while it hung.
+    drop(job);
+    let d = job_dir(&state, launcher).unwrap();
+    wait_for("every rank's own summary", Duration::from_secs(20), || {
+        (0..2).all(|r| d.join(format!("rank-{r}/final_summary.json")).exists())
+    });
+    stop_serve(&mut serve);
+    let last = json(&d.join("final_summary.json"));
+    assert!(hang(&last), "{:#}", last["primary_diagnosis"]);
+    assert_eq!(culprit(&last), Some(1));
+    assert!(stacks(&last).iter().all(|&n| n > 0), "{:#}", last["ranks"]);
 }
