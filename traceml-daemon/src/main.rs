@@ -568,7 +568,18 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     let outcome = traceml_daemon::top::run(opts, display, |item, collector| {
         if let Some(w) = writer.as_mut() {
             w.write(item).map_err(|e| e.to_string())?;
-            if matches!(item, StreamItem::End(_) | StreamItem::Lost(_)) {
+            // Flushed at the attach (target, libraries), at every probe-set change and loss
+            // report, and with the probe counters (about once a second): a daemon killed with
+            // SIGKILL leaves a readable recording missing at most its last second.
+            if matches!(
+                item,
+                StreamItem::End(_)
+                    | StreamItem::Lost(_)
+                    | StreamItem::Target(_)
+                    | StreamItem::Library(_)
+                    | StreamItem::ProbeSet(_)
+                    | StreamItem::ProbeStats(_)
+            ) {
                 w.flush().map_err(|e| e.to_string())?;
             }
         }

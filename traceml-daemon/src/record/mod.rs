@@ -115,7 +115,8 @@ pub fn looks_like_recording(head: &[u8]) -> bool {
 
 /// Writes items as they come in the format of the file's name. The binary writer closes a
 /// block every 64 KiB or [`BLOCK_MAX_AGE`]; `flush` closes it at once (the live loop flushes at
-/// loss reports and at the end). Dropping the writer flushes it.
+/// the attach, loss reports, probe-set changes, about once a second and at the end). Dropping
+/// the writer flushes it.
 pub struct Writer {
     path: PathBuf,
     sink: Sink,
