@@ -147,6 +147,58 @@ pub struct Comparison {
     pub utilization: UtilizationDeltas,
     /// Caveats (decimated samples, data-quality differences).
     pub notes: Vec<String>,
+    /// Multi-rank jobs: each rank of either run, side by side (empty for jobs of one process).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankDelta>,
+}
+
+/// One rank of a multi-rank job in run A and run B (`None`: the rank is not in that run). Its
+/// median step time and its own verdict; the job's verdict above is the judgement, these say
+/// which rank moved.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankDelta {
+    pub rank: u32,
+    pub a_median_ms: Option<f64>,
+    pub b_median_ms: Option<f64>,
+    /// (B − A) / A, percent.
+    pub delta_pct: Option<f64>,
+    pub a_verdict: Option<String>,
+    pub b_verdict: Option<String>,
+}
+
+/// The ranks of both runs, by rank number.
+fn rank_deltas(a: &Summary, b: &Summary) -> Vec<RankDelta> {
+    let mut ids: Vec<u32> = a.ranks.iter().chain(&b.ranks).map(|r| r.rank).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.into_iter()
+        .map(|rank| {
+            let find = |s: &Summary| s.ranks.iter().find(|r| r.rank == rank).cloned();
+            let (ra, rb) = (find(a), find(b));
+            let med =
+                |r: &Option<crate::summary::RankSummary>| r.as_ref().and_then(|r| r.step_ms.median);
+            let (am, bm) = (med(&ra), med(&rb));
+            RankDelta {
+                rank,
+                a_median_ms: am,
+                b_median_ms: bm,
+                delta_pct: am
+                    .zip(bm)
+                    .filter(|(x, _)| *x > 0.0)
+                    .map(|(x, y)| (y - x) / x * 100.0),
+                a_verdict: ra.map(|r| r.verdict.as_str().to_owned()),
+                b_verdict: rb.map(|r| r.verdict.as_str().to_owned()),
+            }
+        })
+        .collect()
+}
+
+/// "rank 1 (STRAGGLER)" or "none": the job's culprit rank, when its verdict names one.
+fn culprit(s: &Summary) -> String {
+    let d = &s.primary_diagnosis;
+    d.culprit_rank.map_or("none".to_owned(), |r| {
+        format!("rank {r} ({})", d.kind.headline())
+    })
 }
 
 /// Compares run B against run A.
@@ -195,6 +247,20 @@ pub fn compare(a: &Summary, b: &Summary) -> Comparison {
             ));
         }
     }
+    let ranks = rank_deltas(a, b);
+    if !ranks.is_empty() {
+        let (ca, cb) = (culprit(a), culprit(b));
+        if ca != cb {
+            notes.push(format!("the job's culprit changed: A {ca} → B {cb}"));
+        }
+        if a.ranks.len() != b.ranks.len() {
+            notes.push(format!(
+                "ranks measured: A {}, B {}",
+                a.ranks.len(),
+                b.ranks.len()
+            ));
+        }
+    }
     let (verdict, reason) = judge(a, b, &step_ms, &phases, &memory, floor);
     Comparison {
         verdict,
@@ -206,6 +272,7 @@ pub fn compare(a: &Summary, b: &Summary) -> Comparison {
         memory,
         utilization,
         notes,
+        ranks,
     }
 }
 
@@ -426,6 +493,54 @@ fn judge(
 mod tests {
     use super::*;
     use crate::analysis::fixtures::{self, Scenario};
+
+    #[test]
+    fn multi_rank_jobs_are_compared_rank_by_rank() {
+        use crate::summary::{DiagnosisKind, RankSummary};
+        let rank = |r: u32, median: f64, verdict: DiagnosisKind| RankSummary {
+            rank: r,
+            pid: 100 + r,
+            steps: 60,
+            step_ms: crate::summary::StepMs {
+                median: Some(median),
+                ..Default::default()
+            },
+            verdict,
+            ..Default::default()
+        };
+        let mut a = fixtures::summary(&fixtures::input_fixed());
+        let mut b = a.clone();
+        a.ranks = vec![
+            rank(0, 40.0, DiagnosisKind::ComputeBound),
+            rank(1, 40.0, DiagnosisKind::ComputeBound),
+        ];
+        b.ranks = vec![
+            rank(0, 40.0, DiagnosisKind::ComputeBound),
+            rank(1, 55.0, DiagnosisKind::ComputeBound),
+            rank(2, 41.0, DiagnosisKind::ComputeBound),
+        ];
+        b.primary_diagnosis.kind = DiagnosisKind::Straggler;
+        b.primary_diagnosis.culprit_rank = Some(1);
+        let c = compare(&a, &b);
+        assert_eq!(c.ranks.len(), 3);
+        assert_eq!(c.ranks[0].delta_pct, Some(0.0));
+        assert!((c.ranks[1].delta_pct.unwrap() - 37.5).abs() < 1e-9);
+        assert_eq!(
+            (c.ranks[2].a_median_ms, c.ranks[2].b_median_ms),
+            (None, Some(41.0))
+        );
+        assert!(
+            c.notes
+                .iter()
+                .any(|n| n == "the job's culprit changed: A none → B rank 1 (STRAGGLER)"),
+            "{:?}",
+            c.notes
+        );
+        assert!(c.notes.iter().any(|n| n == "ranks measured: A 2, B 3"));
+        // A job of one process has no rank table.
+        let one = fixtures::summary(&fixtures::input_fixed());
+        assert!(compare(&one, &one).ranks.is_empty());
+    }
 
     #[test]
     fn input_bound_vs_fix_is_improvement_naming_input() {

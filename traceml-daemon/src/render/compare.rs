@@ -81,6 +81,27 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
         };
         out.push(row(format!("{branch} {}", phase.name()), d));
     }
+    if !c.ranks.is_empty() {
+        out.push("─".repeat(WIDTH));
+        out.push(format!(
+            "{:<22}{:>11}{:>11}{:>20}   own verdict A → B",
+            "RANKS", "A median", "B median", "delta"
+        ));
+        for r in &c.ranks {
+            let delta = r
+                .delta_pct
+                .map_or_else(|| "—".to_owned(), |pc| format!("{pc:+.0}%"));
+            let v = |x: &Option<String>| x.as_deref().unwrap_or("—").replace('_', "-");
+            out.push(format!(
+                "{:<22}{:>11}{:>11}{delta:>20}   {} → {}",
+                format!("rank {}", r.rank),
+                ms(r.a_median_ms),
+                ms(r.b_median_ms),
+                v(&r.a_verdict),
+                v(&r.b_verdict)
+            ));
+        }
+    }
     out.push("─".repeat(WIDTH));
     out.push(format!("{:<22}{:>11}{:>11}{:>20}", "", "A", "B", "delta"));
     let vrow = |name: &str, v: &ValueDelta, f: &dyn Fn(f64) -> String| {
@@ -170,6 +191,39 @@ mod tests {
             assert!(line.chars().count() <= WIDTH, "{line}");
         }
         insta::assert_snapshot!("compare_input_fix", t);
+    }
+
+    #[test]
+    fn ranks_side_by_side() {
+        use crate::summary::{DiagnosisKind, RankSummary, StepMs};
+        let rank = |r: u32, median: f64, verdict| RankSummary {
+            rank: r,
+            step_ms: StepMs {
+                median: Some(median),
+                ..Default::default()
+            },
+            verdict,
+            ..Default::default()
+        };
+        let mut a = fixtures::summary(&fixtures::input_fixed());
+        let mut b = a.clone();
+        a.ranks = vec![rank(0, 40.0, DiagnosisKind::ComputeBound)];
+        b.ranks = vec![
+            rank(0, 50.0, DiagnosisKind::InputBound),
+            rank(1, 41.0, DiagnosisKind::ComputeBound),
+        ];
+        let t = text(&compare(&a, &b));
+        for line in t.lines() {
+            assert!(line.chars().count() <= WIDTH, "{line}");
+        }
+        let row = |r: &str| t.lines().find(|l| l.starts_with(r)).unwrap_or_default();
+        assert!(t.contains("RANKS"), "{t}");
+        assert!(row("rank 0").contains("+25%"), "{t}");
+        assert!(
+            row("rank 0").ends_with("COMPUTE-BOUND → INPUT-BOUND"),
+            "{t}"
+        );
+        assert!(row("rank 1").ends_with("— → COMPUTE-BOUND"), "{t}");
     }
 
     #[test]
