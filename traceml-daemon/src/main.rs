@@ -517,11 +517,24 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
                 "--hang-after must be a positive number of seconds",
             ));
         }
-        if args.record.is_some() || metrics_at.is_some() {
-            eprintln!(
-                "traceml-daemon: --record and --metrics-addr are not supported for multi-rank jobs yet; ignored"
-            );
+        if args.record.is_some() {
+            eprintln!("traceml-daemon: --record is not supported for multi-rank jobs yet; ignored");
         }
+        let metrics = match metrics_at {
+            Some(addr) => {
+                let exporter = metrics::http::Shared::default();
+                let bound = metrics::http::serve(addr, exporter.clone()).map_err(|e| {
+                    Failure::new(2, format!("--metrics-addr {addr}: cannot listen: {e}"))
+                })?;
+                eprintln!("traceml-daemon: metrics at http://{bound}/metrics");
+                let label = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| format!("pid-{pid}"));
+                Some((exporter, label))
+            }
+            None => None,
+        };
         let ranks: Vec<String> = job
             .ranks
             .iter()
@@ -542,6 +555,7 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
                 hang_after: Duration::from_secs_f64(args.hang_after),
                 dir: dir.clone(),
                 duration: args.duration.map(Duration::from_secs_f64),
+                metrics,
             },
         )
         .map_err(|e| Failure::new(3, e))?;

@@ -28,11 +28,16 @@ pub struct JobOptions {
     /// Where each rank's own summary goes (`rank-<r>/`) and the interim HANG summary.
     pub dir: PathBuf,
     pub duration: Option<Duration>,
+    /// Where the job's series go on `/metrics` (`--metrics-addr`), under this job label; each
+    /// rank's with its rank label.
+    pub metrics: Option<(crate::metrics::http::Shared, String)>,
 }
 
 struct Rank {
     proc: RankProc,
     fold: Rc<RefCell<Collector>>,
+    /// Mean GPU utilization at the rank's latest sample, for `/metrics` (`None` without NVML).
+    gpu: Rc<std::cell::Cell<Option<f64>>>,
     stop: watch::Sender<Option<EndReason>>,
     done: tokio::task::JoinHandle<()>,
     /// Steps measured at the last progress, and when.
@@ -64,9 +69,14 @@ fn start(p: RankProc, opts: &live::Options, dir: &Path) -> Rank {
     o.duration = None;
     o.stop = Some(rx);
     let sink = fold.clone();
+    let gpu = Rc::new(std::cell::Cell::new(None));
+    let sink_gpu = gpu.clone();
     let pid = p.pid;
     let done = tokio::task::spawn_local(async move {
         let r = live::run(&o, move |item| {
+            if let crate::event::StreamItem::Sample(s) = item {
+                sink_gpu.set(crate::metrics::gpu_utilization(s));
+            }
             sink.borrow_mut().push(item);
             Ok(())
         })
@@ -80,9 +90,50 @@ fn start(p: RankProc, opts: &live::Options, dir: &Path) -> Rank {
     Rank {
         proc: p,
         fold,
+        gpu,
         stop: tx,
         done,
         progress: (0, Instant::now()),
+    }
+}
+
+/// The job on `/metrics`: each running rank's values so far, and the job's verdict from every
+/// rank's snapshot (STRAGGLER/HANG as the rules see the job now).
+fn export(
+    m: &(crate::metrics::http::Shared, String),
+    ranks: &[Rank],
+    job: &JobSpec,
+    stuck: &[Stuck],
+) {
+    let (exporter, label) = m;
+    let mut runs = Vec::new();
+    let mut values = Vec::new();
+    for r in ranks.iter().filter(|r| !r.done.is_finished()) {
+        let f = r.fold.borrow();
+        if f.events() == 0 {
+            continue;
+        }
+        let (s, t) = f.snapshot_with_totals();
+        values.push((
+            r.proc.rank.to_string(),
+            crate::metrics::RankValues::from_summary(&s, &t, r.gpu.get()),
+        ));
+        runs.push(RankRun {
+            rank: r.proc.rank,
+            local_rank: r.proc.local_rank,
+            pid: r.proc.pid,
+            summary: s,
+            stack: Vec::new(),
+        });
+    }
+    let verdict =
+        crate::ranks::combine(runs, job_info(job), stuck).map(|s| crate::metrics::Verdict::of(&s));
+    let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
+    for (rank, v) in values {
+        e.update(label, &rank, v);
+    }
+    if let Some(v) = verdict {
+        e.set_verdict(label, v);
     }
 }
 
@@ -171,10 +222,22 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
             mut int,
             mut hup,
         } = crate::serve::Signals::new()?;
+        let announce = |p: &RankProc| {
+            if let Some((exporter, label)) = &opts.metrics {
+                exporter.lock().unwrap_or_else(|p| p.into_inner()).attached(
+                    label,
+                    &p.rank.to_string(),
+                    crate::metrics::JobInfo::of(p.pid),
+                );
+            }
+        };
         let mut ranks: Vec<Rank> = job
             .ranks
             .drain(..)
-            .map(|p| start(p, &opts.rank, &opts.dir))
+            .map(|p| {
+                announce(&p);
+                start(p, &opts.rank, &opts.dir)
+            })
             .collect();
         // Ready once every rank is attached (or has failed to).
         if let Some(ready) = &opts.rank.ready_file {
@@ -203,6 +266,7 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
                         let known: Vec<u32> = ranks.iter().map(|r| r.proc.pid).collect();
                         for (p, _) in crate::job::ranks_below(l) {
                             if !known.contains(&p.pid) {
+                                announce(&p);
                                 ranks.push(start(p, &opts.rank, &opts.dir));
                             }
                         }
@@ -217,6 +281,9 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
                         }
                     } else if s.is_empty() {
                         hang_reported = false;
+                    }
+                    if let Some(m) = &opts.metrics {
+                        export(m, &ranks, &job, &s);
                     }
                     if ranks.iter().all(|r| r.done.is_finished()) {
                         break;
@@ -248,6 +315,7 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
             let _ = tokio::time::timeout(Duration::from_secs(8), &mut r.done).await;
         }
         let mut out = Vec::new();
+        let mut finals = Vec::new();
         for r in ranks {
             let fold = Rc::try_unwrap(r.fold)
                 .map(RefCell::into_inner)
@@ -260,9 +328,14 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
             if fold.events() == 0 {
                 continue;
             }
-            let summary = fold.finish();
+            let (summary, totals) = fold.finish_with_totals();
             let dir = opts.dir.join(format!("rank-{}", r.proc.rank));
             write_json(&dir, &summary);
+            finals.push(crate::metrics::RankValues::from_summary(
+                &summary,
+                &totals,
+                r.gpu.get(),
+            ));
             out.push(RankRun {
                 rank: r.proc.rank,
                 local_rank: r.proc.local_rank,
@@ -271,7 +344,17 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
                 stack: live_stacks.get(&r.proc.rank).cloned().unwrap_or_default(),
             });
         }
-        crate::ranks::combine(out, job_info(&job), &hung)
-            .ok_or_else(|| "no rank of the job could be attached".to_owned())
+        let ranks_ended: Vec<u32> = out.iter().map(|r| r.rank).collect();
+        let summary = crate::ranks::combine(out, job_info(&job), &hung)
+            .ok_or_else(|| "no rank of the job could be attached".to_owned())?;
+        if let Some((exporter, label)) = &opts.metrics {
+            let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
+            for (rank, values) in ranks_ended.iter().zip(finals) {
+                e.update(label, &rank.to_string(), values);
+                e.ended(label, &rank.to_string(), Instant::now());
+            }
+            e.set_verdict(label, crate::metrics::Verdict::of(&summary));
+        }
+        Ok(summary)
     })
 }

@@ -49,14 +49,6 @@ fn torch_python() -> Option<PathBuf> {
     ))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts `torchrun --nproc_per_node=n ddp_train.py args`, waits until every rank is ready.
 fn start(label: &str, n: u32, args: &[&str]) -> Option<Job> {
     if !root_or_skip() {
@@ -165,7 +157,27 @@ fn launcher_pid_names_the_straggler_of_two_ranks() {
         return;
     };
     let launcher = job.torchrun.id();
-    let s = daemon_on(&mut job, launcher, &[]);
+    // `/metrics` while the job runs: every rank's series, scraped as Prometheus would.
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut last = String::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some((200, body)) = get(addr, "/metrics")
+                    && body.contains("traceml_steps_total{")
+                {
+                    last = body;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            last
+        })
+    };
+    let s = daemon_on(&mut job, launcher, &["--metrics-addr", &addr.to_string()]);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let scraped = scraper.join().unwrap();
     assert_eq!(
         verdict(&s),
         ("STRAGGLER".into(), Some(1)),
@@ -173,6 +185,23 @@ fn launcher_pid_names_the_straggler_of_two_ranks() {
         s["primary_diagnosis"]
     );
     assert_eq!(s["ranks"].as_array().unwrap().len(), 2);
+    // Each rank's steps on /metrics while it ran: more than none, no more than its summary's.
+    for r in s["ranks"].as_array().unwrap() {
+        let rank = r["rank"].as_u64().unwrap();
+        let line = scraped
+            .lines()
+            .find(|l| {
+                l.starts_with("traceml_steps_total{") && l.contains(&format!("rank=\"{rank}\""))
+            })
+            .unwrap_or_else(|| panic!("no steps of rank {rank} on /metrics:\n{scraped}"));
+        let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(
+            n > 0.0 && n <= r["steps"].as_f64().unwrap(),
+            "rank {rank}: {n} steps on /metrics, {} in the summary",
+            r["steps"]
+        );
+    }
+    assert!(scraped.contains("traceml_job_info{"), "{scraped}");
     assert_eq!(s["job"]["launcher_pid"].as_u64(), Some(u64::from(launcher)));
     assert_eq!(s["primary_diagnosis"]["phase"], "forward");
 }
