@@ -154,8 +154,39 @@ fn user_name(uid: u32) -> Option<String> {
 
 /// `<comm>-<pid>-<start time>`: a new directory for a new process with a reused pid.
 fn job_dir_name(pid: u32) -> String {
+    job_dir_name_as(pid, None)
+}
+
+/// What a multi-rank job is called: its ranks' script (`train` of `python train.py`) or module
+/// (`-m pkg.train`), when their command line says; the launcher's name (`torchrun` shows as
+/// `pt_elastic`) says little.
+fn script_name(cmdline: &[String]) -> Option<String> {
+    let mut args = cmdline.iter().skip(1);
+    while let Some(a) = args.next() {
+        if a == "-m" {
+            return args
+                .next()
+                .map(|m| m.rsplit('.').next().unwrap_or(m).to_owned());
+        }
+        if a.ends_with(".py") {
+            return Path::new(a)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned());
+        }
+        if !a.starts_with('-') {
+            return None;
+        }
+    }
+    None
+}
+
+/// `<name>-<pid>-<start time>`, the name `comm` unless given.
+fn job_dir_name_as(pid: u32, name: Option<&str>) -> String {
     let stat = crate::procinfo::stat(pid);
-    let comm = stat.as_ref().map(|s| s.comm.clone()).unwrap_or_default();
+    let comm = name
+        .map(str::to_owned)
+        .or_else(|| stat.as_ref().map(|s| s.comm.clone()))
+        .unwrap_or_default();
     let start = stat
         .and_then(|s| crate::procinfo::start_unix_secs(&s))
         .unwrap_or(0);
@@ -767,7 +798,10 @@ fn scan_once(
                     ),
                 };
                 let g = jobs.entry(key).or_insert_with(|| {
-                    let name = job_dir_name(launcher.map_or(*pid, |(l, _)| l));
+                    let name = job_dir_name_as(
+                        launcher.map_or(*pid, |(l, _)| l),
+                        script_name(&info.cmdline).as_deref(),
+                    );
                     let dir = state_dir.join(&name);
                     let mut info = crate::multirank::job_info(&spec);
                     info.world_size = info.world_size.or(r.world_size);
@@ -883,4 +917,30 @@ fn scan_once(
 
 fn start_time(pid: u32) -> Option<u64> {
     crate::procinfo::start_state(pid).map(|(start, _)| start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_named_after_its_script() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            script_name(&v(&[
+                "/usr/bin/python3",
+                "-u",
+                "/w/ddp_train.py",
+                "--lr",
+                "1"
+            ])),
+            Some("ddp_train".into())
+        );
+        assert_eq!(
+            script_name(&v(&["python", "-m", "pkg.train", "--x"])),
+            Some("train".into())
+        );
+        assert_eq!(script_name(&v(&["python", "-c", "print(1)"])), None);
+        assert_eq!(script_name(&v(&["python"])), None);
+    }
 }

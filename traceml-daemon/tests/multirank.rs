@@ -439,6 +439,9 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
         job_dir(&state, launcher).is_some_and(|d| d.join("final_summary.json").exists())
     });
     let jd = job_dir(&state, launcher).unwrap();
+    // Named after the ranks' script, not the launcher's process name (`pt_elastic`).
+    let name = jd.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with(&format!("ddp_train-{launcher}-")), "{name}");
     let s = json(&jd.join("final_summary.json"));
     assert_eq!(
         verdict(&s),
