@@ -517,9 +517,6 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
                 "--hang-after must be a positive number of seconds",
             ));
         }
-        if args.record.is_some() {
-            eprintln!("traceml-daemon: --record is not supported for multi-rank jobs yet; ignored");
-        }
         let metrics = match metrics_at {
             Some(addr) => {
                 let exporter = metrics::http::Shared::default();
@@ -556,6 +553,7 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
                 dir: dir.clone(),
                 duration: args.duration.map(Duration::from_secs_f64),
                 metrics,
+                record: args.record.clone(),
             },
         )
         .map_err(|e| Failure::new(3, e))?;
@@ -582,18 +580,7 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     let outcome = traceml_daemon::top::run(opts, display, |item, collector| {
         if let Some(w) = writer.as_mut() {
             w.write(item).map_err(|e| e.to_string())?;
-            // Flushed at the attach (target, libraries), at every probe-set change and loss
-            // report, and with the probe counters (about once a second): a daemon killed with
-            // SIGKILL leaves a readable recording missing at most its last second.
-            if matches!(
-                item,
-                StreamItem::End(_)
-                    | StreamItem::Lost(_)
-                    | StreamItem::Target(_)
-                    | StreamItem::Library(_)
-                    | StreamItem::ProbeSet(_)
-                    | StreamItem::ProbeStats(_)
-            ) {
+            if record::flush_after(item) {
                 w.flush().map_err(|e| e.to_string())?;
             }
         }

@@ -31,6 +31,9 @@ pub struct JobOptions {
     /// Where the job's series go on `/metrics` (`--metrics-addr`), under this job label; each
     /// rank's with its rank label.
     pub metrics: Option<(crate::metrics::http::Shared, String)>,
+    /// `--record FILE`: each rank's stream to `FILE` with `.rank<r>` before its extension
+    /// ([`crate::record::rank_path`]).
+    pub record: Option<PathBuf>,
 }
 
 struct Rank {
@@ -60,7 +63,26 @@ fn ready_path(dir: &Path, pid: u32) -> PathBuf {
     dir.join(format!(".attached-{pid}"))
 }
 
-fn start(p: RankProc, opts: &live::Options, dir: &Path) -> Rank {
+/// The rank's recording, when asked for; a file that cannot be created is said and skipped
+/// (the other ranks and the summaries go on).
+fn rank_writer(record: Option<&Path>, rank: u32) -> Option<crate::record::Writer> {
+    let path = crate::record::rank_path(record?, rank);
+    match crate::output::create_file(&path, crate::output::Owner::from_sudo())
+        .map_err(|e| e.to_string())
+        .and_then(|f| crate::record::Writer::from_file(f, &path).map_err(|e| e.to_string()))
+    {
+        Ok(w) => {
+            tracing::info!("rank {rank}: recording to {}", path.display());
+            Some(w)
+        }
+        Err(e) => {
+            tracing::warn!("rank {rank}: cannot record to {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+fn start(p: RankProc, opts: &live::Options, dir: &Path, record: Option<&Path>) -> Rank {
     let fold = Rc::new(RefCell::new(Collector::new()));
     let (tx, rx) = watch::channel(None);
     let mut o = opts.clone();
@@ -72,10 +94,17 @@ fn start(p: RankProc, opts: &live::Options, dir: &Path) -> Rank {
     let gpu = Rc::new(std::cell::Cell::new(None));
     let sink_gpu = gpu.clone();
     let pid = p.pid;
+    let mut writer = rank_writer(record, p.rank);
     let done = tokio::task::spawn_local(async move {
         let r = live::run(&o, move |item| {
             if let crate::event::StreamItem::Sample(s) = item {
                 sink_gpu.set(crate::metrics::gpu_utilization(s));
+            }
+            if let Some(w) = writer.as_mut() {
+                w.write(item).map_err(|e| e.to_string())?;
+                if crate::record::flush_after(item) {
+                    w.flush().map_err(|e| e.to_string())?;
+                }
             }
             sink.borrow_mut().push(item);
             Ok(())
@@ -236,7 +265,7 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
             .drain(..)
             .map(|p| {
                 announce(&p);
-                start(p, &opts.rank, &opts.dir)
+                start(p, &opts.rank, &opts.dir, opts.record.as_deref())
             })
             .collect();
         // Ready once every rank is attached (or has failed to).
@@ -267,7 +296,7 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
                         for (p, _) in crate::job::ranks_below(l) {
                             if !known.contains(&p.pid) {
                                 announce(&p);
-                                ranks.push(start(p, &opts.rank, &opts.dir));
+                                ranks.push(start(p, &opts.rank, &opts.dir, opts.record.as_deref()));
                             }
                         }
                     }

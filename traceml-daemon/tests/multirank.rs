@@ -175,7 +175,17 @@ fn launcher_pid_names_the_straggler_of_two_ranks() {
             last
         })
     };
-    let s = daemon_on(&mut job, launcher, &["--metrics-addr", &addr.to_string()]);
+    let rec = job.dir.join("rec.trec");
+    let s = daemon_on(
+        &mut job,
+        launcher,
+        &[
+            "--metrics-addr",
+            &addr.to_string(),
+            "--record",
+            rec.to_str().unwrap(),
+        ],
+    );
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let scraped = scraper.join().unwrap();
     assert_eq!(
@@ -202,6 +212,22 @@ fn launcher_pid_names_the_straggler_of_two_ranks() {
         );
     }
     assert!(scraped.contains("traceml_job_info{"), "{scraped}");
+    // `--record`: one recording per rank, each replaying to that rank's own step count.
+    for r in s["ranks"].as_array().unwrap() {
+        let rank = r["rank"].as_u64().unwrap();
+        let file = job.dir.join(format!("rec.rank{rank}.trec"));
+        let out = job.dir.join(format!("replayed-{rank}"));
+        let o = Command::new(daemon())
+            .arg("replay")
+            .arg(&file)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let replayed = json(&out.join("final_summary.json"));
+        assert_eq!(replayed["steps"]["count"], r["steps"], "rank {rank}");
+    }
     assert_eq!(s["job"]["launcher_pid"].as_u64(), Some(u64::from(launcher)));
     assert_eq!(s["primary_diagnosis"]["phase"], "forward");
 }
@@ -441,7 +467,10 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
     let jd = job_dir(&state, launcher).unwrap();
     // Named after the ranks' script, not the launcher's process name (`pt_elastic`).
     let name = jd.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(name.starts_with(&format!("ddp_train-{launcher}-")), "{name}");
+    assert!(
+        name.starts_with(&format!("ddp_train-{launcher}-")),
+        "{name}"
+    );
     let s = json(&jd.join("final_summary.json"));
     assert_eq!(
         verdict(&s),

@@ -103,6 +103,35 @@ impl Format {
     }
 }
 
+/// The recording of one rank of a multi-rank job, next to `path`: `run.trec` → `run.rank1.trec`
+/// (`.jsonl`, `.jsonl.gz` and `.trec` kept last, so the format stays the one asked for).
+pub fn rank_path(path: &Path, rank: u32) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (stem, ext) = [".jsonl.gz", ".jsonl", ".trec", ".gz"]
+        .iter()
+        .find_map(|e| name.strip_suffix(e).map(|s| (s.to_owned(), *e)))
+        .unwrap_or((name, ""));
+    path.with_file_name(format!("{stem}.rank{rank}{ext}"))
+}
+
+/// Whether a live run flushes its recording after writing `item`: at the attach (target,
+/// libraries), at probe-set changes and loss reports, with the probe counters (about once a
+/// second) and at the end; a daemon killed with SIGKILL loses at most about its last second.
+pub fn flush_after(item: &StreamItem) -> bool {
+    matches!(
+        item,
+        StreamItem::End(_)
+            | StreamItem::Lost(_)
+            | StreamItem::Target(_)
+            | StreamItem::Library(_)
+            | StreamItem::ProbeSet(_)
+            | StreamItem::ProbeStats(_)
+    )
+}
+
 /// Whether a file starting with `head` is a recording of either format (a gzip stream counts:
 /// recordings are the only gzip files the daemon reads).
 pub fn looks_like_recording(head: &[u8]) -> bool {

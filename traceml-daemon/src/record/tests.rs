@@ -606,3 +606,19 @@ fn bad_inputs_get_clear_errors() {
         Err(RecordError::Malformed { line: 2, .. })
     ));
 }
+
+#[test]
+fn rank_recordings_keep_their_format() {
+    let p = |s: &str| PathBuf::from(s);
+    assert_eq!(rank_path(&p("/r/run.trec"), 1), p("/r/run.rank1.trec"));
+    assert_eq!(rank_path(&p("run.jsonl.gz"), 0), p("run.rank0.jsonl.gz"));
+    assert_eq!(rank_path(&p("a.b.jsonl"), 3), p("a.b.rank3.jsonl"));
+    assert_eq!(rank_path(&p("rec"), 2), p("rec.rank2"));
+    for (path, fmt) in [
+        ("x.trec", Format::Binary),
+        ("x.jsonl.gz", Format::JsonlGz),
+        ("x.jsonl", Format::Jsonl),
+    ] {
+        assert_eq!(Format::for_path(&rank_path(&p(path), 7)), fmt);
+    }
+}
