@@ -517,6 +517,12 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
                 "--hang-after must be a positive number of seconds",
             ));
         }
+        if top {
+            eprintln!(
+                "traceml-daemon: top has no live view of a multi-rank job yet; measuring every \
+                 rank, the job's summary at the end"
+            );
+        }
         let metrics = match metrics_at {
             Some(addr) => {
                 let exporter = metrics::http::Shared::default();
