@@ -244,8 +244,10 @@ pub fn long_live(ctx: &mut Ctx, steps: u32) -> anyhow::Result<LongBench> {
             d.0 = None;
             break st;
         }
+        // A zombie's status has no RssAnon (read as 0): the daemon exited between the two
+        // checks; that is not a sample.
         if t0.elapsed() >= next
-            && let Some(s) = sample(dpid, ctx.clk_tck, t0)
+            && let Some(s) = sample(dpid, ctx.clk_tck, t0).filter(|s| s.anon_kb > 0)
         {
             samples.push(s);
             next += Duration::from_secs(10);
@@ -263,6 +265,15 @@ pub fn long_live(ctx: &mut Ctx, steps: u32) -> anyhow::Result<LongBench> {
         "the daemon counted {steps_counted} steps of the {steps_truth} the job ran"
     );
     ensure!(samples.len() >= 2, "the run was too short to sample");
+    // The raw series, for a second look.
+    let csv: String = std::iter::once("t_s,cpu_s,rss_anon_kb,vm_hwm_kb\n".to_owned())
+        .chain(
+            samples
+                .iter()
+                .map(|s| format!("{:.1},{:.2},{},{}\n", s.t_s, s.cpu_s, s.anon_kb, s.hwm_kb)),
+        )
+        .collect();
+    std::fs::write(dir.join("samples.csv"), csv)?;
     Ok(LongBench {
         steps_truth,
         steps_counted,
