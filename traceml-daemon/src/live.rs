@@ -887,8 +887,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     // wake-ups were these polls.
     let ring_events = run.opts.ring_bytes as usize / size_of::<RawEvent>();
     let (poll_fast, poll_slow) = (Duration::from_millis(10), Duration::from_millis(50));
-    let mut poll_every = poll_fast;
-    let poll = tokio::time::sleep(poll_every);
+    let poll = tokio::time::sleep(poll_fast);
     tokio::pin!(poll);
     // /proc/<pid>/maps of a torch process is thousands of lines: read every `rescan_interval`
     // for the first 10 s (libraries loaded at start-up: CUDA is initialised lazily), then every
@@ -927,8 +926,8 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             _ = &mut poll => {
                 let n = run.drain(k);
                 run.process(Some(Duration::from_millis(20)))?;
-                poll_every = if n > ring_events / 256 { poll_fast } else { poll_slow };
-                poll.as_mut().reset(tokio::time::Instant::now() + poll_every);
+                let every = if n > ring_events / 256 { poll_fast } else { poll_slow };
+                poll.as_mut().reset(tokio::time::Instant::now() + every);
             }
             guard = ready.readable() => {
                 if let Ok(mut guard) = guard {

@@ -585,10 +585,7 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     let display = traceml_daemon::top::display_for(top, args.common.quiet);
     let outcome = traceml_daemon::top::run(opts, display, |item, collector| {
         if let Some(w) = writer.as_mut() {
-            w.write(item).map_err(|e| e.to_string())?;
-            if record::flush_after(item) {
-                w.flush().map_err(|e| e.to_string())?;
-            }
+            w.write_live(item).map_err(|e| e.to_string())?;
         }
         if let Some(m) = metrics.as_ref() {
             m.observe(item, collector);

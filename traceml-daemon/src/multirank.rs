@@ -101,10 +101,7 @@ fn start(p: RankProc, opts: &live::Options, dir: &Path, record: Option<&Path>) -
                 sink_gpu.set(crate::metrics::gpu_utilization(s));
             }
             if let Some(w) = writer.as_mut() {
-                w.write(item).map_err(|e| e.to_string())?;
-                if crate::record::flush_after(item) {
-                    w.flush().map_err(|e| e.to_string())?;
-                }
+                w.write_live(item).map_err(|e| e.to_string())?;
             }
             sink.borrow_mut().push(item);
             Ok(())

@@ -120,7 +120,7 @@ pub fn rank_path(path: &Path, rank: u32) -> PathBuf {
 /// Whether a live run flushes its recording after writing `item`: at the attach (target,
 /// libraries), at probe-set changes and loss reports, with the probe counters (about once a
 /// second) and at the end; a daemon killed with SIGKILL loses at most about its last second.
-pub fn flush_after(item: &StreamItem) -> bool {
+fn flush_after(item: &StreamItem) -> bool {
     matches!(
         item,
         StreamItem::End(_)
@@ -229,6 +229,15 @@ impl Writer {
             Sink::Binary(e) => e.write(item),
         }
         .map_err(|e| self.err(e))
+    }
+
+    /// Writes an item of a live run, flushing where [`flush_after`] says.
+    pub fn write_live(&mut self, item: &StreamItem) -> Result<(), RecordError> {
+        self.write(item)?;
+        if flush_after(item) {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     pub fn flush(&mut self) -> Result<(), RecordError> {
