@@ -49,6 +49,22 @@ fn torch_python() -> Option<PathBuf> {
     ))
 }
 
+/// Two ranks of DDP, rank 1 sleeping 15 ms at the start of every forward (60 steps).
+const STRAGGLER_2: [&str; 12] = [
+    "--mode",
+    "ddp",
+    "--steps",
+    "60",
+    "--straggler-rank",
+    "1",
+    "--straggler-phase",
+    "compute",
+    "--straggler-ms",
+    "15",
+    "--straggler-how",
+    "sleep",
+];
+
 /// Starts `torchrun --nproc_per_node=n ddp_train.py args`, waits until every rank is ready.
 fn start(label: &str, n: u32, args: &[&str]) -> Option<Job> {
     if !root_or_skip() {
@@ -139,21 +155,7 @@ fn verdict(s: &serde_json::Value) -> (String, Option<u64>) {
 
 #[test]
 fn launcher_pid_names_the_straggler_of_two_ranks() {
-    let args = [
-        "--mode",
-        "ddp",
-        "--steps",
-        "60",
-        "--straggler-rank",
-        "1",
-        "--straggler-phase",
-        "compute",
-        "--straggler-ms",
-        "15",
-        "--straggler-how",
-        "sleep",
-    ];
-    let Some(mut job) = start("mr-2", 2, &args) else {
+    let Some(mut job) = start("mr-2", 2, &STRAGGLER_2) else {
         return;
     };
     let launcher = job.torchrun.id();
@@ -434,21 +436,7 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
         return;
     }
     let (mut serve, state, log) = start_serve("mr-serve", &[]);
-    let args = [
-        "--mode",
-        "ddp",
-        "--steps",
-        "60",
-        "--straggler-rank",
-        "1",
-        "--straggler-phase",
-        "compute",
-        "--straggler-ms",
-        "15",
-        "--straggler-how",
-        "sleep",
-    ];
-    let Some(mut job) = start("mr-serve-job", 2, &args) else {
+    let Some(mut job) = start("mr-serve-job", 2, &STRAGGLER_2) else {
         return;
     };
     release_when_attached(&job, &log);
