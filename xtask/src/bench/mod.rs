@@ -123,11 +123,12 @@ pub fn bench(
         return replay_section(&path, if quick { 1_000_000 } else { replay::STEPS });
     }
     if inprocess_only {
-        // What is iterated on: the dev build (shared with `cargo xtask test`), this section only.
-        let mut ctx = prepare(false, false)?;
+        // The release build, as users install it (`cargo install`) and as the full bench runs
+        // it: a debug daemon spends several times the CPU on its own loop.
+        let mut ctx = prepare(true, false)?;
         let schedule = inprocess::schedule();
         let runs = inprocess::run_all(&mut ctx, &schedule);
-        let section = report::inprocess(&runs, &schedule, "target/debug/traceml-daemon");
+        let section = report::inprocess(&runs, &schedule, "target/release/traceml-daemon");
         let old = std::fs::read_to_string(&path).unwrap_or_default();
         std::fs::write(&path, report::splice_inprocess(&old, &section))
             .context("writing BENCHMARKS.md")?;
