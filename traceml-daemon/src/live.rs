@@ -911,11 +911,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let rescan_started = tokio::time::Instant::now();
     let mut rescan_slow = false;
     let mut sample = interval(run.opts.sample_interval);
-    // The governor looks once a second, every 250 ms while it learns the loop with every probe
-    // (the costly set: it is left as soon as the markers carry the steps).
-    let govern_every = |learning: bool| Duration::from_millis(if learning { 250 } else { 1000 });
-    let mut govern_learning = governor.learning();
-    let mut govern = interval(govern_every(govern_learning));
+    let mut govern = interval(Duration::from_secs(1));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
     for i in [&mut rescan, &mut sample, &mut govern, &mut stack] {
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -1000,12 +996,6 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 };
                 if let Some(d) = governor.tick(tick) {
                     apply(run, k, d)?;
-                }
-                if governor.learning() != govern_learning {
-                    govern_learning = governor.learning();
-                    let every = govern_every(govern_learning);
-                    govern = interval_at(tokio::time::Instant::now() + every, every);
-                    govern.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 }
             }
             _ = recv(&mut sigint) => return Ok(EndReason::Interrupted),
