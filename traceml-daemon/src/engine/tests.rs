@@ -822,41 +822,6 @@ fn python_probe_detach_closes_open_frames_at_the_switch() {
     );
 }
 
-/// The detach lands inside a DataLoader `__next__` frame before torch's record_function of
-/// that fetch was entered: the record that follows is the same batch, not a step of its own
-/// (a real-torch run counted 81 steps of 80 before).
-#[test]
-fn python_probe_detach_inside_a_fetch_does_not_split_the_batch() {
-    use crate::event::ProbeSet;
-    let mut t = Trace::new();
-    let p = PID;
-    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
-    t.step(0);
-    // Step 1 starts with the Python frame of the fetch; the probe goes at 1005, before the
-    // record (1010).
-    t.enter(1000, p, DL);
-    t.items.push(StreamItem::ProbeSet(Box::new(ProbeSet {
-        ts: 1005,
-        python: false,
-        launch_events: true,
-        reason: String::new(),
-    })));
-    t.rec(1010, p, dl).rec_end(1190, p);
-    t.call(1510, p, Api::TorchBackward)
-        .ret(1710, p, Api::TorchBackward)
-        .rec(1720, p, "Optimizer.step#SGD.step")
-        .rec_end(1850, p);
-    t.rec(2000, p, dl).rec_end(2200, p);
-    t.call(2510, p, Api::TorchBackward)
-        .ret(2710, p, Api::TorchBackward);
-    t.rec(3000, p, dl);
-    let out = t.codes().run();
-    assert_eq!(out.steps.len(), 3, "the cut fetch is one batch");
-    assert_eq!(out.unmatched_events, 0, "a detach is no loss");
-    assert_eq!(out.steps[1].phase_ns[Phase::InputWait as usize], 185);
-    assert_eq!(out.steps[1].phase_ns[Phase::Forward as usize], 320);
-}
-
 /// A long run is harvested as it streams: every step is measured exactly, the kept steps are a
 /// bounded sample, and what the engine holds does not grow with the run.
 #[test]
