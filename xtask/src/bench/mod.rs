@@ -124,7 +124,7 @@ pub fn bench(
     }
     if inprocess_only {
         // The release build, as users install it (`cargo install`) and as the full bench runs
-        // it: a debug daemon spends several times the CPU on its own loop.
+        // it (this section's runs before 2026-12-01 evening used the dev build).
         let mut ctx = prepare(true, false)?;
         let schedule = inprocess::schedule();
         let runs = inprocess::run_all(&mut ctx, &schedule);
