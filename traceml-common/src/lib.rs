@@ -78,6 +78,11 @@ pub enum EventKind {
     RecordEnter = 6,
     /// `record_function_exit` of the innermost open record on this thread.
     RecordExit = 7,
+    /// The target process called `execve` (the `sched_process_exec` tracepoint, emitted for the
+    /// target's tgid only): its program is gone, yet the uprobes placed in it stay registered
+    /// on its task and fire in the new program (same files, same task) until they are removed.
+    /// Nothing after this event belongs to the run. args: none.
+    Exec = 8,
 }
 
 impl TryFrom<u32> for EventKind {
@@ -91,6 +96,7 @@ impl TryFrom<u32> for EventKind {
             5 => EventKind::Launch,
             6 => EventKind::RecordEnter,
             7 => EventKind::RecordExit,
+            8 => EventKind::Exec,
             other => return Err(other),
         })
     }
@@ -145,6 +151,9 @@ pub enum ProbeId {
     NcclReduce = 64,
     NcclSend = 65,
     NcclRecv = 66,
+    // kernel
+    /// The `sched_process_exec` tracepoint (an [`EventKind::Exec`]).
+    ProcessExec = 70,
 }
 
 impl TryFrom<u32> for ProbeId {
@@ -182,6 +191,7 @@ impl TryFrom<u32> for ProbeId {
             64 => NcclReduce,
             65 => NcclSend,
             66 => NcclRecv,
+            70 => ProcessExec,
             other => return Err(other),
         })
     }

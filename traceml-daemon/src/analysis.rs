@@ -897,6 +897,7 @@ fn data_quality(
         boundary: engine.boundary,
         unmatched_events: engine.unmatched_events,
         reordered_events: engine.reordered_events,
+        events_after_exec: engine.after_exec_events,
         partial_steps_dropped: engine.partial_steps_dropped,
         samples: u32::try_from(samples).unwrap_or(u32::MAX),
         end_reason,

@@ -378,6 +378,8 @@ pub struct Watch {
     python_base: Option<u64>,
     events: Option<ProcEvents>,
     seen: Seen,
+    /// The kernel marked the target's exec in the event stream (`sched_process_exec`).
+    exec_marked: bool,
     end: Option<TargetEnd>,
 }
 
@@ -401,6 +403,7 @@ impl Watch {
             python_base,
             events,
             seen: Seen::default(),
+            exec_marked: false,
             end: None,
         }
     }
@@ -419,6 +422,12 @@ impl Watch {
         Some(reason)
     }
 
+    /// The event stream holds the target's exec: [`Watch::check`] says so from now on (unless
+    /// the new program already exits).
+    pub fn mark_exec(&mut self) {
+        self.exec_marked = true;
+    }
+
     /// How the target ended, once [`Watch::check`] said it did.
     pub fn take_end(&mut self) -> Option<TargetEnd> {
         self.end.take()
@@ -429,12 +438,16 @@ impl Watch {
         if let Some(ev) = self.events.as_mut() {
             ev.drain(self.pid, &mut self.seen);
         }
+        let seen = Seen {
+            exec: self.seen.exec || self.exec_marked,
+            ..self.seen
+        };
         let decision = decide(
             self.start,
             self.python_base,
             python_base_now,
             stat,
-            self.seen,
+            seen,
             self.events.is_some(),
         );
         match decision {
@@ -457,6 +470,8 @@ impl Watch {
                     exec: program_of(self.pid),
                     source: if self.seen.exec {
                         "process events connector".into()
+                    } else if self.exec_marked {
+                        "sched_process_exec tracepoint".into()
                     } else {
                         "the target's memory map changed".into()
                     },

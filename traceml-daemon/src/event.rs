@@ -278,7 +278,9 @@ impl Api {
             P::NcclReduce => Api::NcclReduce,
             P::NcclSend => Api::NcclSend,
             P::NcclRecv => Api::NcclRecv,
-            P::PyEval | P::TorchRecordEnter | P::TorchRecordExit => return None,
+            P::PyEval | P::TorchRecordEnter | P::TorchRecordExit | P::ProcessExec => {
+                return None;
+            }
         })
     }
 
@@ -405,6 +407,10 @@ pub enum Kind {
     RecordEnter { name: String },
     /// The innermost open `record_function` of this thread closed.
     RecordExit,
+    /// The process called `execve`: its program is gone, and whatever the probes report after
+    /// this instant comes from the new program (they stay registered on the task until the
+    /// daemon removes them). The engine ends the process's trace here.
+    Exec,
 }
 
 /// Why a raw event could not be decoded.
@@ -472,6 +478,8 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
             }
         }
         EventKind::RecordExit => Kind::RecordExit,
+        EventKind::Exec if probe == ProbeId::ProcessExec => Kind::Exec,
+        EventKind::Exec => return Err(mismatch()),
     };
     Ok(Event {
         ts: raw.ts_ns,
@@ -553,7 +561,8 @@ pub struct TargetEnd {
 pub enum EndReason {
     /// The target process exited.
     TargetExited,
-    /// The target called exec: its memory (and our probes) are gone.
+    /// The target called exec: its program is gone (the probes of the old one would fire in the
+    /// new one until removed; the engine ends the trace at the exec, see [`Kind::Exec`]).
     TargetExeced,
     /// The target was killed by a signal (which: [`TargetEnd::signal`]).
     TargetKilled,
@@ -630,6 +639,10 @@ mod tests {
         assert_eq!(decode(&r), Err(DecodeError::Kind(99)));
         let r = raw(EventKind::Launch, ProbeId::PyEval, [0; 5]);
         assert!(matches!(decode(&r), Err(DecodeError::Mismatch { .. })));
+        let r = raw(EventKind::Exec, ProbeId::PyEval, [0; 5]);
+        assert!(matches!(decode(&r), Err(DecodeError::Mismatch { .. })));
+        let r = raw(EventKind::Exec, ProbeId::ProcessExec, [0; 5]);
+        assert_eq!(decode(&r).unwrap().kind, Kind::Exec);
     }
 
     #[test]

@@ -236,6 +236,9 @@ struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
     /// Stack sample functions named so far.
     funcs: HashMap<(std::sync::Arc<str>, std::sync::Arc<str>, u32), u32>,
     stack_errors: u64,
+    /// The kernel marked the target's exec in the ring: the run is over (the loop confirms
+    /// with the connector or the memory map at once, not at the next rescan).
+    execed: bool,
 }
 
 impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
@@ -267,6 +270,8 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             if raw.kind == traceml_common::EventKind::PyEnter as u32 {
                 self.tstates.insert(raw.tid, raw.args[4]);
                 self.classify(k, &raw);
+            } else if raw.kind == traceml_common::EventKind::Exec as u32 {
+                self.execed = true;
             }
         }
         self.backlog.len() - first
@@ -655,6 +660,7 @@ pub async fn run(
         stacks: None,
         funcs: HashMap::new(),
         stack_errors: 0,
+        execed: false,
     };
     if opts.stack_rate > 0 {
         match StackReader::from_target(&py, &run.mem) {
@@ -911,7 +917,11 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let rescan_started = tokio::time::Instant::now();
     let mut rescan_slow = false;
     let mut sample = interval(run.opts.sample_interval);
-    let mut govern = interval(Duration::from_secs(1));
+    // The governor looks once a second, every 250 ms while it learns the loop with every probe
+    // (the costly set: it is left as soon as the markers carry the steps).
+    let govern_every = |learning: bool| Duration::from_millis(if learning { 250 } else { 1000 });
+    let mut govern_learning = governor.learning();
+    let mut govern = interval(govern_every(govern_learning));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
     for i in [&mut rescan, &mut sample, &mut govern, &mut stack] {
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -949,6 +959,17 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                     guard.clear_ready();
                 }
                 run.drain(k);
+            }
+            // The exec is in the stream (the engine ends the trace there): the run is over.
+            _ = std::future::ready(()), if run.execed => {
+                watch.mark_exec();
+                let mappings = maps::read(pid).ok();
+                let base = mappings.as_ref().map(|m| maps::base_of(m, &run.python_path));
+                if let Some(reason) = watch.check(base) {
+                    return Ok(reason);
+                }
+                // Exiting already: its status is on the way; look again shortly.
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             _ = rescan.tick() => {
                 if !rescan_slow && rescan_started.elapsed() >= Duration::from_secs(10) {
@@ -996,6 +1017,12 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 };
                 if let Some(d) = governor.tick(tick) {
                     apply(run, k, d)?;
+                }
+                if governor.learning() != govern_learning {
+                    govern_learning = governor.learning();
+                    let every = govern_every(govern_learning);
+                    govern = interval_at(tokio::time::Instant::now() + every, every);
+                    govern.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 }
             }
             _ = recv(&mut sigint) => return Ok(EndReason::Interrupted),

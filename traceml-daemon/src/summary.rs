@@ -587,6 +587,10 @@ pub struct DataQuality {
     pub boundary: Option<Boundary>,
     pub unmatched_events: u64,
     pub reordered_events: u64,
+    /// Probe events left out because they came after the target's exec: the probes of the old
+    /// program fire in the new one until the daemon removes them (not lost, not this run's).
+    #[serde(default)]
+    pub events_after_exec: u64,
     pub partial_steps_dropped: u32,
     /// Periodic samples in the stream.
     pub samples: u32,
@@ -609,6 +613,7 @@ impl Default for DataQuality {
             boundary: None,
             unmatched_events: 0,
             reordered_events: 0,
+            events_after_exec: 0,
             partial_steps_dropped: 0,
             samples: 0,
             end_reason: EndReason::Truncated,

@@ -395,8 +395,8 @@ fn target_exit_ends_the_run_with_a_valid_summary() {
     );
 }
 
-/// The target execs /bin/sh: the daemon notices (its probes died with the old image), ends with
-/// `target_execed` and exit 0, and the summary holds exactly what happened before the exec. The
+/// The target execs /bin/sh: the daemon notices (the exec is marked in the event stream), ends
+/// with `target_execed` and exit 0, and the summary holds exactly what happened before the exec. The
 /// new image runs normally.
 #[test]
 fn target_exec_ends_the_run_with_what_came_before() {
@@ -423,6 +423,20 @@ fn target_exec_ends_the_run_with_what_came_before() {
         f.stderr
     );
     assert_eq!(end_item(&f.items), Some(EndReason::TargetExeced));
+    // The kernel marks the exec in the stream (sched_process_exec), once, after everything the
+    // old program did.
+    let execs: Vec<u64> = events(&f.items)
+        .filter(|e| e.tgid == pid && e.kind == Kind::Exec)
+        .map(|e| e.ts)
+        .collect();
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert!(
+        events(&f.items)
+            .filter(|e| e.tgid == pid)
+            .all(|e| e.ts <= execs[0]),
+        "/bin/sh maps no probed library: nothing after the exec"
+    );
+    assert_eq!(f.summary.data_quality.events_after_exec, 0);
     let program = f.summary.run.end.as_ref().and_then(|e| e.exec.clone());
     assert!(
         program.as_deref().is_some_and(|p| p.ends_with("sh")),

@@ -15,9 +15,9 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
         bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
     },
-    macros::{map, uprobe, uretprobe},
+    macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, RetProbeContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use aya_log_ebpf::{debug, warn};
 use traceml_common::{
@@ -45,6 +45,10 @@ static CODE_PTR_MASK: u64 = u64::MAX;
 /// Offset of `co_name` in the code object (from `PyCode_Type.tp_members`); 0 to skip.
 #[unsafe(no_mangle)]
 static CODE_NAME_OFFSET: u64 = 0;
+
+/// The target's process id (tgid), for the programs that run for every process.
+#[unsafe(no_mangle)]
+static TARGET_TGID: u32 = 0;
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
@@ -529,6 +533,26 @@ pub fn mark_exit(ctx: ProbeContext) -> u32 {
     emit(EventKind::CallExit, cookie(&ctx), |e| {
         e.args = [0, 0, 1, 0, 0]
     });
+    0
+}
+
+/// `sched_process_exec` (every exec on the host: one compare for the others): the target
+/// exec'd. The uprobes placed in its old program stay registered on its task and fire in the
+/// new one (same libraries, same task) until userspace removes them; this event, in timestamp
+/// order with the rest, is where the run ends. Wakes userspace.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+    let (tgid, _) = current();
+    let target = global(&TARGET_TGID);
+    if target == 0 || tgid != target {
+        return 0;
+    }
+    emit_with(
+        EventKind::Exec,
+        ProbeId::ProcessExec as u32,
+        BPF_RB_FORCE_WAKEUP,
+        |_| {},
+    );
     0
 }
 

@@ -411,6 +411,7 @@ impl Attacher {
             .override_global("FRAME_CODE_OFFSET", &cfg.frame_code_offset, true)
             .override_global("CODE_PTR_MASK", &cfg.code_ptr_mask, true)
             .override_global("CODE_NAME_OFFSET", &cfg.code_name_offset, true)
+            .override_global("TARGET_TGID", &pid.get(), true)
             .map_max_entries("EVENTS", cfg.ring_bytes)
             .load(crate::EBPF_OBJECT)
             .map_err(AttachError::Load)?;
@@ -423,7 +424,29 @@ impl Attacher {
             python_links: Vec::new(),
         };
         attacher.set_launch_events(cfg.launch_events)?;
+        if let Err(e) = attacher.watch_exec() {
+            // The run still ends at an exec (the connector or the memory map says so), only
+            // less exactly: what the new program does before that is seen counts.
+            tracing::warn!("the target's exec will not be marked in the event stream: {e}");
+        }
         Ok(attacher)
+    }
+
+    /// Places the `sched_process_exec` program (a raw tracepoint: no tracefs needed), which
+    /// marks the target's exec in the event stream (see `traceml_common::EventKind::Exec`).
+    fn watch_exec(&mut self) -> Result<(), AttachError> {
+        const NAME: &str = "process_exec";
+        let prog: &mut aya::programs::RawTracePoint = self
+            .ebpf
+            .program_mut(NAME)
+            .ok_or(AttachError::NoProgram(NAME))?
+            .try_into()
+            .map_err(|source| AttachError::Program { name: NAME, source })?;
+        prog.load()
+            .map_err(|source| AttachError::Program { name: NAME, source })?;
+        prog.attach("sched_process_exec")
+            .map_err(|source| AttachError::Program { name: NAME, source })?;
+        Ok(())
     }
 
     /// Every kernel launch an event (true) or only counted (false); takes effect at once.

@@ -227,6 +227,10 @@ pub struct EngineOutput {
     /// Timestamp of the last event.
     #[serde(default)]
     pub last_ts: Option<u64>,
+    /// Events left out because they came after their process's exec (the probes of the old
+    /// program fire in the new one until they are removed): not of this run, not lost.
+    #[serde(default)]
+    pub after_exec_events: u64,
 }
 
 /// A stack sample placed in the training thread's timeline.
@@ -423,6 +427,9 @@ pub struct Engine {
     /// kernel was still detaching would never report an exit).
     python_on: bool,
     folds: HashMap<u32, ThreadFold>,
+    /// Processes (tgid) that exec'd, and when: their later events are the new program's.
+    execs: HashMap<u32, u64>,
+    after_exec: u64,
     stacks: Vec<crate::event::StackSample>,
     events: u64,
     first_ts: Option<u64>,
@@ -455,6 +462,8 @@ impl Engine {
             python_marks: Default::default(),
             python_on: true,
             folds: HashMap::new(),
+            execs: HashMap::new(),
+            after_exec: 0,
             stacks: Vec::new(),
             events: 0,
             first_ts: None,
@@ -542,6 +551,18 @@ impl Engine {
     }
 
     fn fold(&mut self, e: crate::event::Event) {
+        // Folded in timestamp order: everything of the process after its exec is the new
+        // program's (its stacks of open calls end with the trace, closed at its end).
+        if self.execs.get(&e.tgid).is_some_and(|&at| e.ts >= at) {
+            self.after_exec += 1;
+            return;
+        }
+        if matches!(e.kind, Kind::Exec) {
+            self.execs.insert(e.tgid, e.ts);
+            self.last_ts = self.last_ts.max(e.ts);
+            self.released_ts = self.released_ts.max(e.ts);
+            return;
+        }
         self.apply_python_marks(e.ts);
         if !self.python_on && matches!(e.kind, Kind::PyEnter { .. } | Kind::PyExit { .. }) {
             return;
@@ -690,6 +711,7 @@ impl Engine {
             boundary: Some(Boundary::None),
             events: self.events,
             last_ts: self.first_ts.map(|_| self.last_ts),
+            after_exec_events: self.after_exec,
             ..EngineOutput::default()
         };
         if self.first_ts.is_none() {

@@ -102,6 +102,35 @@ impl Trace {
         self.ev(ts, tid, Kind::RecordExit)
     }
 
+    /// The frame-evaluator probe's detach at `ts` (a `probe_set` item).
+    fn detach(&mut self, ts: u64) -> &mut Trace {
+        self.items
+            .push(StreamItem::ProbeSet(Box::new(crate::event::ProbeSet {
+                ts,
+                python: false,
+                launch_events: true,
+                reason: String::new(),
+            })));
+        self
+    }
+
+    /// Markers only (after a detach), from 1510: the backward and optimizer of step 1, step 2
+    /// (DataLoader record at 2000, backward), and the record that starts step 3 at 3000.
+    fn markers_after_detach(&mut self) -> &mut Trace {
+        let (p, dl) = (
+            PID,
+            "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        );
+        self.call(1510, p, Api::TorchBackward)
+            .ret(1710, p, Api::TorchBackward)
+            .rec(1720, p, "Optimizer.step#SGD.step")
+            .rec_end(1850, p);
+        self.rec(2000, p, dl).rec_end(2200, p);
+        self.call(2510, p, Api::TorchBackward)
+            .ret(2710, p, Api::TorchBackward);
+        self.rec(3000, p, dl)
+    }
+
     /// One 1000 ns step of the main thread starting at `b`, no two events at the same instant:
     /// input 200, h2d 50 (4096 B), forward 260 (the span from the end of input to backward, less
     /// the copy: nested modules, 1 launch), backward 200 (1 launch from another thread),
@@ -772,7 +801,6 @@ fn no_forward_span_without_backward() {
 /// the engine closes them at the switch instead of letting them run to the trace's end.
 #[test]
 fn python_probe_detach_closes_open_frames_at_the_switch() {
-    use crate::event::ProbeSet;
     let mut t = Trace::new();
     let p = PID;
     let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
@@ -784,20 +812,8 @@ fn python_probe_detach_closes_open_frames_at_the_switch() {
         .rec_end(1190, p)
         .exit(1200, p, DL)
         .enter(1300, p, MODULE);
-    t.items.push(StreamItem::ProbeSet(Box::new(ProbeSet {
-        ts: 1420,
-        python: false,
-        launch_events: true,
-        reason: String::new(),
-    })));
-    t.call(1510, p, Api::TorchBackward)
-        .ret(1710, p, Api::TorchBackward)
-        .rec(1720, p, "Optimizer.step#SGD.step")
-        .rec_end(1850, p);
-    t.rec(2000, p, dl).rec_end(2200, p);
-    t.call(2510, p, Api::TorchBackward)
-        .ret(2710, p, Api::TorchBackward);
-    t.rec(3000, p, dl);
+    t.detach(1420);
+    t.markers_after_detach();
     let out = t.codes().run();
     assert_eq!(out.steps.len(), 3);
     assert_eq!(out.unmatched_events, 0, "a detach is no loss");
@@ -820,6 +836,58 @@ fn python_probe_detach_closes_open_frames_at_the_switch() {
             (Phase::Residual, 290),
         ])
     );
+}
+
+/// The detach lands inside a DataLoader `__next__` frame before torch's record_function of
+/// that fetch was entered: the record that follows is the same batch, not a step of its own
+/// (a real-torch run counted 81 steps of 80 before).
+#[test]
+fn python_probe_detach_inside_a_fetch_does_not_split_the_batch() {
+    let mut t = Trace::new();
+    let p = PID;
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    t.step(0);
+    // Step 1 starts with the Python frame of the fetch; the probe goes at 1005, before the
+    // record (1010).
+    t.enter(1000, p, DL);
+    t.detach(1005);
+    t.rec(1010, p, dl).rec_end(1190, p);
+    t.markers_after_detach();
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 3, "the cut fetch is one batch");
+    assert_eq!(out.unmatched_events, 0, "a detach is no loss");
+    assert_eq!(out.steps[1].phase_ns[Phase::InputWait as usize], 185);
+    assert_eq!(out.steps[1].phase_ns[Phase::Forward as usize], 320);
+}
+
+/// The probes of a program stay registered on its task after an exec and fire in the new
+/// program: the exec ends the process's trace, and the new program's first DataLoader call
+/// (that would have ended the step the old program's last, StopIteration, fetch started) is
+/// not a step of this run (a serve run counted 201 of 200 steps before).
+#[test]
+fn events_after_the_exec_are_the_new_programs() {
+    let mut t = Trace::new();
+    let p = PID;
+    for i in 0..3 {
+        t.step(i * 1000);
+    }
+    // The old program's final fetch raises StopIteration (seen as a record only: the
+    // frame-evaluator probe is detached), then it execs.
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    t.rec(3000, p, dl).rec_end(3010, p);
+    t.ev(3100, p, Kind::Exec);
+    // The new program, 200 ns later, with the old probes: a fetch, a backward, a fetch.
+    t.rec(3300, p, dl).rec_end(3400, p);
+    t.call(3500, p, Api::TorchBackward)
+        .ret(3600, p, Api::TorchBackward);
+    t.rec(3700, p, dl).rec_end(3800, p);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 3, "{:?}", out.steps);
+    assert_eq!(out.after_exec_events, 6);
+    assert_eq!(out.unmatched_events, 0);
+    assert_eq!(out.last_ts, Some(3100));
+    // The step the last fetch opened is cut by the exec: partial, not measured.
+    assert!(out.steps.iter().all(|s| s.end_ns <= 3000));
 }
 
 /// A long run is harvested as it streams: every step is measured exactly, the kept steps are a

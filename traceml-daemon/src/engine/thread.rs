@@ -155,6 +155,9 @@ struct Open {
     copy: Option<usize>,
     outer_optimizer: bool,
     outer_sync: bool,
+    /// An outermost DataLoader call inside which another DataLoader entry (torch's
+    /// `record_function`) was already seen.
+    inner_input: bool,
 }
 
 impl Open {
@@ -178,6 +181,10 @@ pub(crate) struct ThreadFold {
     /// Where the forward span that the next backward closes started: the end of the last
     /// outermost DataLoader call or optimizer step (see [`ThreadFold::open`]).
     forward_from: Option<u64>,
+    /// A DataLoader call whose Python frame the frame-evaluator probe's detach closed before
+    /// torch's `record_function` of the same fetch was entered: that entry continues the call
+    /// instead of starting a batch of its own (see [`ThreadFold::close_python`]).
+    input_cut: Option<usize>,
     sync_depth: u32,
     copy_depth: u32,
     /// Last runtime launch not yet paired with a driver launch.
@@ -312,6 +319,8 @@ impl ThreadFold {
                 );
             }
             Kind::RecordExit => self.close_matching(Key::Record, ts, false),
+            // The engine ends the process's trace there; nothing opens or closes.
+            Kind::Exec => {}
         }
     }
 
@@ -366,17 +375,27 @@ impl ThreadFold {
             copy: None,
             outer_optimizer: false,
             outer_sync: false,
+            inner_input: false,
         };
         if phase == Some(Phase::InputWait) {
-            if self.input_depth == 0 {
+            if let Some(i) = self.input_cut.take().filter(|_| self.input_depth == 0) {
+                // The fetch the detach cut: this is its record_function, not a new batch.
+                open.input_call = Some(i);
+                open.inner_input = true;
+            } else if self.input_depth == 0 {
                 self.out.input_calls.push(InputCall { ts, raised: false });
                 self.out.n_input_calls += 1;
                 open.input_call = Some(self.out.input_base + self.out.input_calls.len() - 1);
                 // A new batch before any backward: the span since the last one was no forward
                 // pass we can delimit (an evaluation loop, a skipped batch).
                 self.forward_from = None;
+            } else if let Some(outer) = self.stack.iter_mut().find(|o| o.input_call.is_some()) {
+                outer.inner_input = true;
             }
             self.input_depth += 1;
+        } else {
+            // Anything else entered after the cut: the fetch was over.
+            self.input_cut = None;
         }
         if phase == Some(Phase::Backward) {
             // The forward span: from the end of the last batch fetch (or optimizer step) to the
@@ -483,6 +502,11 @@ impl ThreadFold {
         self.index.clear();
         for open in stack {
             if matches!(open.what, What::Py) {
+                // A DataLoader `__next__` frame cut before torch's record_function of the
+                // fetch was entered: that record, when it comes, is the same batch.
+                if self.input_depth == 1 && open.input_call.is_some() && !open.inner_input {
+                    self.input_cut = open.input_call;
+                }
                 self.close(open, ts, false, false);
             } else {
                 let pos = self.stack.len();

@@ -106,6 +106,9 @@ fn kind_code(k: &Kind) -> u8 {
         Kind::Launch { .. } => 4,
         Kind::RecordEnter { .. } => 5,
         Kind::RecordExit => 6,
+        // 7, the last 3-bit code, stays free for an escape; an exec (once a run) is written
+        // as a JSON `item` frame (see [`EventEncoder::encode`]).
+        Kind::Exec => unreachable!("an exec has no compact code"),
     }
 }
 
@@ -187,9 +190,10 @@ pub struct EventEncoder {
 impl EventEncoder {
     /// Appends the payload of `e`'s `event` frame to `out` and returns its zigzag timestamp
     /// delta (which goes to the block's timestamp column); `None`, writing nothing, for an api
-    /// without a code (the caller writes the event as JSON).
+    /// without a code or an exec (the caller writes the event as JSON).
     pub fn encode(&mut self, e: &Event, out: &mut Vec<u8>) -> Option<u64> {
         let api = match &e.kind {
+            Kind::Exec => return None,
             Kind::CallEnter { api, .. } | Kind::CallExit { api, .. } | Kind::Launch { api } => {
                 api_code(*api)?
             }
@@ -242,7 +246,7 @@ impl EventEncoder {
                 put_varint(out, name.len() as u64);
                 out.extend_from_slice(name.as_bytes());
             }
-            Kind::Launch { .. } | Kind::RecordExit => {}
+            Kind::Launch { .. } | Kind::RecordExit | Kind::Exec => {}
         }
         out[flags_at] = flags;
         Some(delta)

@@ -131,6 +131,8 @@ fn every_item() -> Vec<StreamItem> {
             },
         ),
         ev(1_340, 100, Kind::RecordExit),
+        // An exec (a JSON frame amid the compact events).
+        ev(1_345, 100, Kind::Exec),
         ev(
             1_350,
             100,
