@@ -1059,6 +1059,8 @@ pub(crate) mod fixtures {
                 syncs: if sc.cuda { 1 } else { 0 },
                 collectives: 0,
                 collective_bytes: 0,
+                micro_batches: 1,
+                learning: false,
             });
             t += dur;
         }

@@ -89,13 +89,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{Class, Kind, StreamItem};
 
+mod cutter;
 #[cfg(test)]
 mod tests;
 mod thread;
 mod timeline;
 
+use cutter::{Cutter, cut_dataloader, cut_exits, cut_windows};
 use thread::{Dir, InputCall, ThreadFold, ThreadTrace};
-use timeline::{Cut, Timeline, push_step};
+use timeline::{Cut, Timeline};
 
 /// The phases of a step, in the order the report lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -187,6 +189,14 @@ pub struct Step {
     /// Their bytes, where the call says (NCCL).
     #[serde(default)]
     pub collective_bytes: u64,
+    /// Micro-batches (fetch, forward, backward) in this optimizer step: more than one under
+    /// gradient accumulation. 0 where none was seen (no backward probe, an inference loop).
+    #[serde(default)]
+    pub micro_batches: u32,
+    /// Taken while the frame-evaluator probe was armed (the governor's learning period, whose
+    /// probe cost inflates the step): kept out of the shares when steady steps exist.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub learning: bool,
 }
 
 impl Step {
@@ -231,6 +241,24 @@ pub struct EngineOutput {
     /// program fire in the new one until they are removed): not of this run, not lost.
     #[serde(default)]
     pub after_exec_events: u64,
+    /// Sums over the measured steps not taken under the learning probe set ([`Step::learning`]).
+    #[serde(default)]
+    pub steady: StepTotals,
+    /// Evaluation segments between optimizer steps (see [`cutter`]'s doc).
+    #[serde(default)]
+    pub evaluation: EvalTotals,
+}
+
+/// Sums over the evaluation segments: fetches and forwards with no backward between two
+/// optimizer steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalTotals {
+    pub segments: u64,
+    /// Batches fetched in them.
+    pub batches: u64,
+    pub wall_ns: u64,
+    /// Exclusive time per phase, indexed by [`Phase::index`]; sums to `wall_ns`.
+    pub phase_ns: [u64; N_PHASES],
 }
 
 /// A stack sample placed in the training thread's timeline.
@@ -263,6 +291,9 @@ pub struct StepTotals {
     pub collectives: u64,
     #[serde(default)]
     pub collective_bytes: u64,
+    /// Micro-batches summed over the steps.
+    #[serde(default)]
+    pub micro_batches: u64,
     /// Steps per duration bucket: `step_buckets[i]` counts the steps longer than
     /// `STEP_BUCKETS_NS[i - 1]` and at most `STEP_BUCKETS_NS[i]`; the last one, the longer steps
     /// (the exact histogram behind `traceml_step_duration_seconds`).
@@ -323,6 +354,7 @@ impl StepTotals {
         self.syncs += u64::from(s.syncs);
         self.collectives += u64::from(s.collectives);
         self.collective_bytes += s.collective_bytes;
+        self.micro_batches += u64::from(s.micro_batches);
     }
 }
 
@@ -334,6 +366,10 @@ pub const MAX_SAMPLES_KEPT: usize = 8192;
 /// Events may arrive this much out of timestamp order (per-CPU ring buffer reservations, the
 /// live loop's drains); older ones are folded late and counted as reordered.
 pub const REORDER_NS: u64 = 200_000_000;
+/// A loop with DataLoader calls and backward passes but no optimizer step yet is not cut into
+/// steps until this many backwards (a gradient-accumulation window of that length); past it,
+/// its steps are DataLoader steps (a hand-written update without `torch.optim`).
+pub const ACCUMULATION_WAIT: u64 = 64;
 /// Steps are harvested into the bounded output about this often (stream time).
 pub const HARVEST_NS: u64 = 2_000_000_000;
 
@@ -400,15 +436,6 @@ impl Ord for Queued {
     }
 }
 
-/// Where the step cutter of the training thread stands between harvests.
-#[derive(Clone, Debug, Default)]
-struct Cutter {
-    /// The first boundary was consumed (the attach fragment before it is counted once).
-    started: bool,
-    /// Start of the step in progress.
-    open: Option<u64>,
-}
-
 /// The phase engine as a fold: [`Engine::push`] each stream item, [`Engine::finish`] for the
 /// output. Memory is bounded by the nesting of open calls, the reorder window, the time since
 /// the last harvest, the number of code objects and threads, and the kept samples — never by
@@ -435,13 +462,21 @@ pub struct Engine {
     first_ts: Option<u64>,
     last_ts: u64,
     next_harvest: u64,
-    /// Training thread and boundary of the last harvest.
-    choice: Option<(u32, Boundary)>,
+    /// Training thread, boundary, and whether steps are optimizer-step windows, of the last
+    /// harvest.
+    choice: Option<(u32, Boundary, bool)>,
     cutter: Cutter,
     partial: u32,
     steps: Thinned<Step>,
     samples: Thinned<PhaseSample>,
     totals: StepTotals,
+    steady: StepTotals,
+    evaluation: EvalTotals,
+    /// The frame-evaluator probe was armed by a probe switch over these intervals (`None`: still
+    /// armed): steps overlapping them are [`Step::learning`].
+    armed: Vec<(u64, Option<u64>)>,
+    /// The trace ended: the last harvest also closes the window in progress.
+    ending: bool,
 }
 
 impl Default for Engine {
@@ -475,6 +510,10 @@ impl Engine {
             steps: Thinned::new(MAX_STEPS_KEPT),
             samples: Thinned::new(MAX_SAMPLES_KEPT),
             totals: StepTotals::default(),
+            steady: StepTotals::default(),
+            evaluation: EvalTotals::default(),
+            armed: Vec::new(),
+            ending: false,
         }
     }
 
@@ -590,13 +629,22 @@ impl Engine {
             if !on && self.python_on {
                 self.folds.values_mut().for_each(|f| f.close_python(at));
             }
+            match self.armed.last_mut() {
+                Some((_, end @ None)) if !on => *end = Some(at),
+                Some((_, None)) => {}
+                _ if on => self.armed.push((at, None)),
+                _ => {}
+            }
             self.python_on = on;
             self.python_marks.pop();
         }
     }
 
-    /// The training thread and its boundary from what was seen so far (see the module doc).
-    fn choose(&self) -> Option<(u32, Boundary)> {
+    /// The training thread, its boundary, and whether its steps are optimizer-step windows, from
+    /// what was seen so far (see the module doc). `None` while a loop with DataLoader calls and
+    /// backward passes has not reached its first optimizer step yet (gradient accumulation: its
+    /// micro-batches are no steps), for at most [`ACCUMULATION_WAIT`] backwards.
+    fn choose(&self) -> Option<(u32, Boundary, bool)> {
         let (tid, t) = self
             .folds
             .iter()
@@ -620,25 +668,37 @@ impl Engine {
         } else {
             Boundary::SyncPattern
         };
-        Some((tid, boundary))
+        let windowed = t.n_input_calls > 0 && t.n_optimizer_exits > 0;
+        if !windowed
+            && !self.ending
+            && t.n_input_calls > 0
+            && (1..ACCUMULATION_WAIT).contains(&t.n_backwards)
+        {
+            return None;
+        }
+        Some((tid, boundary, windowed))
     }
 
     /// Measures the training thread's steps that end before `watermark` (and before anything
     /// still open on it), adds them to the output, and prunes what they no longer need.
     fn harvest(&mut self, watermark: u64) {
-        let Some((tid, boundary)) = self.choose() else {
+        let Some((tid, boundary, windowed)) = self.choose() else {
             return;
         };
-        if self.choice.is_some_and(|c| c != (tid, boundary)) {
+        if self.choice.is_some_and(|c| c != (tid, boundary, windowed)) {
             // The leading thread or boundary changed: start cutting afresh.
             self.cutter = Cutter::default();
         }
-        self.choice = Some((tid, boundary));
+        self.choice = Some((tid, boundary, windowed));
         let main = &self.folds[&tid];
         let w = main.open_since().map_or(watermark, |o| o.min(watermark));
         let t = main.trace();
         let mut cut = Cut::default();
         let consumed = match boundary {
+            _ if windowed => {
+                cut_windows(&mut self.cutter, t, w, self.ending, &mut cut);
+                t.input_calls.iter().take_while(|c| c.ts < w).count()
+            }
             Boundary::DataloaderNext => {
                 let calls: Vec<InputCall> =
                     t.input_calls.iter().filter(|c| c.ts < w).copied().collect();
@@ -672,11 +732,23 @@ impl Engine {
             }
         };
         self.partial += cut.partial;
+        if cut.steps.is_empty() && cut.evals.is_empty() {
+            return;
+        }
+        let timeline = Timeline::build(&t.intervals);
+        for &(start, end, batches) in &cut.evals {
+            let e = &mut self.evaluation;
+            e.segments += 1;
+            e.batches += u64::from(batches);
+            e.wall_ns += end - start;
+            for (sum, ns) in e.phase_ns.iter_mut().zip(timeline.split(start, end)) {
+                *sum += ns;
+            }
+        }
         let Some(&(_, last_end)) = cut.steps.last() else {
             return;
         };
-        let timeline = Timeline::build(&t.intervals);
-        let steps = measure(
+        let mut steps = measure(
             &cut,
             self.totals.count,
             tid,
@@ -684,6 +756,12 @@ impl Engine {
             self.folds.iter().map(|(k, f)| (*k, f.trace())),
             &timeline,
         );
+        for s in &mut steps {
+            s.learning = self
+                .armed
+                .iter()
+                .any(|&(a, b)| a < s.end_ns && b.is_none_or(|b| b > s.start_ns));
+        }
         let mut stacks = std::mem::take(&mut self.stacks);
         stacks.sort_by_key(|s| s.ts);
         let (placed, later): (Vec<_>, Vec<_>) = stacks.into_iter().partition(|s| s.ts < last_end);
@@ -693,12 +771,16 @@ impl Engine {
         self.stacks = later;
         for s in steps {
             self.totals.add(&s);
+            if !s.learning {
+                self.steady.add(&s);
+            }
             self.steps.push(s);
         }
         for (k, f) in self.folds.iter_mut() {
             let n = if *k == tid { consumed } else { 0 };
             f.trace_mut().prune(last_end, n);
         }
+        self.armed.retain(|&(_, b)| b.is_none_or(|b| b > last_end));
     }
 
     /// The engine's output: every event folded, open entries closed at the last event (not
@@ -722,8 +804,9 @@ impl Engine {
         for (tid, f) in folds {
             self.folds.insert(tid, ThreadFold::finished(f.finish(end)));
         }
+        self.ending = true;
         self.harvest(u64::MAX);
-        if let Some((tid, _)) = self.choice {
+        if let Some((tid, _, _)) = self.choice {
             // The step still open at the end of the trace is cut by it.
             let t = self.folds[&tid].trace();
             let tail = match self.choice.map(|c| c.1) {
@@ -742,6 +825,8 @@ impl Engine {
         out.step_stride = self.steps.stride;
         out.samples = self.samples.items;
         out.totals = self.totals;
+        out.steady = self.steady;
+        out.evaluation = self.evaluation;
         out
     }
 }
@@ -753,41 +838,6 @@ pub fn run(items: &[StreamItem]) -> EngineOutput {
         e.push(i);
     }
     e.finish()
-}
-
-/// DataLoader boundaries: step = [entry of call i, entry of call i+1); a call that raised
-/// (StopIteration) ends the current step at its entry and starts none. The part before the
-/// first call (the attach point) is a partial step.
-fn cut_dataloader(c: &mut Cutter, calls: &[InputCall], first_ts: u64, cut: &mut Cut) {
-    for call in calls {
-        if !c.started {
-            c.started = true;
-            if call.ts > first_ts {
-                cut.partial += 1;
-            }
-        }
-        if let Some(s) = c.open.take() {
-            push_step(cut, s, call.ts);
-        }
-        if !call.raised {
-            c.open = Some(call.ts);
-        }
-    }
-}
-
-/// Exit boundaries: step = [exit i, exit i+1); events before the first exit are a partial step.
-fn cut_exits(c: &mut Cutter, exits: &[u64], first_ts: u64, cut: &mut Cut) {
-    for &x in exits {
-        if !c.started {
-            c.started = true;
-            if x > first_ts {
-                cut.partial += 1;
-            }
-        }
-        if let Some(s) = c.open.replace(x) {
-            push_step(cut, s, x);
-        }
-    }
 }
 
 /// The training thread's stack samples that fell inside a step, with the phase at their instant.
@@ -831,6 +881,11 @@ fn measure<'a>(
             start_ns,
             end_ns,
             phase_ns: timeline.split(start_ns, end_ns),
+            micro_batches: cut.micro[i].unwrap_or_else(|| {
+                let inside = |b: &&u64| (start_ns..end_ns).contains(*b);
+                u32::try_from(main.backward_starts.iter().filter(inside).count())
+                    .unwrap_or(u32::MAX)
+            }),
             ..Step::default()
         })
         .collect();

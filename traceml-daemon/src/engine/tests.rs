@@ -115,7 +115,7 @@ impl Trace {
     }
 
     /// Markers only (after a detach), from 1510: the backward and optimizer of step 1, step 2
-    /// (DataLoader record at 2000, backward), and the record that starts step 3 at 3000.
+    /// (DataLoader record at 2000, backward, optimizer), and the record that starts step 3 at 3000.
     fn markers_after_detach(&mut self) -> &mut Trace {
         let (p, dl) = (
             PID,
@@ -127,7 +127,9 @@ impl Trace {
             .rec_end(1850, p);
         self.rec(2000, p, dl).rec_end(2200, p);
         self.call(2510, p, Api::TorchBackward)
-            .ret(2710, p, Api::TorchBackward);
+            .ret(2710, p, Api::TorchBackward)
+            .rec(2720, p, "Optimizer.step#SGD.step")
+            .rec_end(2850, p);
         self.rec(3000, p, dl)
     }
 
@@ -833,7 +835,8 @@ fn python_probe_detach_closes_open_frames_at_the_switch() {
             (Phase::InputWait, 200),
             (Phase::Forward, 310),
             (Phase::Backward, 200),
-            (Phase::Residual, 290),
+            (Phase::Optimizer, 130),
+            (Phase::Residual, 160),
         ])
     );
 }
@@ -997,4 +1000,271 @@ fn collective_wait_inside_backward() {
         out.unmatched_events, 1,
         "the wait ended by the backward's return"
     );
+}
+
+// ---- Optimizer-step windows: gradient accumulation, fetches ahead, evaluation segments ----
+
+const OPT_REC: &str = "Optimizer.step#SGD.step";
+
+impl Trace {
+    /// A DataLoader fetch of `d` ns (the `__next__` frame).
+    fn fetch(&mut self, ts: u64, d: u64) -> &mut Trace {
+        self.enter(ts, PID, DL).exit(ts + d, PID, DL)
+    }
+    /// The fetch that raised StopIteration (an epoch's or an evaluation loop's end).
+    fn stop(&mut self, ts: u64) -> &mut Trace {
+        self.enter(ts, PID, DL).raise(ts + 10, PID, DL)
+    }
+    /// Forward (a module frame) of `f` ns, then a backward of `b` ns.
+    fn fwd_bwd(&mut self, ts: u64, f: u64, b: u64) -> &mut Trace {
+        self.enter(ts, PID, MODULE)
+            .exit(ts + f, PID, MODULE)
+            .call(ts + f, PID, Api::TorchBackward)
+            .ret(ts + f + b, PID, Api::TorchBackward)
+    }
+    /// An evaluation forward of `f` ns: a module frame, no backward.
+    fn fwd(&mut self, ts: u64, f: u64) -> &mut Trace {
+        self.enter(ts, PID, MODULE).exit(ts + f, PID, MODULE)
+    }
+    fn opt(&mut self, ts: u64, d: u64) -> &mut Trace {
+        self.rec(ts, PID, OPT_REC).rec_end(ts + d, PID)
+    }
+    fn arm(&mut self, ts: u64, python: bool) -> &mut Trace {
+        self.items
+            .push(StreamItem::ProbeSet(Box::new(crate::event::ProbeSet {
+                ts,
+                python,
+                launch_events: true,
+                reason: String::new(),
+            })));
+        self
+    }
+}
+
+/// A hand-written accumulation loop: 4 × (fetch 50, forward 100, backward 100), then the
+/// optimizer (50): each optimizer step is one step of 4 micro-batches, 1050 ns.
+#[test]
+fn gradient_accumulation_makes_one_step_per_optimizer_step() {
+    let mut t = Trace::new();
+    let mut ts = 1000;
+    for _ in 0..6 {
+        for _ in 0..4 {
+            t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100);
+            ts += 250;
+        }
+        t.opt(ts, 50);
+        ts += 50;
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 6, "{:?}", out.steps);
+    assert_eq!(
+        out.partial_steps_dropped, 0,
+        "attached before the first fetch"
+    );
+    for s in &out.steps {
+        assert_eq!(s.micro_batches, 4);
+        assert_eq!(s.duration_ns(), 1050);
+        assert_eq!(
+            s.phase_ns,
+            phases(&[
+                (Phase::InputWait, 200),
+                (Phase::Forward, 400),
+                (Phase::Backward, 400),
+                (Phase::Optimizer, 50),
+            ])
+        );
+    }
+    assert_eq!(out.totals.micro_batches, 24);
+    assert_eq!(out.evaluation, EvalTotals::default());
+}
+
+/// transformers fetches the whole accumulation window before the first forward
+/// (`get_batch_samples`): the fetches ahead do not split the step, and the forwards after the
+/// first backward are forward, not residual.
+#[test]
+fn a_window_of_fetches_ahead_is_one_step() {
+    let mut t = Trace::new();
+    let mut ts = 1000;
+    for _ in 0..5 {
+        for i in 0..4 {
+            t.fetch(ts + i * 20, 10);
+        }
+        ts += 80;
+        for _ in 0..4 {
+            t.fwd_bwd(ts, 100, 100);
+            ts += 200;
+        }
+        t.opt(ts, 50);
+        ts += 50;
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 5);
+    for s in &out.steps {
+        assert_eq!(s.micro_batches, 4);
+        assert_eq!(s.phase(Phase::InputWait), 40);
+        // From the end of the last fetch to the first backward, then between backwards.
+        assert_eq!(s.phase(Phase::Forward), 410);
+        assert_eq!(s.phase(Phase::Backward), 400);
+        assert_eq!(s.phase(Phase::Residual), 30, "the gaps between the fetches");
+    }
+    assert_eq!(out.evaluation.segments, 0);
+}
+
+/// A `torch.no_grad()` evaluation of 3 batches (fetch 50, forward 100) after every second
+/// optimizer step: evaluation segments, and the training steps keep their own length.
+#[test]
+fn evaluation_between_optimizer_steps_is_a_segment_not_steps() {
+    let mut t = Trace::new();
+    let mut ts = 1000;
+    for k in 0..6 {
+        t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100).opt(ts + 250, 50);
+        ts += 300;
+        if k % 2 == 1 && k < 5 {
+            for _ in 0..3 {
+                t.fetch(ts, 50).fwd(ts + 50, 100);
+                ts += 150;
+            }
+        }
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 6);
+    assert!(out.steps.iter().all(|s| s.duration_ns() == 300));
+    assert!(out.steps.iter().all(|s| s.phase(Phase::InputWait) == 50));
+    assert_eq!(out.evaluation.segments, 2);
+    assert_eq!(out.evaluation.batches, 6);
+    assert_eq!(out.evaluation.wall_ns, 900);
+    assert_eq!(out.evaluation.phase_ns[Phase::InputWait.index()], 300);
+    assert_eq!(out.evaluation.phase_ns[Phase::Forward.index()], 600);
+    assert_eq!(out.evaluation.phase_ns[Phase::Residual.index()], 0);
+}
+
+/// Lightning's fetcher prefetches one batch: the epoch's first window holds two fetches, the
+/// last one's StopIteration comes before the last batch trains; the validation between the
+/// epochs (2 batches and its own StopIteration) is one segment of 2 batches.
+#[test]
+fn a_prefetching_loop_with_validation_between_epochs() {
+    let mut t = Trace::new();
+    let mut ts = 1000;
+    for epoch in 0..2 {
+        if epoch == 1 {
+            for _ in 0..2 {
+                t.fetch(ts, 50).fwd(ts + 50, 100);
+                ts += 150;
+            }
+            t.stop(ts);
+            ts += 20;
+        }
+        t.fetch(ts, 50);
+        ts += 50;
+        for b in 0..4 {
+            if b < 3 {
+                t.fetch(ts, 50);
+            } else {
+                t.stop(ts);
+            }
+            t.fwd_bwd(ts + 50, 100, 100).opt(ts + 250, 50);
+            ts += 300;
+        }
+    }
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 7, "{:#?}", out.steps);
+    assert!(out.steps.iter().all(|s| s.micro_batches == 1));
+    assert_eq!(out.evaluation.segments, 1);
+    assert_eq!(out.evaluation.batches, 2);
+    assert_eq!(
+        out.evaluation.wall_ns, 320,
+        "the 2 batches and the StopIteration"
+    );
+}
+
+/// The run ends in an evaluation longer than any training window: the last step ends where
+/// it starts, and it is a segment.
+#[test]
+fn a_final_evaluation_is_a_segment() {
+    let mut t = Trace::new();
+    let mut ts = 1000;
+    for _ in 0..3 {
+        t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100).opt(ts + 250, 50);
+        ts += 300;
+    }
+    for _ in 0..5 {
+        t.fetch(ts, 50).fwd(ts + 50, 100);
+        ts += 150;
+    }
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(out.evaluation.segments, 1);
+    assert_eq!(out.evaluation.batches, 5);
+    assert_eq!(out.evaluation.wall_ns, 5 * 150, "to the trace's last event");
+}
+
+/// Two optimizers per batch (a GAN): the second optimizer step fetched nothing, so it is part
+/// of the batch's step.
+#[test]
+fn two_optimizers_per_batch_are_one_step() {
+    let mut t = Trace::new();
+    let mut ts = 1000;
+    for _ in 0..4 {
+        t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100).opt(ts + 250, 50);
+        t.fwd_bwd(ts + 300, 100, 100).opt(ts + 500, 50);
+        ts += 550;
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 4);
+    assert!(out.steps.iter().all(|s| s.micro_batches == 2));
+    assert!(out.steps.iter().all(|s| s.phase(Phase::Optimizer) == 100));
+}
+
+/// Steps taken while the frame-evaluator probe was armed are `learning` and stay out of the
+/// steady totals.
+#[test]
+fn steps_under_the_learning_probe_set_are_marked() {
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    let mut t = Trace::new();
+    t.arm(0, true);
+    let mut ts = 1000;
+    for k in 0..6 {
+        if k == 2 {
+            t.arm(ts + 100, false);
+        }
+        t.rec(ts, PID, dl)
+            .rec_end(ts + 50, PID)
+            .call(ts + 150, PID, Api::TorchBackward)
+            .ret(ts + 250, PID, Api::TorchBackward)
+            .opt(ts + 250, 50);
+        ts += 300;
+    }
+    t.rec(ts, PID, dl);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 6);
+    let learning: Vec<bool> = out.steps.iter().map(|s| s.learning).collect();
+    assert_eq!(learning, [true, true, true, false, false, false]);
+    assert_eq!(out.steady.count, 3);
+    assert_eq!(out.totals.count, 6);
+}
+
+/// Micro-batches harvested before the first optimizer step are not cut as DataLoader steps
+/// (the first harvest comes 2 s into the stream, the first optimizer step at 3.2 s).
+#[test]
+fn a_slow_first_accumulation_window_is_not_cut_by_its_fetches() {
+    let mut t = Trace::new().codes();
+    let ms = 1_000_000;
+    let mut ts = ms;
+    for _ in 0..3 {
+        for _ in 0..8 {
+            t.fetch(ts, 50 * ms)
+                .fwd_bwd(ts + 50 * ms, 150 * ms, 200 * ms);
+            ts += 400 * ms;
+        }
+        t.opt(ts, 50 * ms);
+        ts += 50 * ms;
+    }
+    t.stop(ts);
+    let out = t.run();
+    assert_eq!(out.steps.len(), 3, "{:#?}", out.steps);
+    assert!(out.steps.iter().all(|s| s.micro_batches == 8));
 }

@@ -81,6 +81,8 @@ pub(crate) struct ThreadTrace {
     pub input_calls: Vec<InputCall>,
     /// Matched exits of outermost optimizer steps.
     pub optimizer_exits: Vec<u64>,
+    /// Starts of outermost backward passes (one per micro-batch of a training step).
+    pub backward_starts: Vec<u64>,
     /// Matched exits of outermost blocking syncs.
     pub sync_exits: Vec<(Api, u64)>,
     /// Entries of outermost blocking syncs.
@@ -96,6 +98,7 @@ pub(crate) struct ThreadTrace {
     /// DataLoader calls, matched outermost optimizer exits, matched outermost sync exits by API.
     pub n_input_calls: u64,
     pub n_optimizer_exits: u64,
+    pub n_backwards: u64,
     pub sync_api_counts: std::collections::BTreeMap<Api, u64>,
     /// Entries drained from the front of `input_calls` and `copies` (open entries keep absolute
     /// indexes).
@@ -113,6 +116,7 @@ impl ThreadTrace {
         self.input_calls.drain(..n);
         self.input_base += n;
         self.optimizer_exits.retain(|&t| t >= cut);
+        self.backward_starts.retain(|&t| t >= cut);
         self.sync_exits.retain(|&(_, t)| t >= cut);
         self.syncs.retain(|&t| t >= cut);
         self.launches.retain(|&t| t >= cut);
@@ -402,11 +406,14 @@ impl ThreadFold {
             // start of backward. It holds the model's forward, the loss, and whatever the loop
             // does in between except what a more specific marker claims (copies, syncs,
             // `zero_grad`).
-            if self.backward_depth == 0
-                && let Some(from) = self.forward_from.take()
-                && ts > from
-            {
-                self.out.intervals.push((from, ts, Phase::Forward));
+            if self.backward_depth == 0 {
+                if let Some(from) = self.forward_from.take()
+                    && ts > from
+                {
+                    self.out.intervals.push((from, ts, Phase::Forward));
+                }
+                self.out.backward_starts.push(ts);
+                self.out.n_backwards += 1;
             }
             self.backward_depth += 1;
         }
@@ -458,6 +465,11 @@ impl ThreadFold {
         }
         if p_is(top.phase, Phase::Backward) {
             self.backward_depth -= 1;
+            if self.backward_depth == 0 && self.optimizer_depth == 0 {
+                // The next micro-batch's forward (gradient accumulation, a window of batches
+                // fetched ahead) runs from here to its backward.
+                self.forward_from = Some(end);
+            }
         }
         if let Some(i) = top
             .input_call

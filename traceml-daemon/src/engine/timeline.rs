@@ -94,12 +94,18 @@ impl Timeline {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Cut {
     pub steps: Vec<(u64, u64)>,
+    /// Micro-batches of each step of `steps` where the cutter counted them (one optimizer step
+    /// of a windowed loop); `None`: counted from the step's backward passes.
+    pub micro: Vec<Option<u32>>,
+    /// Evaluation segments `[start, end)` with their batches.
+    pub evals: Vec<(u64, u64, u32)>,
     pub partial: u32,
 }
 
-pub(crate) fn push_step(cut: &mut Cut, start: u64, end: u64) {
+pub(crate) fn push_step(cut: &mut Cut, start: u64, end: u64, micro: Option<u32>) {
     if end > start {
         cut.steps.push((start, end));
+        cut.micro.push(micro);
     } else {
         // Two boundaries at the same instant: nothing to measure.
         cut.partial += 1;

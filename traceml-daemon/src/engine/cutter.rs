@@ -1,0 +1,211 @@
+//! Step cutters: where steps start and end on the training thread, from its DataLoader calls,
+//! backward starts and optimizer / sync exits. Stateful across harvests ([`Cutter`]); each call
+//! is given the marks not yet cut and appends to a [`Cut`].
+//!
+//! # Optimizer-step windows
+//! A loop with DataLoader calls and optimizer steps is cut by its optimizer steps: the marks
+//! between two optimizer exits form a window (fetches `F`, outermost backward starts `B`). A
+//! window with `n` fetches and `b` backwards holds `min(n, b)` training micro-batches; the
+//! fetches before them that no backward consumed are evaluation batches (fetch + forward, no
+//! backward: `torch.no_grad()`, `model.eval()` loops, HF `evaluate`, Lightning validation). So:
+//! - the training step in progress ends at the window's first evaluation fetch, or at a
+//!   StopIteration that ended its epoch, or else at the fetch of the window's first training
+//!   micro-batch, where the next step starts: a step is one optimizer step with all its
+//!   micro-batches, however their fetches are grouped ahead (transformers fetches the whole
+//!   accumulation window before the first forward);
+//! - the evaluation fetches and everything up to the first training fetch are one evaluation
+//!   segment, never a step;
+//! - a window without fetches (two optimizers per batch, a GAN) continues the step in progress.
+//!
+//! Prefetching iterators (Lightning's fetcher, accelerate's `DataLoaderShard`) call the
+//! DataLoader one batch ahead: the first window of an epoch then holds one fetch more than its
+//! micro-batches. The cutter learns that a loop prefetches when an epoch's StopIteration comes
+//! right before a backward (the prefetch of a batch that does not exist, while the last batch
+//! still trains), and then allows one extra fetch in the first window of each epoch (and in the
+//! run's first window when the extra is exactly one). A StopIteration followed by another fetch
+//! ends an epoch (or an evaluation loop) and is no batch.
+use super::thread::{InputCall, ThreadTrace};
+use super::timeline::{Cut, push_step};
+
+/// Where the step cutter of the training thread stands between harvests.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Cutter {
+    /// The first boundary was consumed (the attach fragment before it is counted once).
+    pub started: bool,
+    /// Start of the step in progress.
+    pub open: Option<u64>,
+    /// Windowed: micro-batches of the step in progress so far.
+    micro: u32,
+    /// Windowed: marks before this instant were taken into `window`.
+    cursor: u64,
+    /// Windowed: marks since the last optimizer exit.
+    window: Vec<Mark>,
+    /// The loop's iterator fetches one batch ahead (learned, see the module doc).
+    prefetch: bool,
+    /// An epoch ended in the last window: the next one is an epoch's first.
+    fresh: bool,
+    /// Most training micro-batches seen in one window (a trailing window with more fetches and
+    /// no backward is an evaluation).
+    max_micro: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    Fetch(InputCall),
+    Backward(u64),
+}
+
+/// DataLoader boundaries: step = [entry of call i, entry of call i+1); a call that raised
+/// (StopIteration) ends the current step at its entry and starts none. The part before the
+/// first call (the attach point) is a partial step.
+pub(crate) fn cut_dataloader(c: &mut Cutter, calls: &[InputCall], first_ts: u64, cut: &mut Cut) {
+    for call in calls {
+        if !c.started {
+            c.started = true;
+            if call.ts > first_ts {
+                cut.partial += 1;
+            }
+        }
+        if let Some(s) = c.open.take() {
+            push_step(cut, s, call.ts, Some(1));
+        }
+        if !call.raised {
+            c.open = Some(call.ts);
+        }
+    }
+}
+
+/// Exit boundaries: step = [exit i, exit i+1); events before the first exit are a partial step.
+pub(crate) fn cut_exits(c: &mut Cutter, exits: &[u64], first_ts: u64, cut: &mut Cut) {
+    for &x in exits {
+        if !c.started {
+            c.started = true;
+            if x > first_ts {
+                cut.partial += 1;
+            }
+        }
+        if let Some(s) = c.open.replace(x) {
+            push_step(cut, s, x, None);
+        }
+    }
+}
+
+/// Optimizer-step windows (module doc): takes the marks of `t` in `[cursor, w)`, closes a window
+/// at each optimizer exit, and at the trace's end (`at_end`) the window still open.
+pub(crate) fn cut_windows(c: &mut Cutter, t: &ThreadTrace, w: u64, at_end: bool, cut: &mut Cut) {
+    // (ts, order, mark): at one instant an exit comes before what the next call enters.
+    let mut marks: Vec<(u64, u8, Option<Mark>)> = Vec::new();
+    let fresh = |ts: u64| ts >= c.cursor && ts < w;
+    for &x in t.optimizer_exits.iter().filter(|&&x| fresh(x)) {
+        marks.push((x, 0, None));
+    }
+    for call in t.input_calls.iter().filter(|x| fresh(x.ts)) {
+        marks.push((call.ts, 1, Some(Mark::Fetch(*call))));
+    }
+    for &b in t.backward_starts.iter().filter(|&&b| fresh(b)) {
+        marks.push((b, 2, Some(Mark::Backward(b))));
+    }
+    marks.sort_unstable_by_key(|m| (m.0, m.1));
+    for (_, _, m) in marks {
+        match m {
+            Some(m) => c.window.push(m),
+            None => close_window(c, t, false, cut),
+        }
+    }
+    c.cursor = c.cursor.max(w);
+    if at_end {
+        close_window(c, t, true, cut);
+    }
+}
+
+/// Closes the window at an optimizer exit (or the trace's end): see the module doc.
+fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
+    let marks = std::mem::take(&mut c.window);
+    // Fetches that are batches, and the first StopIteration that ended an epoch.
+    let mut fetches: Vec<u64> = Vec::new();
+    let mut epoch_end: Option<u64> = None;
+    let mut raised = false;
+    let mut b = 0u32;
+    for (i, m) in marks.iter().enumerate() {
+        match *m {
+            Mark::Fetch(f) if !f.raised => fetches.push(f.ts),
+            Mark::Fetch(f) => {
+                raised = true;
+                if matches!(marks.get(i + 1), Some(Mark::Backward(_))) {
+                    // The prefetch past the last batch while the last batch trains.
+                    c.prefetch = true;
+                    fetches.push(f.ts);
+                } else {
+                    epoch_end.get_or_insert(f.ts);
+                }
+            }
+            Mark::Backward(_) => b += 1,
+        }
+    }
+    let n = u32::try_from(fetches.len()).unwrap_or(u32::MAX);
+    if n == 0 {
+        match epoch_end {
+            // The epoch's end after the step's optimizer exit (the trace's end, an epoch's
+            // last window): the step in progress ends there.
+            Some(e) if b == 0 => {
+                if let Some(s) = c.open.take() {
+                    push_step(cut, s, e, Some(c.micro));
+                }
+                c.fresh = true;
+            }
+            // No batch fetched: the optimizer step continues the step in progress.
+            _ => c.micro += b,
+        }
+        return;
+    }
+    let unconsumed = n - b.min(n);
+    let excess = if b == 0 {
+        // No backward: a training window whose backward we cannot see (one step of `n`
+        // micro-batches), unless the trace ends in a run of fetches longer than any training
+        // window (a final evaluation).
+        if at_end && c.started && n > c.max_micro.max(1) {
+            n
+        } else {
+            0
+        }
+    } else if at_end {
+        // The trace cut the window before its optimizer step: its fetches may all be training
+        // micro-batches yet to run.
+        0
+    } else {
+        let first = !c.started;
+        let allowance =
+            u32::from((c.fresh && c.prefetch) || (first && unconsumed == 1 && epoch_end.is_none()));
+        unconsumed.saturating_sub(allowance)
+    };
+    let train_start = fetches.get(excess as usize).copied();
+    let eval_start = (excess > 0).then(|| fetches[0]);
+    let boundary = [
+        eval_start,
+        epoch_end.filter(|&e| train_start.is_none_or(|s| e < s)),
+        train_start,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .expect("a window with fetches has a boundary");
+    if let Some(s) = c.open.take() {
+        push_step(cut, s, boundary, Some(c.micro));
+    } else if !c.started && boundary > t.first_ts {
+        // The attach fragment before the first boundary.
+        cut.partial += 1;
+    }
+    c.started = true;
+    if let Some(e) = eval_start {
+        let end = train_start.unwrap_or(t.last_ts);
+        if end > e {
+            cut.evals.push((e, end, excess));
+        }
+    }
+    c.fresh = raised;
+    if let Some(s) = train_start {
+        c.open = Some(s);
+        c.micro = if b > 0 { b } else { n };
+        c.max_micro = c.max_micro.max(c.micro);
+    }
+}
