@@ -11,10 +11,10 @@ use crate::event::{EndReason, StreamItem, TargetInfo};
 use crate::sample::Sample;
 use crate::stats::{finite, mean, median, median_u64, quantile};
 use crate::summary::{
-    CudaStats, DaemonOverhead, DataQuality, GpuDeviceStats, GpuStats, LostCounts, MemoryStats,
-    PhaseStats, Phases, ProbeFailed, ProbeHits, ProbeSetChange, ProcessStats, RunInfo,
-    SCHEMA_VERSION, StepMs, StepSamples, StepsInfo, Summary, SystemStats, TargetSummary,
-    WorkerState, WorkerStats,
+    CudaStats, DaemonOverhead, DataQuality, EvalPhase, Evaluation, GpuDeviceStats, GpuStats,
+    LostCounts, MemoryStats, MicroBatches, PhaseStats, Phases, ProbeFailed, ProbeHits,
+    ProbeSetChange, ProcessStats, RunInfo, SCHEMA_VERSION, StepMs, StepSamples, StepsInfo, Summary,
+    SystemStats, TargetSummary, WorkerState, WorkerStats,
 };
 
 /// Runs the phase engine over the stream, then [`summarize`]s: a [`Collector`] fed with every
@@ -231,6 +231,20 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
     } else {
         StepTotals::from_steps(steps)
     };
+    // The shape of a step (its duration and phases) from the steps not taken under the
+    // learning probe set, whose cost inflates them, when there are any.
+    let steady_kept: Vec<Step> = steps.iter().filter(|s| !s.learning).cloned().collect();
+    let steady = if engine.totals.count > 0 {
+        engine.steady.clone()
+    } else {
+        StepTotals::from_steps(&steady_kept)
+    };
+    let use_steady = steady.count > 0 && !steady_kept.is_empty();
+    let (shape, shape_totals) = if use_steady {
+        (&steady_kept[..], &steady)
+    } else {
+        (&steps[..], &totals)
+    };
     let cuda_libraries = cuda_libraries(items);
     let num_cpus = target.map(|t| t.num_cpus).filter(|&n| n > 0);
 
@@ -247,10 +261,17 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
             count: u32::try_from(totals.count).unwrap_or(u32::MAX),
             boundary: engine.boundary,
             training_tid: engine.training_tid,
+            micro_batches: micro_batches(steps, &totals),
+            learning_excluded: if use_steady {
+                u32::try_from(totals.count - steady.count).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
         },
-        step_ms: step_ms(steps, &totals),
-        phases: phase_stats(steps, &totals, !cuda_libraries.is_empty()),
-        cuda: cuda_stats(&totals, !cuda_libraries.is_empty()),
+        evaluation: Evaluation::default(),
+        step_ms: step_ms(shape, shape_totals),
+        phases: phase_stats(shape, shape_totals, !cuda_libraries.is_empty()),
+        cuda: cuda_stats(shape_totals, !cuda_libraries.is_empty()),
         system: system_stats(&samples, target),
         process: process_stats(&samples, num_cpus),
         workers: worker_stats(&samples),
@@ -258,10 +279,11 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         memory: memory_stats(steps, &samples, target.map(|t| t.attach_ts_ns)),
         data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
         daemon_overhead: daemon_overhead(steps, totals.count, items, target),
-        step_samples: step_samples(steps),
+        step_samples: step_samples(shape),
         job: None,
         ranks: Vec::new(),
     };
+    summary.evaluation = evaluation(&engine.evaluation, summary.run.duration_s);
     let switched_to_count = items
         .iter()
         .any(|i| matches!(i, StreamItem::ProbeSet(p) if !p.launch_events));
@@ -485,6 +507,39 @@ fn last_ts(items: &[StreamItem]) -> Option<u64> {
             _ => None,
         })
         .max()
+}
+
+/// Micro-batches per step; `null` without steps or where no step had one.
+fn micro_batches(steps: &[Step], totals: &StepTotals) -> Option<MicroBatches> {
+    if totals.count == 0 || totals.micro_batches == 0 {
+        return None;
+    }
+    Some(MicroBatches {
+        total: totals.micro_batches,
+        mean: totals.micro_batches as f64 / totals.count as f64,
+        min: steps.iter().map(|s| s.micro_batches).min().unwrap_or(0),
+        max: steps.iter().map(|s| s.micro_batches).max().unwrap_or(0),
+    })
+}
+
+/// The evaluation segments in seconds and shares: of the run's wall time, and per phase of
+/// their own.
+fn evaluation(e: &crate::engine::EvalTotals, run_s: Option<f64>) -> Evaluation {
+    let wall_s = e.wall_ns as f64 / 1e9;
+    Evaluation {
+        segments: e.segments,
+        batches: e.batches,
+        wall_s,
+        share_of_wall: run_s
+            .filter(|&r| r > 0.0)
+            .map(|r| (wall_s / r).clamp(0.0, 1.0)),
+        phases: (e.wall_ns > 0).then(|| {
+            Phases::from_fn(|p| EvalPhase {
+                total_s: e.phase_ns[p.index()] as f64 / 1e9,
+                share: e.phase_ns[p.index()] as f64 / e.wall_ns as f64,
+            })
+        }),
+    }
 }
 
 fn step_ms(steps: &[Step], totals: &StepTotals) -> StepMs {

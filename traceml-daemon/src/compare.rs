@@ -145,6 +145,9 @@ pub struct Comparison {
     pub phases: Phases<TimeDelta>,
     pub memory: MemoryDeltas,
     pub utilization: UtilizationDeltas,
+    /// Evaluation's share of wall time (0–1) in A and B; absent when neither evaluated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation_share_of_wall: Option<ValueDelta>,
     /// Caveats (decimated samples, data-quality differences).
     pub notes: Vec<String>,
     /// Multi-rank jobs: each rank of either run, side by side (empty for jobs of one process).
@@ -247,6 +250,17 @@ pub fn compare(a: &Summary, b: &Summary) -> Comparison {
             ));
         }
     }
+    let micro = |s: &Summary| s.steps.micro_batches.as_ref().map(|m| m.mean);
+    if let (Some(ma), Some(mb)) = (micro(a), micro(b))
+        && (ma - mb).abs() >= 0.5
+    {
+        notes.push(format!(
+            "a step is one optimizer step: A has {ma:.1} micro-batches per step, B {mb:.1} (compare \
+             time per micro-batch, or the same accumulation)"
+        ));
+    }
+    let evaluation_share_of_wall = (a.evaluation.segments > 0 || b.evaluation.segments > 0)
+        .then(|| ValueDelta::new(a.evaluation.share_of_wall, b.evaluation.share_of_wall));
     let ranks = rank_deltas(a, b);
     if !ranks.is_empty() {
         let (ca, cb) = (culprit(a), culprit(b));
@@ -271,6 +285,7 @@ pub fn compare(a: &Summary, b: &Summary) -> Comparison {
         phases,
         memory,
         utilization,
+        evaluation_share_of_wall,
         notes,
         ranks,
     }

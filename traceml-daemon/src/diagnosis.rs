@@ -113,6 +113,8 @@ pub fn diagnose(s: &Summary) -> (Finding, Vec<Finding>) {
         }
         _ => balanced(s),
     };
+    // Evaluation is no training step: its finding never is the verdict.
+    findings.extend(evaluation_finding(s).map(|f| Finding { confidence, ..f }));
     primary.confidence = confidence;
     if confidence < Confidence::High && !s.data_quality.notes.is_empty() {
         if !primary.why.ends_with('.') {
@@ -125,6 +127,47 @@ pub fn diagnose(s: &Summary) -> (Finding, Vec<Finding>) {
         ));
     }
     (primary, findings)
+}
+
+/// Evaluation at or above this share of the run's wall time is a finding (warning).
+pub const EVALUATION_SHARE: f64 = 0.20;
+
+/// `EVALUATION_HEAVY`: evaluation segments take a large share of the run's wall time; names the
+/// phase that fills them (its own DataLoader, mostly).
+fn evaluation_finding(s: &Summary) -> Option<Finding> {
+    let e = &s.evaluation;
+    let share = e.share_of_wall.filter(|&sh| sh >= EVALUATION_SHARE)?;
+    let phases = e.phases.as_ref()?;
+    let input = phases.input_wait.share;
+    let (big, big_share) = phases
+        .iter()
+        .map(|(p, v)| (p, v.share))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let mut why = format!(
+        "evaluation is {} of wall time ({} segments, {} batches, {:.1} s)",
+        pct(share),
+        e.segments,
+        e.batches,
+        e.wall_s
+    );
+    let next = if input >= CRITICAL_SHARE {
+        why.push_str(&format!(
+            "; its DataLoader is input-bound: input_wait is {} of it",
+            pct(input)
+        ));
+        "give the evaluation DataLoader workers (num_workers, persistent_workers) or cache its \
+         data, or evaluate less often (eval_steps, val_check_interval) or on fewer batches"
+            .to_owned()
+    } else {
+        why.push_str(&format!("; {} is {} of it", big.name(), pct(big_share)));
+        "evaluate less often (eval_steps, val_check_interval) or on fewer batches, or faster \
+         (bf16 autocast, a larger evaluation batch)"
+            .to_owned()
+    };
+    Some(Finding {
+        share: Some(share),
+        ..finding(DiagnosisKind::EvaluationHeavy, Severity::Warning, why, next)
+    })
 }
 
 /// The primary diagnosis kind the step-share rules give for these phase shares of step time
@@ -225,13 +268,13 @@ fn balanced(s: &Summary) -> Finding {
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap_or((Phase::InputWait, 0.0));
     let why = format!(
-        "no phase outside compute reaches {} of step time (largest: {} {}); compute is {} of a {} median \
+        "no phase outside compute reaches {} of step time (largest: {} {}); compute is {} of a {} mean \
          step over {} steps",
         pct(WARNING_SHARE),
         other.name(),
         pct(other_share),
         pct(compute_share(s).unwrap_or(0.0)),
-        ms(s.step_ms.median),
+        ms(s.step_ms.mean),
         s.steps.count
     );
     let next = format!(
@@ -278,12 +321,20 @@ impl Rule for PhaseShare {
             Severity::Warning
         };
         let stats = &s.phases[self.phase];
+        // The share is total phase time over total step time: the means say the same (the
+        // median too, where it differs).
+        let median = stats
+            .median_ms
+            .zip(stats.mean_ms)
+            .filter(|&(med, mean)| (med - mean).abs() > 0.1 * mean.abs().max(0.01))
+            .map(|(med, _)| format!("; median {}", ms(Some(med))))
+            .unwrap_or_default();
         let mut why = format!(
-            "{} is {} of step time (median {} of a {} step) over {n} steps",
+            "{} is {} of step time (mean {} of a {} step{median}) over {n} steps",
             self.phase.name(),
             pct(share),
-            ms(stats.median_ms),
-            ms(s.step_ms.median)
+            ms(stats.mean_ms),
+            ms(s.step_ms.mean),
         );
         if share >= CRITICAL_SHARE && n < CRITICAL_MIN_STEPS {
             why.push_str(&format!(" (critical needs ≥ {CRITICAL_MIN_STEPS} steps)"));
@@ -622,10 +673,10 @@ impl Rule for LowGpuUtilization {
         }
         let mut why = format!(
             "the GPU was {util:.0}% busy on average, yet input, copies and residual each stay under {} of \
-             step time; compute takes {} of a {} step",
+             step time; compute takes {} of a {} mean step",
             pct(WARNING_SHARE),
             pct(compute_share(s).unwrap_or(0.0)),
-            ms(s.step_ms.median)
+            ms(s.step_ms.mean)
         );
         let mut next = String::new();
         if let (Some(l), Some(step)) = (s.cuda.launches_per_step, s.step_ms.median)
@@ -683,6 +734,51 @@ mod tests {
             s.phases[p].share = Some(sh);
         }
         s
+    }
+
+    /// Evaluation taking 56 % of wall time, 80 % of it waiting for its DataLoader: a finding
+    /// naming that, beside a training verdict it does not change; under the threshold, none.
+    #[test]
+    fn evaluation_is_a_finding_beside_the_verdict() {
+        use crate::summary::{EvalPhase, Evaluation, Phases};
+        let mut s = with_shares(60, &[]);
+        let (before, _) = diagnose(&s);
+        s.evaluation = Evaluation {
+            segments: 4,
+            batches: 64,
+            wall_s: 5.6,
+            share_of_wall: Some(0.56),
+            phases: Some(Phases::from_fn(|p| EvalPhase {
+                total_s: 0.0,
+                share: match p {
+                    Phase::InputWait => 0.8,
+                    Phase::Forward => 0.2,
+                    _ => 0.0,
+                },
+            })),
+        };
+        let (primary, findings) = diagnose(&s);
+        assert_eq!(primary.kind, before.kind, "the training verdict stays");
+        let f = findings
+            .iter()
+            .find(|f| f.kind == DiagnosisKind::EvaluationHeavy)
+            .expect("an evaluation finding");
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(
+            f.why
+                .starts_with("evaluation is 56% of wall time (4 segments, 64 batches")
+                && f.why.contains("its DataLoader is input-bound"),
+            "{}",
+            f.why
+        );
+        assert!(f.next.contains("num_workers"), "{}", f.next);
+        s.evaluation.share_of_wall = Some(EVALUATION_SHARE - 0.01);
+        let (_, findings) = diagnose(&s);
+        assert!(
+            findings
+                .iter()
+                .all(|f| f.kind != DiagnosisKind::EvaluationHeavy)
+        );
     }
 
     #[test]

@@ -239,7 +239,20 @@ fn header(s: &Summary, out: &mut Lines) {
         .boundary
         .map(|b| format!(" (boundary {})", crate::summary::boundary_name(b)))
         .unwrap_or_default();
-    second.push(format!("{} steps{boundary}", s.steps.count));
+    let micro = s
+        .steps
+        .micro_batches
+        .as_ref()
+        .filter(|m| m.max > 1)
+        .map(|m| {
+            if m.min == m.max {
+                format!(" of {} micro-batches", m.max)
+            } else {
+                format!(" of {:.1} micro-batches", m.mean)
+            }
+        })
+        .unwrap_or_default();
+    second.push(format!("{} steps{micro}{boundary}", s.steps.count));
     if let Some(d) = s.run.duration_s {
         second.push(format!("attached {}", duration(d)));
     }
@@ -405,9 +418,45 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
             ms(st.mean_ms)
         ));
     }
+    if let Some(text) = evaluation_text(s) {
+        labeled(out, "EVAL", &text);
+    }
     if let Some(text) = cuda_text(s) {
         labeled(out, "CUDA", &text);
     }
+}
+
+/// The evaluation line: segments, batches, wall time and its share, and the phases that fill
+/// it; `None` without evaluation.
+pub(crate) fn evaluation_text(s: &Summary) -> Option<String> {
+    let e = &s.evaluation;
+    if e.segments == 0 {
+        return None;
+    }
+    let share = e
+        .share_of_wall
+        .map(|sh| format!(" = {} of wall time", pct(sh)))
+        .unwrap_or_default();
+    let mut phases: Vec<(Phase, f64)> = e
+        .phases
+        .iter()
+        .flat_map(|ph| ph.iter().map(|(p, v)| (p, v.share)))
+        .filter(|&(_, sh)| sh >= 0.005)
+        .collect();
+    phases.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let parts: Vec<String> = phases
+        .iter()
+        .take(3)
+        .map(|(p, sh)| format!("{} {}", p.name(), pct(*sh)))
+        .collect();
+    Some(format!(
+        "{} segment{} outside the steps, {} batches, {:.1} s{share}; {}",
+        e.segments,
+        if e.segments == 1 { "" } else { "s" },
+        e.batches,
+        e.wall_s,
+        parts.join(", ")
+    ))
 }
 
 /// The CUDA line of the card and the report: per-step launches, copies and syncs; "no CUDA

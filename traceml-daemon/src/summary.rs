@@ -12,7 +12,9 @@ use crate::engine::{Boundary, Phase};
 use crate::event::EndReason;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3: a step is one optimizer step (with its micro-batches) wherever the loop has one, and
+/// evaluation between optimizer steps is its own segment ([`Evaluation`]), not steps.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Everything one run measured and concluded.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -28,6 +30,9 @@ pub struct Summary {
     /// Every finding of the rules, most severe first (the primary one included).
     pub findings: Vec<Finding>,
     pub steps: StepsInfo,
+    /// Evaluation between optimizer steps (schema 3; zero segments when there was none).
+    #[serde(default)]
+    pub evaluation: Evaluation,
     pub step_ms: StepMs,
     pub phases: Phases<PhaseStats>,
     pub cuda: CudaStats,
@@ -202,6 +207,9 @@ pub enum DiagnosisKind {
     Straggler,
     /// A rank completed no step for long: the job is stuck.
     Hang,
+    /// Evaluation between optimizer steps takes a large share of wall time (a finding beside
+    /// the training verdict, never the verdict).
+    EvaluationHeavy,
 }
 
 impl DiagnosisKind {
@@ -218,6 +226,7 @@ impl DiagnosisKind {
             DiagnosisKind::InsufficientData => "INSUFFICIENT_DATA",
             DiagnosisKind::Straggler => "STRAGGLER",
             DiagnosisKind::Hang => "HANG",
+            DiagnosisKind::EvaluationHeavy => "EVALUATION_HEAVY",
         }
     }
 
@@ -292,6 +301,45 @@ pub struct StepsInfo {
     /// `null` when the engine did not decide (no events).
     pub boundary: Option<Boundary>,
     pub training_tid: Option<u32>,
+    /// Micro-batches (fetch, forward, backward) per step: more than 1 under gradient
+    /// accumulation. `null` without steps, or where no backward was seen.
+    #[serde(default)]
+    pub micro_batches: Option<MicroBatches>,
+    /// Steps taken while the learning probe set (the frame evaluator) ran: counted in `count`,
+    /// kept out of `step_ms` and the phase statistics when steady steps exist.
+    #[serde(default)]
+    pub learning_excluded: u32,
+}
+
+/// Micro-batches per optimizer step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MicroBatches {
+    pub total: u64,
+    pub mean: f64,
+    pub min: u32,
+    pub max: u32,
+}
+
+/// Evaluation segments: between two optimizer steps, the fetches and forwards that no backward
+/// followed (HF `evaluate`, Lightning validation and sanity check, a `torch.no_grad()` loop).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    pub segments: u64,
+    /// Batches fetched in them.
+    pub batches: u64,
+    pub wall_s: f64,
+    /// `wall_s` over the run's wall time (`run.duration_s`); `null` without it.
+    pub share_of_wall: Option<f64>,
+    /// Exclusive time per phase in the segments; `null` without segments.
+    pub phases: Option<Phases<EvalPhase>>,
+}
+
+/// One phase of the evaluation segments.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalPhase {
+    pub total_s: f64,
+    /// Of the segments' wall time (0–1).
+    pub share: f64,
 }
 
 /// Step duration statistics, in milliseconds; `null` without steps.
@@ -708,7 +756,8 @@ impl Summary {
         if version > u64::from(SCHEMA_VERSION) {
             return Err(SummaryError::NewerSchema { found: version });
         }
-        // Schema 1 (before multi-rank jobs) reads as 2: what it lacks has defaults.
+        // Schemas 1 (before multi-rank jobs) and 2 (before optimizer steps) read as 3: what
+        // they lack has defaults.
         if version < 1 {
             return Err(SummaryError::UnsupportedSchema { found: version });
         }
@@ -759,16 +808,22 @@ mod tests {
             Err(SummaryError::NotASummary)
         );
         assert_eq!(Summary::from_json("[1, 2]"), Err(SummaryError::NotASummary));
-        let newer = j.replacen("\"schema_version\": 2", "\"schema_version\": 3", 1);
+        let newer = j.replacen("\"schema_version\": 3", "\"schema_version\": 4", 1);
         let e = Summary::from_json(&newer).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "written by a newer traceml-daemon: schema_version 3, this build reads 2"
+            "written by a newer traceml-daemon: schema_version 4, this build reads 3"
         );
-        let older = j.replacen("\"schema_version\": 2", "\"schema_version\": 0", 1);
-        // Schema 1 summaries (before multi-rank jobs) still read.
-        let v1 = j.replacen("\"schema_version\": 2", "\"schema_version\": 1", 1);
-        assert_eq!(Summary::from_json(&v1).unwrap().steps.count, 30);
+        let older = j.replacen("\"schema_version\": 3", "\"schema_version\": 0", 1);
+        // Schema 1 (before multi-rank jobs) and 2 (before optimizer steps) summaries still read.
+        for v in [1, 2] {
+            let old = j.replacen(
+                "\"schema_version\": 3",
+                &format!("\"schema_version\": {v}"),
+                1,
+            );
+            assert_eq!(Summary::from_json(&old).unwrap().steps.count, 30);
+        }
         assert_eq!(
             Summary::from_json(&older),
             Err(SummaryError::UnsupportedSchema { found: 0 })

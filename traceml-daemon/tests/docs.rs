@@ -179,6 +179,7 @@ fn the_readme_names_the_verdicts_as_the_card_prints_them() {
         InsufficientData,
         Straggler,
         Hang,
+        EvaluationHeavy,
     ];
     // A new kind fails to compile here until it is added above (and to the README).
     for k in all {
@@ -192,7 +193,8 @@ fn the_readme_names_the_verdicts_as_the_card_prints_them() {
             | Balanced
             | InsufficientData
             | Straggler
-            | Hang => {}
+            | Hang
+            | EvaluationHeavy => {}
         }
     }
     let readme = read("README.md");

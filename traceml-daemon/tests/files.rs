@@ -100,7 +100,7 @@ fn bad_replay_and_compare_files_get_one_clear_sentence() {
         ),
         (
             "newer.json",
-            good.replacen("\"schema_version\": 2", "\"schema_version\": 7", 1),
+            good.replacen("\"schema_version\": 3", "\"schema_version\": 7", 1),
             "newer traceml-daemon",
         ),
         (

@@ -10,7 +10,9 @@
 //!
 //! | series | type | labels |
 //! |---|---|---|
-//! | `traceml_steps_total` | counter | job, rank |
+//! | `traceml_steps_total` | counter (optimizer steps) | job, rank |
+//! | `traceml_micro_batches_total` | counter (absent where no backward was seen) | job, rank |
+//! | `traceml_evaluation_seconds_total`, `traceml_evaluation_batches_total` | counter | job, rank |
 //! | `traceml_step_duration_seconds` | histogram ([`crate::engine::STEP_BUCKETS_NS`]) | job, rank |
 //! | `traceml_phase_seconds_total` | counter | job, rank, phase |
 //! | `traceml_h2d_bytes_total`, `traceml_kernel_launches_total` | counter (absent without a CUDA library) | job, rank |
@@ -75,6 +77,11 @@ pub struct RankValues {
     pub probe_failures: u64,
     /// The daemon's estimated cost as a share of step time since the last probe-set change.
     pub overhead_ratio: Option<f64>,
+    /// Micro-batches of the complete steps; `None` where no backward was seen.
+    pub micro_batches: Option<u64>,
+    /// Evaluation segments between optimizer steps: their wall time and batches.
+    pub evaluation_seconds: f64,
+    pub evaluation_batches: u64,
 }
 
 impl RankValues {
@@ -108,6 +115,9 @@ impl RankValues {
                 .and_then(|o| o.steady_pct_of_step)
                 .filter(|p| p.is_finite())
                 .map(|p| p / 100.0),
+            micro_batches: (t.micro_batches > 0).then_some(t.micro_batches),
+            evaluation_seconds: s.evaluation.wall_s,
+            evaluation_batches: s.evaluation.batches,
         }
     }
 
@@ -133,6 +143,9 @@ impl RankValues {
         self.kernel_launches = max(self.kernel_launches, old.kernel_launches);
         self.events_lost = max(self.events_lost, old.events_lost);
         self.probe_failures = self.probe_failures.max(old.probe_failures);
+        self.micro_batches = max(self.micro_batches, old.micro_batches);
+        self.evaluation_seconds = self.evaluation_seconds.max(old.evaluation_seconds);
+        self.evaluation_batches = self.evaluation_batches.max(old.evaluation_batches);
         self
     }
 }
@@ -421,6 +434,29 @@ impl Collector for Exposition {
             "Complete training steps measured.",
             MetricType::Counter,
             counters(e, |v| Some(v.steps)),
+        )?;
+        family(
+            &mut enc,
+            "traceml_micro_batches",
+            "Micro-batches (fetch, forward, backward) of the complete steps: more than the steps \
+             under gradient accumulation (absent where no backward was seen).",
+            MetricType::Counter,
+            counters(e, |v| v.micro_batches),
+        )?;
+        family(
+            &mut enc,
+            "traceml_evaluation_seconds",
+            "Wall time of the evaluation segments between optimizer steps (fetches and forwards \
+             no backward followed): not in the steps.",
+            MetricType::Counter,
+            counters(e, |v| Some(v.evaluation_seconds)),
+        )?;
+        family(
+            &mut enc,
+            "traceml_evaluation_batches",
+            "Batches fetched in the evaluation segments.",
+            MetricType::Counter,
+            counters(e, |v| Some(v.evaluation_batches)),
         )?;
         {
             let mut m = enc.encode_descriptor(

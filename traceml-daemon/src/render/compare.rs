@@ -145,6 +145,16 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
         &c.utilization.system_cpu_pct_mean,
         &pctf,
     ));
+    if let Some(e) = &c.evaluation_share_of_wall {
+        let pct100 = |v: Option<f64>| v.map(|x| 100.0 * x);
+        let e100 = ValueDelta {
+            a: pct100(e.a),
+            b: pct100(e.b),
+            delta: pct100(e.delta),
+            delta_pct: e.delta_pct,
+        };
+        out.push(vrow("evaluation of wall", &e100, &pctf));
+    }
     for n in &c.notes {
         for line in wrap_safe(&format!("note: {n}"), WIDTH) {
             out.push(p.dim(&line));
