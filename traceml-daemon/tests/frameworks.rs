@@ -146,6 +146,7 @@ fn hf_trainer_compute_bound_with_markers_and_a_named_residual() {
         ));
     }
     check_phases("hf compute", &r, &["forward", "backward"], &mut failures);
+    check_loop_structure("hf compute", &r, &mut failures);
     // The governor detached the frame-evaluator probe once the markers carried the steps.
     let sets = s["daemon_overhead"]["probe_sets"]
         .as_array()
@@ -226,5 +227,112 @@ fn lightning_forward_and_backward_inside_the_optimizer_step() {
         &["forward", "backward", "optimizer"],
         &mut failures,
     );
+    assert!(failures.is_empty(), "{failures:#?}\n{}", r.card);
+}
+
+/// Checks of issue 22 on a training run: steps within ±1 of the optimizer steps the truth
+/// counted, the truth's verdict, the training input share within 0.01 of the truth's, and the
+/// evaluation the truth saw (none: 0 segments; else its share of the run's wall time within
+/// 0.05, the truth's evaluation wall over the run's attached wall time).
+fn check_loop_structure(label: &str, r: &Run, failures: &mut Vec<String>) {
+    let s = &r.summary;
+    let steps = s["steps"]["count"].as_i64().unwrap();
+    let opt = r.truth["counts"]["optimizer_steps"].as_i64().unwrap();
+    if (steps - opt).abs() > 1 {
+        failures.push(format!("{label}: {steps} steps, {opt} optimizer steps"));
+    }
+    let got = s["primary_diagnosis"]["kind"].as_str().unwrap_or("?");
+    let want = truth_verdicts(&r.truth);
+    if !want.contains(got) {
+        failures.push(format!(
+            "{label}: verdict {got}, the truth's shares give {want:?}"
+        ));
+    }
+    let share = s["phases"]["input_wait"]["share"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    let truth_input = truth_share(&r.truth, "input_wait");
+    if (share - truth_input).abs() > 0.01 {
+        failures.push(format!(
+            "{label}: training input share {share:.3}, truth {truth_input:.3}"
+        ));
+    }
+    let micro = r.truth["counts"]["micro_batches_per_step"]
+        .as_f64()
+        .unwrap_or(1.0);
+    let got_micro = s["steps"]["micro_batches"]["mean"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    if (got_micro - micro).abs() > 0.1 {
+        failures.push(format!(
+            "{label}: {got_micro} micro-batches per step, truth {micro}"
+        ));
+    }
+    let e = &s["evaluation"];
+    let truth_eval = r.truth["evaluation"]["wall_ns"].as_f64().unwrap_or(0.0) / 1e9;
+    let segments = e["segments"].as_u64().unwrap();
+    if truth_eval == 0.0 {
+        if segments != 0 {
+            failures.push(format!("{label}: {segments} evaluation segments, none ran"));
+        }
+    } else {
+        let run_s = s["run"]["duration_s"].as_f64().unwrap();
+        let (got, want) = (
+            e["share_of_wall"].as_f64().unwrap_or(f64::NAN),
+            truth_eval / run_s,
+        );
+        if (got - want).abs() > 0.05 {
+            failures.push(format!(
+                "{label}: evaluation {got:.3} of wall time, truth {want:.3} ({truth_eval:.2} s of {run_s:.2} s)"
+            ));
+        }
+        let want_segments = r.truth["evaluation"]["segments"].as_u64().unwrap();
+        if segments != want_segments {
+            failures.push(format!(
+                "{label}: {segments} evaluation segments, truth {want_segments}"
+            ));
+        }
+        if !r.card.contains("EVAL ") {
+            failures.push(format!("{label}: the card has no EVAL line"));
+        }
+    }
+}
+
+/// HF `Trainer` with gradient_accumulation_steps=4: one step per optimizer step (not per
+/// micro-batch), COMPUTE-BOUND as the truth, 4 micro-batches each.
+#[test]
+fn hf_trainer_gradient_accumulation_counts_optimizer_steps() {
+    let Some(r) = run("hf_trainer", "accum", 40) else {
+        return;
+    };
+    let mut failures = Vec::new();
+    check_loop_structure("hf accum", &r, &mut failures);
+    assert!(failures.is_empty(), "{failures:#?}\n{}", r.card);
+}
+
+/// HF `Trainer` evaluating every 10 steps on slow evaluation data: the evaluation is its own
+/// segment with its share of the wall time, the training verdict the training steps'.
+#[test]
+fn hf_trainer_evaluation_is_a_segment_not_input_wait() {
+    let Some(r) = run("hf_trainer", "eval", 60) else {
+        return;
+    };
+    let mut failures = Vec::new();
+    check_loop_structure("hf eval", &r, &mut failures);
+    let findings = r.summary["findings"].as_array().unwrap();
+    let eval_share = r.summary["evaluation"]["share_of_wall"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let named = findings.iter().any(|f| {
+        f["kind"] == "EVALUATION_HEAVY"
+            && f["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("its DataLoader is input-bound"))
+    });
+    if eval_share >= traceml_daemon::diagnosis::EVALUATION_SHARE && !named {
+        failures.push(format!(
+            "no EVALUATION_HEAVY finding naming its DataLoader: {findings:?}"
+        ));
+    }
     assert!(failures.is_empty(), "{failures:#?}\n{}", r.card);
 }

@@ -41,6 +41,10 @@ enum Cmd {
         /// Skip the tests that need real PyTorch (no large download).
         #[arg(long)]
         no_torch: bool,
+        /// Keep N cores busy (default: all of them) with CPU-bound processes while the tests
+        /// run: the suite's expectations must hold on a loaded machine (issue 27).
+        #[arg(long, num_args = 0..=1, default_missing_value = "0", value_name = "N")]
+        stress: Option<usize>,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(last = true)]
         rest: Vec<String>,
@@ -115,7 +119,11 @@ fn main() -> anyhow::Result<()> {
         Cmd::Setup { torch } => setup::all(torch),
         Cmd::Demo { real } => demo(real),
         Cmd::GpuCheck { prepare } => gpu_check(prepare),
-        Cmd::Test { no_torch, rest } => test(!no_torch, &rest),
+        Cmd::Test {
+            no_torch,
+            stress,
+            rest,
+        } => test(!no_torch, stress, &rest),
         Cmd::Bench {
             quick,
             inprocess_only,
@@ -239,7 +247,40 @@ fn gpu_check(prepare: bool) -> anyhow::Result<()> {
         .current_dir(&root))
 }
 
-fn test(torch: bool, rest: &[String]) -> anyhow::Result<()> {
+/// CPU-bound busy loops, killed when dropped.
+struct Stress(Vec<std::process::Child>);
+
+impl Stress {
+    fn start(n: usize) -> anyhow::Result<Stress> {
+        let n = if n == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            n
+        };
+        eprintln!("xtask test: --stress: {n} busy processes during the tests");
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push(
+                Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .context("starting a --stress busy loop")?,
+            );
+        }
+        Ok(Stress(v))
+    }
+}
+
+impl Drop for Stress {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn test(torch: bool, stress: Option<usize>, rest: &[String]) -> anyhow::Result<()> {
     setup::all(torch)?;
     let env = setup::test_env()?;
     let root = root();
@@ -264,12 +305,22 @@ fn test(torch: bool, rest: &[String]) -> anyhow::Result<()> {
     // Unit tests (no root) in parallel, then the integration tests, with the root tests that
     // attach real probes, one at a time: they measure time, and two cores are easily
     // oversubscribed. TRACEML_REQUIRE_ROOT: a root test that finds no root fails, not skips.
+    // Built before the load starts: the load is for the tests, not the compiler.
     run(Command::new("cargo")
-        .args(["test", "--lib", "--bins"])
-        .args(rest)
+        .args(["test", "--lib", "--bins", "--no-run"])
         .current_dir(&root))?;
+    run(Command::new("cargo")
+        .args(["test", "-p", "traceml-daemon", "--tests", "--no-run"])
+        .current_dir(&root))?;
+    let _stress = stress.map(Stress::start).transpose()?;
+    // --no-fail-fast, and the integration tests run even when a unit test failed: one failure
+    // does not hide the others.
+    let unit = run(Command::new("cargo")
+        .args(["test", "--lib", "--bins", "--no-fail-fast"])
+        .args(rest)
+        .current_dir(&root));
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "traceml-daemon", "--tests"])
+    cmd.args(["test", "-p", "traceml-daemon", "--tests", "--no-fail-fast"])
         .args(rest)
         .args(["--", "--test-threads=1"])
         .env("TRACEML_REQUIRE_ROOT", "1")
@@ -278,5 +329,7 @@ fn test(torch: bool, rest: &[String]) -> anyhow::Result<()> {
     if !torch {
         cmd.env("TRACEML_SKIP_TORCH", "1");
     }
-    run(&mut cmd)
+    let integration = run(&mut cmd);
+    unit.context("unit tests failed")?;
+    integration
 }

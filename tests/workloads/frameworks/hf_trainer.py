@@ -1,9 +1,13 @@
 """Real-framework workload: Hugging Face `Trainer` fine-tuning a tiny BERT classifier on CPU.
 
-Usage: python hf_trainer.py [--mode compute|input] [--steps N] [--ready FILE] [--truth FILE]
-                            [--steps-log FILE] [--threads N]
+Usage: python hf_trainer.py [--mode compute|input|accum|eval] [--steps N] [--ready FILE]
+                            [--truth FILE] [--steps-log FILE] [--threads N]
   --mode compute: data in memory, forward + backward + optimizer dominate (COMPUTE-BOUND expected)
   --mode input:   Dataset.__getitem__ sleeps, so ~60 % of a step waits for input (INPUT-BOUND)
+  --mode accum:   compute, with gradient_accumulation_steps=4 (a step is 4 micro-batches)
+  --mode eval:    compute, with eval_strategy="steps" every 10 steps over 64 evaluation samples
+                  whose __getitem__ sleeps 5 ms (evaluation is about half the wall time; the
+                  training steps stay compute-bound)
 No network and no downloads: the model is built from a BertConfig, the data is synthetic. The
 first stdout line ({"pid": ...}) goes out once torch and transformers are imported and the model
 is built; training starts once --ready FILE exists. Truth format: tests/README.md.
@@ -13,7 +17,9 @@ Truth clocks (all from this script, CLOCK_MONOTONIC):
   forward     Trainer.compute_loss (model(**inputs), loss computed by the model)
   backward    accelerator.backward(loss)
   optimizer   optimizer.step, from its step pre-hook to its post-hook
-  step end    TrainerCallback.on_step_end; a step runs from one step end to the next
+  step end    TrainerCallback.on_step_end (optimizer steps only); a step runs from one step end
+              to the next, less the evaluation inside it
+  evaluation  Trainer.evaluate, start to return (its fetches and forwards are not the steps')
   residual    the rest: the gradient norm (transformers 5.24 computes it every step, even with
               clipping off: max_grad_norm=0 here), lr scheduler, zero_grad, the Trainer's
               bookkeeping; ~3 ms a step. The model is narrow (hidden 128, vocab 1000) with long
@@ -34,12 +40,17 @@ CONFIGS = {
                     vocab=1000, getitem_ns=0, max_grad_norm=0.0, verdict="compute_bound"),
     "input": dict(steps=40, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
                   vocab=1000, getitem_ns=10 * MS, max_grad_norm=0.0, verdict="input_bound"),
+    "accum": dict(steps=40, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
+                  vocab=1000, getitem_ns=0, max_grad_norm=0.0, verdict="compute_bound", accum=4),
+    "eval": dict(steps=60, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
+                 vocab=1000, getitem_ns=0, max_grad_norm=0.0, verdict="compute_bound", eval_steps=10,
+                 eval_samples=64, eval_getitem_ns=5 * MS),
 }
 POOL = 64  # distinct synthetic items; item i is POOL item i % POOL (long runs need no memory)
 
 
 def main():
-    a = truthlib.parse("HF Trainer on a tiny BERT (CPU)", ["compute", "input"],
+    a = truthlib.parse("HF Trainer on a tiny BERT (CPU)", ["compute", "input", "accum", "eval"],
                        {k: v["steps"] for k, v in CONFIGS.items()})
     cfg = dict(CONFIGS[a.mode], steps=a.steps, threads=a.threads)
     truthlib.offline_env()
@@ -56,34 +67,39 @@ def main():
     torch.set_num_threads(a.threads)
     clock = truthlib.Clock(a.steps_log)
 
+    fetch = {"t0": None}  # when the batch being collated was first asked for (train or eval)
+
     class SyntheticDataset(Dataset):
         """In-memory token ids; records when a batch's first item is asked for."""
 
-        def __init__(self, n):
+        def __init__(self, n, getitem_ns):
             g = torch.Generator().manual_seed(0)
             self.n = n
+            self.getitem_ns = getitem_ns
             self.ids = torch.randint(1, cfg["vocab"], (POOL, cfg["seq_len"]), generator=g)
             self.labels = torch.randint(0, 2, (POOL,), generator=g)
-            self.batch_t0 = None
 
         def __len__(self):
             return self.n
 
         def __getitem__(self, i):
-            if self.batch_t0 is None:
-                self.batch_t0 = now()
-            if cfg["getitem_ns"]:
-                time.sleep(cfg["getitem_ns"] / 1e9)
+            if fetch["t0"] is None:
+                fetch["t0"] = now()
+            if self.getitem_ns:
+                time.sleep(self.getitem_ns / 1e9)
             j = i % POOL
             return {"input_ids": self.ids[j], "attention_mask": torch.ones(cfg["seq_len"], dtype=torch.long),
                     "labels": self.labels[j]}
 
-    dataset = SyntheticDataset(cfg["steps"] * cfg["batch_size"])
+    accum = cfg.get("accum", 1)
+    dataset = SyntheticDataset(cfg["steps"] * cfg["batch_size"] * accum, cfg["getitem_ns"])
+    eval_dataset = (SyntheticDataset(cfg["eval_samples"], cfg["eval_getitem_ns"])
+                    if cfg.get("eval_steps") else None)
 
     def collate(features):
         out = default_data_collator(features)
-        clock.span("input_wait", dataset.batch_t0, now())
-        dataset.batch_t0 = None
+        clock.span("input_wait", fetch["t0"], now())
+        fetch["t0"] = None
         return out
 
     model = BertForSequenceClassification(BertConfig(
@@ -105,6 +121,9 @@ def main():
 
         def floating_point_ops(self, *args, **kwargs):
             return clock.timed("flos", super().floating_point_ops)(*args, **kwargs)
+
+        def evaluate(self, *args, **kwargs):
+            return clock.timed("evaluation", super().evaluate)(*args, **kwargs)
 
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
@@ -133,11 +152,14 @@ def main():
     targs = TrainingArguments(
         output_dir=os.path.join("/tmp", f"hf-trainer-{os.getpid()}"), max_steps=cfg["steps"],
         per_device_train_batch_size=cfg["batch_size"], learning_rate=5e-5, use_cpu=True,
-        report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
+        report_to="none", logging_strategy="no", save_strategy="no",
+        eval_strategy="steps" if eval_dataset else "no", eval_steps=cfg.get("eval_steps"),
+        per_device_eval_batch_size=cfg["batch_size"], prediction_loss_only=True,
+        gradient_accumulation_steps=accum,
         disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False, seed=0,
         max_grad_norm=cfg["max_grad_norm"])
-    trainer = TimedTrainer(model=model, args=targs, train_dataset=dataset, data_collator=collate,
-                           callbacks=[StepClock()])
+    trainer = TimedTrainer(model=model, args=targs, train_dataset=dataset, eval_dataset=eval_dataset,
+                           data_collator=collate, callbacks=[StepClock()])
     model.zero_grad = clock.timed("zero_grad", model.zero_grad)
     # Warm up outside the measured run (first-call allocations, lazy init of the kernels).
     warm = collate([dataset[i] for i in range(cfg["batch_size"])])
@@ -156,12 +178,15 @@ def main():
     truth = truthlib.build_truth(
         clock, scenario=scenario, backend="torch-cpu+transformers", config=cfg,
         expected_verdict=cfg["verdict"], versions=versions, extra_spans=("clip_grad", "flos", "zero_grad"),
+        exclude=("evaluation",),
         phase_spans={"input_wait": ["input_wait"], "forward": ["forward"], "backward": ["backward"],
                      "optimizer": ["optimizer"]},
         counts={"optimizer_steps": opt_state["steps"], "optimizer_class": opt_state["class"],
                 "backward_calls": len(clock.spans.get("backward", [])),
                 "forward_calls": len(clock.spans.get("forward", [])),
-                "batches_fetched": len(clock.spans.get("input_wait", []))})
+                "batches_fetched": len(clock.spans.get("input_wait", [])),
+                "micro_batches_per_step": accum,
+                "evaluations": len(clock.spans.get("evaluation", []))})
     truthlib.write_truth(a.truth, truth)
     truthlib.done_line(truth)
 

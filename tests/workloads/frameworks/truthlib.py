@@ -95,23 +95,43 @@ def _overlap(spans, a, b):
     return sum(max(0, min(t1, b) - max(t0, a)) for t0, t1 in spans)
 
 
+def _pieces(a, b, excluded):
+    """[a, b) less the excluded spans (sorted, disjoint in practice)."""
+    out, cur = [], a
+    for t0, t1 in sorted(excluded):
+        if t1 <= cur or t0 >= b:
+            continue
+        if t0 > cur:
+            out.append((cur, t0))
+        cur = max(cur, t1)
+    if cur < b:
+        out.append((cur, b))
+    return out
+
+
 def build_truth(clock, *, scenario, backend, config, expected_verdict, phase_spans, extra_spans=(),
-                minus=None, counts=None, versions=None):
+                minus=None, counts=None, versions=None, exclude=()):
     """phase_spans: truth phase -> the span names that add up to it; minus: truth phase -> span
     names subtracted from it (nested work already counted elsewhere); extra_spans: span names
-    reported per step as `<name>_ns` outside the phases (part of the residual)."""
+    reported per step as `<name>_ns` outside the phases (part of the residual); exclude: span
+    names that are no part of the steps (evaluation): a step's wall and phases leave them out,
+    and `evaluation` reports them."""
     minus = minus or {}
+    excluded = [s for n in exclude for s in clock.spans.get(n, [])]
     starts = [clock.first_start] + clock.step_ends[:-1]
     steps = []
     for i, (a, b) in enumerate(zip(starts, clock.step_ends)):
+        pieces = _pieces(a, b, excluded)
+        ov = lambda n: sum(_overlap(clock.spans.get(n, []), x, y) for x, y in pieces)  # noqa: E731
+        wall = sum(y - x for x, y in pieces)
         ph = {p: 0 for p in PHASES if p != "residual"}
         for p, names in phase_spans.items():
-            ph[p] = sum(_overlap(clock.spans.get(n, []), a, b) for n in names)
-            ph[p] -= sum(_overlap(clock.spans.get(n, []), a, b) for n in minus.get(p, ()))
-        ph["residual"] = (b - a) - sum(ph.values())
-        step = {"index": i, "t_start_ns": a, "t_end_ns": b, "wall_ns": b - a, "phases_ns": ph}
+            ph[p] = sum(ov(n) for n in names)
+            ph[p] -= sum(ov(n) for n in minus.get(p, ()))
+        ph["residual"] = wall - sum(ph.values())
+        step = {"index": i, "t_start_ns": a, "t_end_ns": b, "wall_ns": wall, "phases_ns": ph}
         for n in extra_spans:
-            step[n + "_ns"] = _overlap(clock.spans.get(n, []), a, b)
+            step[n + "_ns"] = ov(n)
         steps.append(step)
     # Step 0 carries one-time work (first fetches of the prefetching loaders, lazy init): the
     # medians below are over every step, as in the other truth files; `steady` drops step 0.
@@ -141,6 +161,9 @@ def build_truth(clock, *, scenario, backend, config, expected_verdict, phase_spa
         "compute_share_of_median_step": round(compute / step_med, 4) if step_med else None,
         "totals": {"wall_ns": sum(walls), **{f"{p}_ns": sum(s["phases_ns"][p] for s in steps) for p in PHASES}},
         "counts": counts or {},
+        "evaluation": {"segments": len(excluded), "wall_ns": sum(t1 - t0 for t0, t1 in excluded),
+                       "input_wait_ns": sum(_overlap(clock.spans.get("input_wait", []), t0, t1)
+                                            for t0, t1 in excluded)},
     }
     return truth
 

@@ -47,6 +47,8 @@ pub(crate) struct Cutter {
     /// Most training micro-batches seen in one window (a trailing window with more fetches and
     /// no backward is an evaluation).
     max_micro: u32,
+    /// The optimizer exit that closed the last window.
+    last_exit: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,10 +108,13 @@ pub(crate) fn cut_windows(c: &mut Cutter, t: &ThreadTrace, w: u64, at_end: bool,
         marks.push((b, 2, Some(Mark::Backward(b))));
     }
     marks.sort_unstable_by_key(|m| (m.0, m.1));
-    for (_, _, m) in marks {
+    for (ts, _, m) in marks {
         match m {
             Some(m) => c.window.push(m),
-            None => close_window(c, t, false, cut),
+            None => {
+                close_window(c, t, false, cut);
+                c.last_exit = ts;
+            }
         }
     }
     c.cursor = c.cursor.max(w);
@@ -152,6 +157,13 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
                     push_step(cut, s, e, Some(c.micro));
                 }
                 c.fresh = true;
+            }
+            // The trace ended after the step's optimizer exit with nothing begun since (the
+            // loop's last step, stopped at `max_steps`): complete up to that exit.
+            None if at_end && b == 0 => {
+                if let Some(s) = c.open.take_if(|&mut s| c.last_exit > s) {
+                    push_step(cut, s, c.last_exit, Some(c.micro));
+                }
             }
             // No batch fetched: the optimizer step continues the step in progress.
             _ => c.micro += b,

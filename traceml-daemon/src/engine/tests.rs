@@ -405,8 +405,10 @@ fn record_only_dataloader_and_optimizer() {
     }
     let out = t.run();
     assert_eq!(out.boundary, Some(Boundary::DataloaderNext));
-    assert_eq!(out.steps.len(), 2);
-    assert_eq!(out.partial_steps_dropped, 1);
+    // The last optimizer step is complete at its exit: nothing began after it.
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(out.steps[2].end_ns, 2700);
+    assert_eq!(out.partial_steps_dropped, 0);
     assert_eq!(
         out.steps[1].phase_ns,
         phases(&[
@@ -1170,7 +1172,8 @@ fn a_prefetching_loop_with_validation_between_epochs() {
         }
     }
     let out = t.codes().run();
-    assert_eq!(out.steps.len(), 7, "{:#?}", out.steps);
+    // Every optimizer step: the last one is complete at its exit.
+    assert_eq!(out.steps.len(), 8, "{:#?}", out.steps);
     assert!(out.steps.iter().all(|s| s.micro_batches == 1));
     assert_eq!(out.evaluation.segments, 1);
     assert_eq!(out.evaluation.batches, 2);
