@@ -336,3 +336,55 @@ fn hf_trainer_evaluation_is_a_segment_not_input_wait() {
     }
     assert!(failures.is_empty(), "{failures:#?}\n{}", r.card);
 }
+
+/// Lightning with accumulate_grad_batches=4: one step per optimizer step, 4 micro-batches each
+/// (Lightning's fetcher prefetches a batch ahead: no step is split by it).
+#[test]
+fn lightning_gradient_accumulation_counts_optimizer_steps() {
+    let Some(r) = run("lightning_train", "accum", 30) else {
+        return;
+    };
+    let mut failures = Vec::new();
+    check_loop_structure("lightning accum", &r, &mut failures);
+    assert!(failures.is_empty(), "{failures:#?}\n{}", r.card);
+}
+
+/// Lightning validating every 10 batches on slow validation data: validation is evaluation,
+/// the training verdict the training steps'.
+#[test]
+fn lightning_validation_is_a_segment_not_input_wait() {
+    let Some(r) = run("lightning_train", "val", 60) else {
+        return;
+    };
+    let mut failures = Vec::new();
+    check_loop_structure("lightning val", &r, &mut failures);
+    assert!(failures.is_empty(), "{failures:#?}\n{}", r.card);
+}
+
+/// A hand-written loop accumulating 4 micro-batches per optimizer step.
+#[test]
+fn plain_loop_manual_accumulation_counts_optimizer_steps() {
+    let Some(r) = run("plain_loop", "accum", 30) else {
+        return;
+    };
+    let mut failures = Vec::new();
+    check_loop_structure("plain accum", &r, &mut failures);
+    assert!(failures.is_empty(), "{failures:#?}\n{}", r.card);
+}
+
+/// A hand-written loop with a `torch.no_grad()` evaluation every 10 steps, and one whose
+/// evaluation only calls `model.eval()` (autograd on, no backward): both are evaluation.
+#[test]
+fn plain_loop_evaluation_with_and_without_no_grad_is_a_segment() {
+    let mut failures = Vec::new();
+    for mode in ["nograd_eval", "evalmode_eval"] {
+        let Some(r) = run("plain_loop", mode, 60) else {
+            return;
+        };
+        check_loop_structure(mode, &r, &mut failures);
+        if !failures.is_empty() {
+            failures.push(r.card.clone());
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -1,0 +1,134 @@
+"""Real-PyTorch workload: a hand-written training loop (DataLoader, nn.Module, autograd, SGD) on
+CPU in the shapes of issue 22: gradient accumulation and evaluation between optimizer steps.
+
+Usage: python plain_loop.py [--mode accum|nograd_eval|evalmode_eval] [--steps N] [--ready FILE]
+                            [--truth FILE] [--steps-log FILE] [--threads N]
+  --mode accum:          4 micro-batches (fetch, forward, backward) per optimizer step
+  --mode nograd_eval:    every 10 optimizer steps, a `torch.no_grad()` evaluation over 6
+                         batches of slow data (__getitem__ sleeps 1 ms per item)
+  --mode evalmode_eval:  the same evaluation with only `model.eval()` (autograd on, no backward)
+Every mode is compute-bound in its training steps. Truth format: tests/README.md.
+
+Truth clocks (all from this script, CLOCK_MONOTONIC):
+  input_wait  first __getitem__ of a batch -> the collate function's return
+  forward     model call + loss, backward loss.backward(), optimizer opt.step()
+  step end    after opt.step() and zero_grad; a step runs from one step end to the next, less the
+              evaluation inside it
+  evaluation  the evaluation loop, start to end
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import truthlib  # noqa: E402
+from truthlib import MS, now  # noqa: E402
+
+CONFIGS = {
+    "accum": dict(steps=30, accum=4, eval_every=0),
+    "nograd_eval": dict(steps=60, accum=1, eval_every=10, no_grad=True),
+    "evalmode_eval": dict(steps=60, accum=1, eval_every=10, no_grad=False),
+}
+BATCH, FEATURES, HIDDEN, LAYERS = 64, 256, 1024, 4
+EVAL_BATCHES, EVAL_BATCH, EVAL_GETITEM_NS = 6, 32, 1 * MS
+POOL = 512
+
+
+def main():
+    a = truthlib.parse("hand-written PyTorch loop (CPU)", list(CONFIGS),
+                       {k: v["steps"] for k, v in CONFIGS.items()})
+    cfg = dict(CONFIGS[a.mode], steps=a.steps, threads=a.threads)
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data._utils.collate import default_collate
+    torch.manual_seed(0)
+    torch.set_num_threads(a.threads)
+    clock = truthlib.Clock(a.steps_log)
+    fetch = {"t0": None}
+
+    class Synthetic(Dataset):
+        def __init__(self, n, getitem_ns):
+            g = torch.Generator().manual_seed(0)
+            self.n, self.getitem_ns = n, getitem_ns
+            self.x = torch.randn(POOL, FEATURES, generator=g)
+            self.y = torch.randint(0, 10, (POOL,), generator=g)
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if fetch["t0"] is None:
+                fetch["t0"] = now()
+            if self.getitem_ns:
+                time.sleep(self.getitem_ns / 1e9)
+            return self.x[i % POOL], self.y[i % POOL]
+
+    def collate(items):
+        out = default_collate(items)
+        clock.span("input_wait", fetch["t0"], now())
+        fetch["t0"] = None
+        return out
+
+    layers, width = [], FEATURES
+    for _ in range(LAYERS):
+        layers += [nn.Linear(width, HIDDEN), nn.ReLU()]
+        width = HIDDEN
+    model = nn.Sequential(*layers, nn.Linear(width, 10))
+    lossf = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    train = DataLoader(Synthetic(cfg["steps"] * cfg["accum"] * BATCH, 0), batch_size=BATCH,
+                       collate_fn=collate)
+    evald = DataLoader(Synthetic(EVAL_BATCHES * EVAL_BATCH, EVAL_GETITEM_NS), batch_size=EVAL_BATCH,
+                       collate_fn=collate)
+    # Warm up outside the measured run.
+    xb, yb = collate([train.dataset[i] for i in range(BATCH)])
+    lossf(model(xb), yb).backward()
+    opt.zero_grad()
+    clock.spans.clear()
+    clock.first_start = None
+
+    def evaluate():
+        t0 = now()
+        model.eval()
+        ctx = torch.no_grad() if cfg.get("no_grad") else torch.enable_grad()
+        with ctx:
+            for x, y in evald:
+                lossf(model(x), y).item()
+        model.train()
+        clock.span("evaluation", t0, now())
+
+    scenario = "plain_loop_" + a.mode
+    truthlib.start_line(scenario, torch=torch.__version__)
+    truthlib.wait_ready(a.ready)
+    it = iter(train)
+    for step in range(cfg["steps"]):
+        for _ in range(cfg["accum"]):
+            x, y = next(it)
+            t0 = now()
+            loss = lossf(model(x), y) / cfg["accum"]
+            t1 = now()
+            clock.span("forward", t0, t1)
+            loss.backward()
+            clock.span("backward", t1, now())
+        t0 = now()
+        opt.step()
+        clock.span("optimizer", t0, now())
+        opt.zero_grad()
+        clock.step_end()
+        if cfg["eval_every"] and (step + 1) % cfg["eval_every"] == 0 and step + 1 < cfg["steps"]:
+            evaluate()
+
+    truth = truthlib.build_truth(
+        clock, scenario=scenario, backend="torch-cpu", config=cfg, expected_verdict="compute_bound",
+        versions={"torch": torch.__version__}, exclude=("evaluation",),
+        phase_spans={"input_wait": ["input_wait"], "forward": ["forward"], "backward": ["backward"],
+                     "optimizer": ["optimizer"]},
+        counts={"optimizer_steps": cfg["steps"], "micro_batches_per_step": cfg["accum"],
+                "evaluations": len(clock.spans.get("evaluation", []))})
+    truthlib.write_truth(a.truth, truth)
+    truthlib.done_line(truth)
+
+
+if __name__ == "__main__":
+    main()
