@@ -240,11 +240,7 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         StepTotals::from_steps(&steady_kept)
     };
     let use_steady = steady.count > 0 && !steady_kept.is_empty();
-    let (shape, shape_totals) = if use_steady {
-        (&steady_kept[..], &steady)
-    } else {
-        (&steps[..], &totals)
-    };
+    let shape_totals = if use_steady { &steady } else { &totals };
     let cuda_libraries = cuda_libraries(items);
     let num_cpus = target.map(|t| t.num_cpus).filter(|&n| n > 0);
 
@@ -269,8 +265,11 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
             },
         },
         evaluation: Evaluation::default(),
-        step_ms: step_ms(shape, shape_totals),
-        phases: phase_stats(shape, shape_totals, !cuda_libraries.is_empty()),
+        // Medians and the per-step series over every kept step (a median is robust to the few
+        // learning steps, and bimodal steps, a DataLoader's workers delivering in bursts, make
+        // it jump between modes when some are left out); means and shares over the steady ones.
+        step_ms: step_ms(steps, shape_totals),
+        phases: phase_stats(steps, shape_totals, !cuda_libraries.is_empty()),
         cuda: cuda_stats(shape_totals, !cuda_libraries.is_empty()),
         system: system_stats(&samples, target),
         process: process_stats(&samples, num_cpus),
@@ -279,7 +278,7 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         memory: memory_stats(steps, &samples, target.map(|t| t.attach_ts_ns)),
         data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
         daemon_overhead: daemon_overhead(steps, totals.count, items, target),
-        step_samples: step_samples(shape),
+        step_samples: step_samples(steps),
         job: None,
         ranks: Vec::new(),
     };
