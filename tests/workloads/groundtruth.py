@@ -1,6 +1,6 @@
 """Shared runner of the ground-truth scenarios (fake torch + stand-in CUDA runtime).
 
-Usage: python tests/workloads/<scenario>.py [--ready FILE] [--truth FILE] [--steps N]
+Usage: python tests/workloads/<scenario>.py [--ready FILE] [--truth FILE] [--steps N] [--stop-on-sigterm]
   prints {"pid": ..., ...} as its first stdout line, waits for --ready FILE to exist (polls every
   10 ms) before the training loop, runs exactly N steps, writes the truth JSON (format
   "traceml-truth/1", see tests/README.md) to --truth FILE and prints a one-line summary.
@@ -89,6 +89,9 @@ def parse(name, cfg):
     ap.add_argument("--ready", help="wait until this file exists before training")
     ap.add_argument("--truth", help="write the truth JSON here")
     ap.add_argument("--steps", type=int, default=cfg["steps"])
+    ap.add_argument("--stop-on-sigterm", action="store_true",
+                    help="SIGTERM ends the loop after the current step; the truth of the steps "
+                         "done is written as at the loop's end")
     return ap.parse_args()
 
 
@@ -118,6 +121,10 @@ def run(name, overrides, argv_args=None):
     nb = cfg["non_blocking"]
     raw = []
     it = iter(loader)  # workers (if any) start here, after --ready
+    stop = []
+    if getattr(a, "stop_on_sigterm", False):
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     # The cyclic GC could run at any allocation, inside a measured phase; run it only in the
     # measured cleanup at the end of each step instead.
     import gc
@@ -128,6 +135,10 @@ def run(name, overrides, argv_args=None):
     step = 0
     while True:
         t0 = now()
+        if stop:
+            t_stop = t0
+            t_stop_start = t0
+            break
         try:
             batch = next(it)
         except StopIteration:

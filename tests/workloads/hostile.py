@@ -13,7 +13,8 @@ UTF-8 with an escape sequence. Then:
   it sleeps 40 ms, so the residual dominates and the verdict, RESIDUAL-HEAVY, quotes it.
 
 Usage: python hostile.py --ready FILE [--steps N] [--map FILE] [anything: ignored]
-Prints {"pid": ...} once set up, waits for --ready, trains, prints {"done": N}.
+Prints {"pid": ...} once set up, waits for --ready, trains, prints {"done": N, "log_ns": time in
+the residual function, "wall_ns": the loop's wall time from its first batch}.
 """
 import argparse
 import ctypes
@@ -100,7 +101,11 @@ while not os.path.exists(a.ready):
     time.sleep(0.01)
 
 steps = 0
+log_ns = 0
+t_first = None
 for x, y in loader:
+    if t_first is None:
+        t_first = time.monotonic_ns()
     with torch.autograd.profiler.record_function("\x1b[2J<script>x</script>"):
         xd = x.to("cuda", non_blocking=True)
         yd = y.to("cuda", non_blocking=True)
@@ -110,6 +115,11 @@ for x, y in loader:
     loss.backward()
     opt.step()
     loss.item()
+    t = time.monotonic_ns()
     log_step()
+    log_ns += time.monotonic_ns() - t
     steps += 1
-print(json.dumps({"done": steps}), flush=True)
+# The truth the verdict is held to: the time in log_step (all of it residual) against the wall
+# time of the loop from the first batch on.
+wall_ns = time.monotonic_ns() - t_first if t_first is not None else 0
+print(json.dumps({"done": steps, "log_ns": log_ns, "wall_ns": wall_ns}), flush=True)

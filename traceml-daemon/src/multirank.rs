@@ -43,8 +43,7 @@ struct Rank {
     gpu: Rc<std::cell::Cell<Option<f64>>>,
     stop: watch::Sender<Option<EndReason>>,
     done: tokio::task::JoinHandle<()>,
-    /// Steps measured at the last progress, and when.
-    progress: (u64, Instant),
+    progress: Progress,
 }
 
 /// The job as the summary describes it.
@@ -119,7 +118,7 @@ fn start(p: RankProc, opts: &live::Options, dir: &Path, record: Option<&Path>) -
         gpu,
         stop: tx,
         done,
-        progress: (0, Instant::now()),
+        progress: Progress::new(),
     }
 }
 
@@ -198,24 +197,58 @@ fn stuck(ranks: &mut [Rank], floor: Duration) -> Vec<Stuck> {
     out
 }
 
-/// How long a running rank has completed no step, when that is a hang: over max(10 × its mean
-/// step, `floor`) with at least one step done. `progress` is (steps, when they changed), kept
-/// by the caller between checks.
+/// A rank's progress between hang checks: its steps at the last change, when, and its mean
+/// step then.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Progress {
+    steps: u64,
+    since: Instant,
+    mean: Duration,
+}
+
+impl Progress {
+    pub(crate) fn new() -> Self {
+        Self {
+            steps: 0,
+            since: Instant::now(),
+            mean: Duration::ZERO,
+        }
+    }
+
+    /// How long the rank has completed no step, when that is a hang: over max(10 × its mean
+    /// step, `floor`) with at least one step done, given its `steps` (and their total time)
+    /// now. Only more steps are progress: a rank whose run ended hands its folds back empty
+    /// (fewer steps) while its target finishes, and a hung rank killed that way stays hung.
+    fn observe(
+        &mut self,
+        steps: u64,
+        total_ns: u64,
+        now: Instant,
+        floor: Duration,
+    ) -> Option<Duration> {
+        if steps > self.steps {
+            *self = Progress {
+                steps,
+                since: now,
+                mean: Duration::from_nanos(total_ns / steps),
+            };
+            return None;
+        }
+        let idle = now.duration_since(self.since);
+        (self.steps > 0 && idle >= (self.mean * 10).max(floor)).then_some(idle)
+    }
+}
+
+/// [`Progress::observe`] of a running rank's folds.
 pub(crate) fn idle_rank(
     fold: &mut Collector,
-    progress: &mut (u64, Instant),
+    progress: &mut Progress,
     now: Instant,
     floor: Duration,
 ) -> Option<Duration> {
     fold.advance(live::monotonic_ns());
     let (n, total_ns) = fold.steps();
-    if n != progress.0 {
-        *progress = (n, now);
-        return None;
-    }
-    let mean = Duration::from_nanos(total_ns.checked_div(n).unwrap_or(0));
-    let idle = now.duration_since(progress.1);
-    (n > 0 && idle >= (mean * 10).max(floor)).then_some(idle)
+    progress.observe(n, total_ns, now, floor)
 }
 
 /// Writes `final_summary.json` into `dir`, created if missing (atomically, no link followed;
@@ -383,4 +416,41 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
         }
         Ok(summary)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_rank_stays_hung_when_its_folds_are_handed_back_empty() {
+        let t0 = Instant::now();
+        let floor = Duration::from_secs(5);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut p = Progress::new();
+        assert_eq!(p.observe(0, 0, at(0), floor), None, "no step yet");
+        assert_eq!(p.observe(0, 0, at(100), floor), None, "no step is no hang");
+        assert_eq!(p.observe(10, 1_000_000_000, at(100), floor), None);
+        assert_eq!(
+            p.observe(10, 1_000_000_000, at(104), floor),
+            None,
+            "under the floor"
+        );
+        assert_eq!(
+            p.observe(10, 1_000_000_000, at(106), floor),
+            Some(Duration::from_secs(6))
+        );
+        // The run ended: its folds are new (no step), the rank is still hung.
+        assert_eq!(
+            p.observe(0, 0, at(107), floor),
+            Some(Duration::from_secs(7))
+        );
+        // A new step is progress.
+        assert_eq!(p.observe(11, 1_100_000_000, at(108), floor), None);
+        // 10 × a long mean step is the threshold when over the floor: 10 × 2 s.
+        let mut p = Progress::new();
+        p.observe(3, 6_000_000_000, at(0), floor);
+        assert_eq!(p.observe(3, 6_000_000_000, at(19), floor), None);
+        assert!(p.observe(3, 6_000_000_000, at(20), floor).is_some());
+    }
 }

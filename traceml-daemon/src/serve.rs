@@ -452,7 +452,11 @@ const NOT_PYTHON_RECHECK: Duration = Duration::from_secs(30);
 
 /// An attached rank as its job sees it: its folds (shared with its run) and its progress
 /// (steps, when they last changed).
-type LiveRank = (crate::job::RankProc, Rc<RefCell<Folds>>, (u64, Instant));
+type LiveRank = (
+    crate::job::RankProc,
+    Rc<RefCell<Folds>>,
+    crate::multirank::Progress,
+);
 
 /// The ranks of one multi-rank job on this node: each rank runs as its own target (its summaries
 /// under `rank-<r>/`); once none of them runs, the job's summary ([`crate::ranks::combine`]:
@@ -828,7 +832,8 @@ fn scan_once(
                     continue;
                 }
                 g.pids.push(*pid);
-                g.live.push((r.clone(), folds.clone(), (0, Instant::now())));
+                g.live
+                    .push((r.clone(), folds.clone(), crate::multirank::Progress::new()));
                 let dir = g.dir.join(format!("rank-{}", r.rank));
                 (g.name.clone(), dir, Some(g.runs.clone()))
             }

@@ -8,7 +8,9 @@
 //! sequence and markup in its name, and gets a command-line argument with an OSC sequence and
 //! invalid UTF-8. The daemon runs with `--color never`: no ESC byte may appear in its stdout,
 //! stderr (info logs included) or final_summary.txt; final_summary.json must be valid JSON that
-//! holds the names (escaped by JSON, bounded with a cut marker); the verdict is RESIDUAL-HEAVY.
+//! holds the names (escaped by JSON, bounded with a cut marker); the verdict is RESIDUAL-HEAVY when
+//! the truth (the residual function's share of the loop's wall time, printed by the workload) puts
+//! over half of the step there, and the residual share is at least the truth's.
 mod support;
 
 use std::ffi::OsStr;
@@ -41,7 +43,9 @@ fn hostile_names_reach_no_output_unescaped() {
     let out = run_daemon(&mut target, &dir, &[], Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(0), "stderr:\n{}", out.stderr);
     assert!(
-        out.target_stdout.iter().any(|l| l.contains("\"done\": 40")),
+        out.target_stdout
+            .iter()
+            .any(|l| l.contains("\"done\": 40,")),
         "the target finished its loop: {:?}",
         out.target_stdout
     );
@@ -74,10 +78,32 @@ fn hostile_names_reach_no_output_unescaped() {
     let json = std::fs::read(out.out_dir.join("final_summary.json")).unwrap();
     assert!(!json.iter().any(|&b| b < 0x20 && b != b'\n'));
     let s = &out.summary;
-    assert_eq!(
-        s["primary_diagnosis"]["kind"], "RESIDUAL_HEAVY",
-        "card:\n{}\nstderr:\n{}",
-        out.stdout, out.stderr
+    // The verdict from the run's truth: the residual function's share of the loop's wall time.
+    // Over half of it is residual the rules cannot miss (the largest bottleneck phase, over the
+    // critical share); on a host slow enough to push it under half, the daemon's residual share
+    // is held to the truth's instead.
+    let done: serde_json::Value = out
+        .target_stdout
+        .iter()
+        .find_map(|l| {
+            serde_json::from_str(l)
+                .ok()
+                .filter(|v: &serde_json::Value| v["done"] == 40)
+        })
+        .expect("the target's done line");
+    let truth_share = done["log_ns"].as_f64().unwrap() / done["wall_ns"].as_f64().unwrap();
+    let residual = s["phases"]["residual"]["share"].as_f64().unwrap_or(0.0);
+    eprintln!("residual share {residual:.3}, truth ≥ {truth_share:.3}");
+    if truth_share >= 0.5 {
+        assert_eq!(
+            s["primary_diagnosis"]["kind"], "RESIDUAL_HEAVY",
+            "truth: {truth_share:.3} of the wall in the residual function\ncard:\n{}\nstderr:\n{}",
+            out.stdout, out.stderr
+        );
+    }
+    assert!(
+        residual >= truth_share - 0.05,
+        "residual share {residual:.3}, the truth's at least {truth_share:.3}"
     );
     assert_eq!(s["target"]["comm"], "\x1b[2J\u{fffd}\u{fffd}<x>");
     // Whose job it is (crate::identity): the target runs as root here.
