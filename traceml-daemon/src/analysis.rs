@@ -263,6 +263,11 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
             } else {
                 0
             },
+            // Only where torch's marker probes were placed could a marker have been seen.
+            markers: items
+                .iter()
+                .any(|i| matches!(i, StreamItem::Library(l) if l.role == "torch" && !l.probes.is_empty()))
+                .then_some(engine.markers),
         },
         evaluation: Evaluation::default(),
         // Medians and the per-step series over every kept step (a median is robust to the few
@@ -380,6 +385,30 @@ fn daemon_overhead(
         }
     };
     let attach = target.map(|t| t.attach_ts_ns).unwrap_or(0);
+    // The target's CPU time from its /proc samples, from `from` on.
+    let cpu: Vec<(u64, f64)> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Sample(s) => s
+                .process
+                .as_ref()
+                .and_then(|p| p.cpu_seconds)
+                .filter(|c| c.is_finite())
+                .map(|c| (s.ts, c)),
+            _ => None,
+        })
+        .collect();
+    let cpu_ns_from = |from: u64| {
+        let mut it = cpu.iter().filter(|(ts, _)| *ts >= from);
+        let first = it.next()?;
+        let last = it.next_back()?;
+        Some((last.1 - first.1) * 1e9)
+    };
+    let pct_of_cpu = |added: f64, from: u64| {
+        cpu_ns_from(from)
+            .and_then(|c| crate::overhead::share_of_cpu(added, c))
+            .map(|f| f * 100.0)
+    };
     let estimated = per_step(est.added_ns, all_steps);
     let steady = per_step(est.steady_added_ns, steady_steps);
     Some(DaemonOverhead {
@@ -397,8 +426,11 @@ fn daemon_overhead(
                 python: p.python,
                 launch_events: p.launch_events,
                 reason: p.reason.clone(),
+                watching: p.watching,
             })
             .collect(),
+        estimated_pct_of_cpu: pct_of_cpu(est.added_ns, 0),
+        steady_pct_of_cpu: pct_of_cpu(est.steady_added_ns, est.steady_from_ns),
     })
 }
 

@@ -15,7 +15,8 @@
 //!
 //! Primary diagnosis: the most severe finding, then the largest share, then rule order; with no
 //! warning or critical finding it is `COMPUTE_BOUND` if found, else `BALANCED`; with fewer than
-//! [`MIN_STEPS`] steps, `INSUFFICIENT_DATA`. The data-quality confidence is copied onto every
+//! [`MIN_STEPS`] steps, `INSUFFICIENT_DATA`, or `NOT_TRAINING` when no step and no training
+//! marker (DataLoader iteration, optimizer step, backward pass) was seen at all. The data-quality confidence is copied onto every
 //! finding and the primary "why" says when it was lowered.
 use crate::engine::{Boundary, Phase};
 use crate::summary::{Confidence, DiagnosisKind, Finding, Severity, Summary, WorkerState};
@@ -107,6 +108,7 @@ pub fn diagnose(s: &Summary) -> (Finding, Vec<Finding>) {
             .then_with(|| b.share.unwrap_or(-1.0).total_cmp(&a.share.unwrap_or(-1.0)))
     });
     let mut primary = match findings.first() {
+        _ if s.steps.count == 0 && s.steps.markers.is_some_and(|m| !m.any()) => not_training(s),
         _ if s.steps.count < MIN_STEPS => insufficient(s),
         Some(f) if f.severity > Severity::Info || f.kind == DiagnosisKind::ComputeBound => {
             f.clone()
@@ -227,6 +229,22 @@ fn finding(kind: DiagnosisKind, severity: Severity, why: String, next: String) -
         confidence: Confidence::High,
         culprit_rank: None,
     }
+}
+
+/// `NOT_TRAINING`: the stream holds no training marker at all (the daemon watched with
+/// torch's marker probes only, which such a process does not hit).
+fn not_training(s: &Summary) -> Finding {
+    let secs = s.run.duration_s.unwrap_or(0.0);
+    let why = format!(
+        "not training: no optimizer step, backward or DataLoader iteration in {secs:.0} s \
+         ({} probe events)",
+        s.data_quality.events_recorded
+    );
+    let next = "nothing to fix: traceml-daemon kept to torch's marker probes, which cost this \
+                process nothing it can feel, and measures the steps once it trains (a notebook \
+                calling fit, the next job stage); attach during training for a verdict"
+        .to_owned();
+    finding(DiagnosisKind::NotTraining, Severity::Info, why, next)
 }
 
 fn insufficient(s: &Summary) -> Finding {

@@ -57,6 +57,10 @@ pub struct ProbeSet {
     pub launch_events: bool,
     /// Why the governor chose this set, for the report.
     pub reason: String,
+    /// Only torch's marker probes are placed (the CUDA and NCCL ones wait for the first
+    /// training marker).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub watching: bool,
 }
 
 /// Probe hits since attach, summed over CPUs (the kernel's `STATS` and `LAUNCHES` counters).

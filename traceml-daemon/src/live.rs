@@ -174,6 +174,9 @@ struct Kernel {
     loss: PerCpuArray<MapData, u64>,
     /// The eBPF side's rare-path log (see [`ebpf_log`]); `None` when the object has none.
     log: Option<aya_log::EbpfLogger<EbpfLog>>,
+    /// The CUDA and NCCL libraries are not probed yet: the governor watches for training
+    /// markers first (a process that does not train is left alone).
+    held_back: bool,
 }
 
 impl Kernel {
@@ -456,6 +459,9 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             if role == maps::Role::Python || k.attacher.has_file(&path) {
                 continue;
             }
+            if k.held_back && role != maps::Role::Torch {
+                continue;
+            }
             let report = k.attacher.attach_file(&path, role)?;
             for f in report.failures {
                 tracing::warn!(
@@ -630,6 +636,7 @@ pub async fn run(
         pending,
         loss,
         log,
+        held_back: Governor::defers_libraries(opts.policy),
     };
 
     // Chosen by the target: lossy UTF-8, bounded.
@@ -691,6 +698,9 @@ pub async fn run(
         identity: Some(crate::identity::of(pid)),
     })))?;
 
+    // Armed at attach only where the governor starts with it (`--probe-set full`).
+    k.attacher
+        .set_arm_python_at_attach(Governor::initial(opts.policy));
     let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
     if report.attached.is_empty() {
         let reason = report
@@ -737,23 +747,21 @@ pub async fn run(
     let mut governor = Governor::new(
         GovernorConfig::new(opts.policy, opts.overhead_budget),
         monotonic_ns(),
-        python,
         opts.launch_events,
     );
-    if !python {
-        // Not armed yet at all: dropping its links here is quick.
-        drop(k.attacher.take_python().map_err(LiveError::Kernel)?);
-    }
     run.emit(StreamItem::ProbeStats(k.probe_stats()))?;
     run.emit(StreamItem::ProbeSet(Box::new(ProbeSet {
         ts: monotonic_ns(),
         python,
         launch_events: opts.launch_events,
         reason: match opts.policy {
-            Policy::Auto => "attach: every probe, to learn the loop".into(),
+            Policy::Auto => "attach: torch's markers only, watching for training (a DataLoader \
+                             iteration, an optimizer step or a backward pass)"
+                .into(),
             Policy::Full => "--probe-set full: every probe for the whole run".into(),
             Policy::Markers => "--probe-set markers: no frame-evaluator probe".into(),
         },
+        watching: k.held_back,
     })))?;
     // Subscribed before the loop: the target's exit or exec is reported while it happens.
     let mut watch = ending::Watch::new(pid, start, run.python_base);
@@ -852,6 +860,14 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
     d: crate::overhead::Decision,
 ) -> Result<(), LiveError> {
     let mut reason = d.reason;
+    if d.attach_all && k.held_back {
+        // The libraries held back while watching, before the frame evaluator is armed: the
+        // first steps learned see their copies and launches.
+        k.held_back = false;
+        if let Ok(mappings) = maps::read(run.opts.pid) {
+            run.rescan(k, &mappings)?;
+        }
+    }
     let switched = if d.python {
         k.attacher.arm_python()
     } else {
@@ -887,6 +903,7 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
         python: k.attacher.python_armed(),
         launch_events: d.launch_events,
         reason,
+        watching: k.held_back,
     })))
 }
 
@@ -918,9 +935,11 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let mut rescan_slow = false;
     let mut sample = interval(run.opts.sample_interval);
     // The governor looks once a second, every 250 ms while it learns the loop with every probe
-    // (the costly set: it is left as soon as the markers carry the steps).
-    let govern_every = |learning: bool| Duration::from_millis(if learning { 250 } else { 1000 });
-    let mut govern_learning = governor.learning();
+    // (the costly set: it is left as soon as the markers carry the steps) or watches for the
+    // first training marker (to place the other probes within a step or two).
+    let govern_every = |fast: bool| Duration::from_millis(if fast { 250 } else { 1000 });
+    let govern_fast = |g: &Governor| g.learning() || g.watching();
+    let mut govern_learning = govern_fast(governor);
     let mut govern = interval(govern_every(govern_learning));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
     for i in [&mut rescan, &mut sample, &mut govern, &mut stack] {
@@ -1014,12 +1033,13 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                     markers: std::mem::take(&mut run.markers),
                     stacks_ready: run.stacks.is_none()
                         || run.training_thread().is_some_and(|(_, t)| t.is_some()),
+                    cpu_ns: procinfo::cpu_ns(pid),
                 };
                 if let Some(d) = governor.tick(tick) {
                     apply(run, k, d)?;
                 }
-                if governor.learning() != govern_learning {
-                    govern_learning = governor.learning();
+                if govern_fast(governor) != govern_learning {
+                    govern_learning = govern_fast(governor);
                     let every = govern_every(govern_learning);
                     govern = interval_at(tokio::time::Instant::now() + every, every);
                     govern.set_missed_tick_behavior(MissedTickBehavior::Delay);

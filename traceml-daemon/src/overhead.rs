@@ -81,12 +81,18 @@ impl Markers {
     pub fn steps(&self) -> u64 {
         self.dataloader.max(self.optimizer)
     }
+
+    /// Any sign of training: a DataLoader iteration, an optimizer step or a backward pass.
+    pub fn any(&self) -> bool {
+        self.dataloader + self.optimizer + self.backward > 0
+    }
 }
 
 /// How the governor may choose probes (`--probe-set`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Policy {
-    /// Learn the loop with every probe, then keep only what the budget allows.
+    /// Watch with torch's markers only until the process trains, then learn the loop with every
+    /// probe for a bounded time, then keep only what the budget allows.
     Auto,
     /// Every probe for the whole run (the frame evaluator included): the most detail, the most
     /// cost on Python-heavy code.
@@ -99,17 +105,22 @@ pub enum Policy {
 #[derive(Clone, Copy, Debug)]
 pub struct GovernorConfig {
     pub policy: Policy,
-    /// Budget as a fraction of step time (0.005 = 0.5 %).
+    /// Budget as a fraction of step time, or of the target's CPU time where no step is found
+    /// (0.005 = 0.5 %).
     pub budget: f64,
     /// Shortest learning period with the frame-evaluator probe armed.
     pub learn_min_ns: u64,
     /// Steps the markers must have delimited while learning before the probe is detached.
     pub learn_steps: u64,
-    /// Longest wait for the training thread's interpreter state (for stack samples) before
-    /// detaching anyway.
+    /// Longest learning period: the probe is detached then whatever was learned (the stack
+    /// sampler may lack the training thread's state; a loop the markers do not delimit stays
+    /// unlearned).
     pub learn_max_ns: u64,
-    /// No step marker for this long while detached: the loop changed; learn it again.
+    /// Markers that come back after a pause this long are a new loop (a new `fit`, the next
+    /// phase of a pipeline): it is learned again.
     pub relearn_after_ns: u64,
+    /// A learning that delimited no step doubles the pause needed before the next, up to this.
+    pub relearn_max_ns: u64,
 }
 
 impl GovernorConfig {
@@ -124,6 +135,7 @@ impl GovernorConfig {
             learn_steps: 3,
             learn_max_ns: 10_000_000_000,
             relearn_after_ns: 30_000_000_000,
+            relearn_max_ns: 960_000_000_000,
         }
     }
 }
@@ -139,6 +151,8 @@ pub struct Tick {
     /// The training thread's interpreter state is known (stack samples can run without the
     /// frame-evaluator probe).
     pub stacks_ready: bool,
+    /// The target's CPU time so far (every thread, ns), when /proc says.
+    pub cpu_ns: Option<u64>,
 }
 
 /// The probe set the governor wants from now on.
@@ -146,69 +160,125 @@ pub struct Tick {
 pub struct Decision {
     pub python: bool,
     pub launch_events: bool,
+    /// Place the probes held back while watching (CUDA runtime and driver, NCCL).
+    pub attach_all: bool,
     pub reason: String,
 }
 
-/// Chooses the probe set from the probes' hit rates and the step rate.
+/// Where the governor is with the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// No training marker yet (`auto`): only torch's marker probes are placed, which a process
+    /// that does not train never hits.
+    Watching,
+    /// The frame-evaluator probe is armed to learn the loop (bounded in time).
+    Learning,
+    /// The steady probe set.
+    Steady,
+}
+
+/// Chooses the probe set from the probes' hit rates, the step rate and the target's CPU time.
 #[derive(Debug)]
 pub struct Governor {
     cfg: GovernorConfig,
     python: bool,
     launch_events: bool,
-    /// When the current learning period started (frame-evaluator probe armed by the governor).
-    learning_since: Option<u64>,
+    stage: Stage,
+    /// When the current learning period started.
+    learning_since: u64,
     learn_steps: u64,
     learn_backward: u64,
     last: Option<ProbeStats>,
+    last_cpu_ns: Option<u64>,
     last_marker_ns: u64,
+    /// The pause after which markers are learned again (doubled by fruitless learnings).
+    relearn_after_ns: u64,
 }
 
 impl Governor {
-    /// `python`/`launch_events`: the probe set at attach.
-    pub fn new(cfg: GovernorConfig, now: u64, python: bool, launch_events: bool) -> Self {
+    /// `launch_events`: the launch mode at attach. The frame-evaluator probe is armed at attach
+    /// under [`Policy::Full`] only ([`Governor::initial`]).
+    pub fn new(cfg: GovernorConfig, now: u64, launch_events: bool) -> Self {
         Governor {
             cfg,
-            python,
+            python: Self::initial(cfg.policy),
             launch_events,
-            learning_since: (cfg.policy == Policy::Auto && python).then_some(now),
+            stage: if cfg.policy == Policy::Auto {
+                Stage::Watching
+            } else {
+                Stage::Steady
+            },
+            learning_since: now,
             learn_steps: 0,
             learn_backward: 0,
             last: None,
+            last_cpu_ns: None,
             last_marker_ns: now,
+            relearn_after_ns: cfg.relearn_after_ns,
         }
+    }
+
+    pub fn stage(&self) -> Stage {
+        self.stage
     }
 
     /// Learning the loop with the frame-evaluator probe armed (the live loop then ticks faster).
     pub fn learning(&self) -> bool {
-        self.learning_since.is_some()
+        self.stage == Stage::Learning
     }
 
-    /// The probe set to start with under `policy`.
+    /// Watching for training markers (the live loop ticks faster, to start within a second).
+    pub fn watching(&self) -> bool {
+        self.stage == Stage::Watching
+    }
+
+    /// Whether the frame-evaluator probe is armed at attach under `policy`.
     pub fn initial(policy: Policy) -> bool {
-        policy != Policy::Markers
+        policy == Policy::Full
     }
 
-    /// One look at the counters (about once a second); `Some` when the probe set should change.
+    /// Whether the CUDA and NCCL probes wait for the first training marker under `policy`.
+    pub fn defers_libraries(policy: Policy) -> bool {
+        policy == Policy::Auto
+    }
+
+    /// One look at the counters (about once a second, 4× while watching or learning); `Some`
+    /// when the probe set should change.
     pub fn tick(&mut self, t: Tick) -> Option<Decision> {
         let prev = self.last.replace(t.stats);
+        let prev_cpu = std::mem::replace(&mut self.last_cpu_ns, t.cpu_ns);
         let d = prev.map(|p| delta(&p, &t.stats)).unwrap_or_default();
         let steps = t.markers.steps();
-        if steps > 0 {
+        let paused_ns = t.now.saturating_sub(self.last_marker_ns);
+        if t.markers.any() {
             self.last_marker_ns = t.now;
         }
         let mut want = Decision {
             python: self.python,
             launch_events: self.launch_events,
+            attach_all: false,
             reason: String::new(),
         };
         let mut reasons = Vec::new();
-        if self.cfg.policy == Policy::Auto {
-            if let Some(since) = self.learning_since {
+        match self.stage {
+            Stage::Watching if t.markers.any() => {
+                want.attach_all = true;
+                want.python = true;
+                reasons.push(format!(
+                    "training markers ({} DataLoader iterations, {} optimizer steps, {} backward \
+                     passes): CUDA probes placed, frame-evaluator probe armed to learn the loop",
+                    t.markers.dataloader, t.markers.optimizer, t.markers.backward
+                ));
+                self.start_learning(t.now);
+            }
+            Stage::Watching => {}
+            Stage::Learning => {
                 self.learn_steps += steps;
                 self.learn_backward += t.markers.backward;
-                let learned = t.now.saturating_sub(since) >= self.cfg.learn_min_ns
-                    && self.learn_steps >= self.cfg.learn_steps;
-                let waited = t.now.saturating_sub(since) >= self.cfg.learn_max_ns;
+                let elapsed = t.now.saturating_sub(self.learning_since);
+                let learned =
+                    elapsed >= self.cfg.learn_min_ns && self.learn_steps >= self.cfg.learn_steps;
+                let waited = elapsed >= self.cfg.learn_max_ns;
                 if learned && (t.stacks_ready || waited) {
                     want.python = false;
                     reasons.push(format!(
@@ -216,39 +286,78 @@ impl Governor {
                          learning): frame-evaluator probe detached",
                         self.learn_steps, self.learn_backward
                     ));
-                    self.learning_since = None;
+                    self.relearn_after_ns = self.cfg.relearn_after_ns;
+                    self.stage = Stage::Steady;
+                } else if waited {
+                    want.python = false;
+                    self.relearn_after_ns =
+                        (self.relearn_after_ns * 2).min(self.cfg.relearn_max_ns);
+                    reasons.push(format!(
+                        "no loop learned in {:.0} s ({} steps, {} backward passes): \
+                         frame-evaluator probe detached; learned again only after {:.0} s \
+                         without a marker",
+                        elapsed as f64 / 1e9,
+                        self.learn_steps,
+                        self.learn_backward,
+                        self.relearn_after_ns as f64 / 1e9
+                    ));
+                    self.stage = Stage::Steady;
                 }
-            } else if !self.python
-                && t.now.saturating_sub(self.last_marker_ns) >= self.cfg.relearn_after_ns
-            {
-                want.python = true;
-                reasons.push(format!(
-                    "no step marker for {:.0} s: the loop changed; frame-evaluator probe re-armed \
-                     to learn it",
-                    t.now.saturating_sub(self.last_marker_ns) as f64 / 1e9
-                ));
-                self.learning_since = Some(t.now);
-                self.learn_steps = 0;
-                self.learn_backward = 0;
-                self.last_marker_ns = t.now;
+            }
+            Stage::Steady => {
+                if self.cfg.policy == Policy::Auto
+                    && !self.python
+                    && t.markers.any()
+                    && paused_ns >= self.relearn_after_ns
+                {
+                    want.python = true;
+                    reasons.push(format!(
+                        "training markers again after {:.0} s without: a new loop; \
+                         frame-evaluator probe re-armed to learn it",
+                        paused_ns as f64 / 1e9
+                    ));
+                    self.start_learning(t.now);
+                }
             }
         }
-        // Launch storms: per-launch events cost more than half the budget per step.
-        if self.launch_events && self.cfg.policy != Policy::Full && steps > 0 {
+        // The budget, whatever the stage but learning (bounded in time): the added time
+        // against the wall time of the steps when the markers delimit steps, else against the
+        // target's own CPU time.
+        if self.launch_events && self.cfg.policy != Policy::Full && !self.learning() {
             let interval = t.now.saturating_sub(prev.map(|p| p.ts).unwrap_or(t.now));
-            let step_ns = interval as f64 / steps as f64;
-            let per_step = d.launch as f64 / steps as f64 * COSTS.launch_event_ns;
-            if step_ns > 0.0 && per_step > step_ns * self.cfg.budget / 2.0 {
+            let base = if steps > 0 {
+                interval
+            } else {
+                t.cpu_ns
+                    .zip(prev_cpu)
+                    .map_or(0, |(c, p)| c.saturating_sub(p))
+            };
+            let launch_cost = d.launch as f64 * COSTS.launch_event_ns;
+            if base > 0 && launch_cost > base as f64 * self.cfg.budget / 2.0 {
                 want.launch_events = false;
+                let per = if steps > 0 {
+                    format!(
+                        "{:.0} kernel launches per step would cost {:.2} % of the step",
+                        d.launch as f64 / steps as f64,
+                        launch_cost / base as f64 * 100.0
+                    )
+                } else {
+                    format!(
+                        "{} kernel launches in {:.1} s would cost {:.2} % of the target's CPU time",
+                        d.launch,
+                        interval as f64 / 1e9,
+                        launch_cost / base as f64 * 100.0
+                    )
+                };
                 reasons.push(format!(
-                    "{:.0} kernel launches per step would cost {:.2} % of the step as events: \
-                     launches are counted in the kernel from now on",
-                    d.launch as f64 / steps as f64,
-                    per_step / step_ns * 100.0
+                    "{per} as events: launches are counted in the kernel from now on"
                 ));
             }
         }
-        if want.python == self.python && want.launch_events == self.launch_events {
+        if want.python == self.python
+            && want.launch_events == self.launch_events
+            && !want.attach_all
+        {
             return None;
         }
         self.python = want.python;
@@ -256,6 +365,20 @@ impl Governor {
         want.reason = reasons.join("; ");
         Some(want)
     }
+
+    fn start_learning(&mut self, now: u64) {
+        self.stage = Stage::Learning;
+        self.learning_since = now;
+        self.learn_steps = 0;
+        self.learn_backward = 0;
+    }
+}
+
+/// The added time of a run against the target's CPU time over it, as a fraction: what a
+/// process without steps pays (the probe handlers run on its threads, so their time is in its
+/// CPU time; the share of what is left is the slowdown of CPU-bound work).
+pub fn share_of_cpu(added_ns: f64, cpu_ns: f64) -> Option<f64> {
+    (cpu_ns > added_ns && added_ns >= 0.0).then(|| added_ns / (cpu_ns - added_ns))
 }
 
 /// The daemon's estimated cost on the target over a run.
@@ -332,133 +455,186 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
-    #[test]
-    fn detaches_python_once_markers_carry_steps_and_stacks_are_ready() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
-        let m = Markers {
-            dataloader: 10,
-            optimizer: 10,
-            backward: 10,
-        };
-        let tick = |now, stacks_ready| Tick {
+    fn tick(now: u64, markers: Markers, stacks_ready: bool) -> Tick {
+        Tick {
             now,
             stats: stats(now, now / 1000, 0),
-            markers: m,
+            markers,
             stacks_ready,
-        };
+            cpu_ns: Some(now),
+        }
+    }
+
+    const TRAINING: Markers = Markers {
+        dataloader: 10,
+        optimizer: 10,
+        backward: 10,
+    };
+    const NONE: Markers = Markers {
+        dataloader: 0,
+        optimizer: 0,
+        backward: 0,
+    };
+
+    #[test]
+    fn watches_until_training_markers_then_learns_and_detaches() {
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
+        assert!(g.watching() && !Governor::initial(Policy::Auto));
+        // No marker: nothing is armed, nothing changes, for as long as it lasts.
+        for i in 1..100 {
+            assert_eq!(g.tick(tick(i * S, NONE, true)), None);
+        }
+        assert!(g.watching());
+        let d = g
+            .tick(tick(100 * S, TRAINING, false))
+            .expect("training found");
+        assert!(d.python && d.attach_all && d.launch_events, "{d:?}");
+        assert!(d.reason.contains("training markers"), "{}", d.reason);
         assert!(g.learning());
         // Too early.
-        assert_eq!(g.tick(tick(S / 4, true)), None);
+        assert_eq!(g.tick(tick(100 * S + S / 4, TRAINING, true)), None);
         // Learned, but the training thread's state is unknown: wait (up to learn_max).
-        assert_eq!(g.tick(tick(S, false)), None);
-        let d = g.tick(tick(2 * S, true)).expect("detach");
-        assert!(!d.python && d.launch_events, "{d:?}");
+        assert_eq!(g.tick(tick(101 * S, TRAINING, false)), None);
+        let d = g.tick(tick(102 * S, TRAINING, true)).expect("detach");
+        assert!(!d.python && d.launch_events && !d.attach_all, "{d:?}");
         assert!(d.reason.contains("detached"), "{}", d.reason);
-        assert!(!g.learning());
-        assert_eq!(g.tick(tick(4 * S, true)), None);
+        assert_eq!(g.stage(), Stage::Steady);
+        assert_eq!(g.tick(tick(104 * S, TRAINING, true)), None);
     }
 
     #[test]
-    fn keeps_python_without_markers_and_relearns_when_markers_stop() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
-        let none = Markers::default();
-        for i in 1..20 {
-            let t = Tick {
-                now: i * S,
-                stats: stats(i * S, i * 1000, 0),
-                markers: none,
-                stacks_ready: true,
-            };
-            assert_eq!(g.tick(t), None, "no markers: the probe stays");
-        }
-        let steps = Markers {
-            dataloader: 5,
-            optimizer: 5,
-            backward: 5,
+    fn learning_is_bounded_and_a_fruitless_one_backs_off() {
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
+        // A backward now and then (a process that trains something tiny, or fine-tunes once),
+        // no DataLoader or optimizer step: no step is delimited.
+        let rare = Markers {
+            backward: 1,
+            ..NONE
         };
-        let d = g
-            .tick(Tick {
-                now: 20 * S,
-                stats: stats(20 * S, 20_000, 0),
-                markers: steps,
-                stacks_ready: true,
-            })
-            .expect("markers appeared");
+        assert!(g.tick(tick(S, rare, true)).is_some_and(|d| d.python));
+        for i in 2..11 {
+            assert_eq!(g.tick(tick(i * S, NONE, true)), None, "learning at {i} s");
+        }
+        let d = g.tick(tick(11 * S, NONE, true)).expect("bounded");
+        assert!(!d.python && d.reason.contains("no loop learned"), "{d:?}");
+        assert!(d.reason.contains("60 s"), "{}", d.reason);
+        // Markers 40 s later: under the doubled pause, nothing.
+        assert_eq!(g.tick(tick(51 * S, rare, true)), None);
+        // 61 s after that: learned again; fruitless again: 120 s.
+        assert!(g.tick(tick(112 * S, rare, true)).is_some_and(|d| d.python));
+        let d = g.tick(tick(123 * S, NONE, true)).expect("bounded");
+        assert!(d.reason.contains("120 s"), "{}", d.reason);
+        // The pause never grows past its cap.
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
+        let mut now = 0;
+        for _ in 0..20 {
+            now += 2000 * S;
+            g.tick(tick(now, rare, true));
+            now += 11 * S;
+            g.tick(tick(now, NONE, true));
+        }
+        assert_eq!(
+            g.relearn_after_ns,
+            GovernorConfig::new(Policy::Auto, 0.0).relearn_max_ns
+        );
+    }
+
+    #[test]
+    fn relearns_when_markers_return_after_a_pause() {
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
+        g.tick(tick(S, TRAINING, true)).expect("training");
+        g.tick(tick(2 * S, TRAINING, true)).expect("learned");
+        // Silence does not re-arm anything (an inference phase, a long pause).
+        for i in 3..100 {
+            assert_eq!(g.tick(tick(i * S, NONE, true)), None);
+        }
+        let d = g.tick(tick(100 * S, TRAINING, true)).expect("a new loop");
+        assert!(
+            d.python && !d.attach_all && d.reason.contains("re-armed"),
+            "{d:?}"
+        );
+        // Markers without a pause are the same loop.
+        let d = g.tick(tick(101 * S, TRAINING, true)).expect("learned");
         assert!(!d.python);
-        // 30 s without a marker: re-arm.
-        let d = g
-            .tick(Tick {
-                now: 51 * S,
-                stats: stats(51 * S, 20_000, 0),
-                markers: none,
-                stacks_ready: true,
-            })
-            .expect("re-arm");
-        assert!(d.python && d.reason.contains("re-armed"), "{d:?}");
+        assert_eq!(g.tick(tick(102 * S, TRAINING, true)), None);
     }
 
     #[test]
     fn full_and_markers_policies_never_switch_python() {
         for (policy, python) in [(Policy::Full, true), (Policy::Markers, false)] {
-            let mut g = Governor::new(GovernorConfig::new(policy, 0.005), 0, python, true);
-            for i in 1..40 {
-                let m = if i < 5 {
-                    Markers {
-                        dataloader: 10,
-                        optimizer: 10,
-                        backward: 10,
-                    }
-                } else {
-                    Markers::default()
-                };
-                let d = g.tick(Tick {
-                    now: i * S,
-                    stats: stats(i * S, 0, 0),
-                    markers: m,
-                    stacks_ready: true,
-                });
-                assert!(d.is_none_or(|d| d.python == python), "{policy:?}");
+            assert_eq!(Governor::initial(policy), python);
+            assert!(!Governor::defers_libraries(policy));
+            let mut g = Governor::new(GovernorConfig::new(policy, 0.005), 0, true);
+            assert!(!g.watching());
+            for i in 1..100 {
+                let m = if (5..60).contains(&i) { NONE } else { TRAINING };
+                let d = g.tick(tick(i * S, m, true));
+                assert!(
+                    d.is_none_or(|d| d.python == python && !d.attach_all),
+                    "{policy:?}"
+                );
             }
         }
     }
 
     #[test]
     fn launch_storm_switches_to_count_mode() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, false, true);
+        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true);
         let m = Markers {
             dataloader: 100,
             optimizer: 100,
             backward: 100,
         };
+        let at = |now: u64, launch: u64| Tick {
+            stats: stats(now, 0, launch),
+            ..tick(now, m, true)
+        };
         // 100 steps of 10 ms, 10 launches each: 9.5 µs of 10 ms = 0.095 % < 0.25 %: keep.
-        g.tick(Tick {
-            now: S,
-            stats: stats(S, 0, 0),
-            markers: m,
-            stacks_ready: true,
-        });
-        assert_eq!(
-            g.tick(Tick {
-                now: 2 * S,
-                stats: stats(2 * S, 0, 1000),
-                markers: m,
-                stacks_ready: true,
-            }),
-            None
-        );
+        g.tick(at(S, 0));
+        assert_eq!(g.tick(at(2 * S, 1000)), None);
         // 500 launches a step: 475 µs of 10 ms = 4.75 %: count mode.
-        let d = g
-            .tick(Tick {
-                now: 3 * S,
-                stats: stats(3 * S, 0, 51_000),
-                markers: m,
-                stacks_ready: true,
-            })
-            .expect("count mode");
+        let d = g.tick(at(3 * S, 51_000)).expect("count mode");
         assert!(
             !d.launch_events && d.reason.contains("500 kernel launches"),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn without_steps_the_budget_is_a_share_of_the_targets_cpu_time() {
+        // An inference server: launches, no marker. 0.5 s of CPU a second.
+        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true);
+        let at = |now: u64, launch: u64, cpu: u64| Tick {
+            stats: stats(now, 0, launch),
+            cpu_ns: Some(cpu),
+            ..tick(now, NONE, true)
+        };
+        g.tick(at(S, 0, S / 2));
+        // 1,000 launches in 0.5 s of CPU: 0.95 ms = 0.19 % < 0.25 %: keep.
+        assert_eq!(g.tick(at(2 * S, 1000, S)), None);
+        // 2,000: 1.9 ms = 0.38 %: count mode.
+        let d = g.tick(at(3 * S, 3000, 3 * S / 2)).expect("count mode");
+        assert!(
+            !d.launch_events && d.reason.contains("of the target's CPU time"),
+            "{d:?}"
+        );
+        // Without /proc: no judgement, no switch.
+        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true);
+        let blind = |now: u64, launch: u64| Tick {
+            stats: stats(now, 0, launch),
+            cpu_ns: None,
+            ..tick(now, NONE, true)
+        };
+        g.tick(blind(S, 0));
+        assert_eq!(g.tick(blind(2 * S, 1_000_000)), None);
+    }
+
+    #[test]
+    fn share_of_cpu_is_the_slowdown_of_what_is_left() {
+        assert_eq!(share_of_cpu(0.0, 1e9), Some(0.0));
+        assert!((share_of_cpu(1e7, 1.01e9).unwrap() - 0.01).abs() < 1e-12);
+        assert_eq!(share_of_cpu(1e9, 1e9), None);
+        assert_eq!(share_of_cpu(1.0, 0.0), None);
     }
 
     #[test]

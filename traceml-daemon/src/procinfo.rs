@@ -140,6 +140,12 @@ pub fn stat_from(bytes: &[u8]) -> Option<Stat> {
     Stat::from_read(line.as_bytes()).ok()
 }
 
+/// CPU time the process has used (user + system, every thread), ns.
+pub fn cpu_ns(pid: u32) -> Option<u64> {
+    let s = stat(pid)?;
+    Some((s.utime + s.stime).saturating_mul(1_000_000_000) / ticks_per_second().max(1))
+}
+
 /// The process's start time (ticks since boot) and state letter (`R`, `S`, `Z`, ...): together
 /// they tell an exit or a zombie from a live process, and a reused pid from the same process.
 pub fn start_state(pid: u32) -> Option<(u64, char)> {

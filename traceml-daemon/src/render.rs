@@ -735,6 +735,10 @@ fn overhead(s: &Summary, out: &mut Lines) {
         return;
     };
     let set = match o.probe_sets.last() {
+        Some(last) if last.watching => {
+            "torch markers only (watching for training: no CUDA or frame-evaluator probe)"
+                .to_owned()
+        }
         Some(last) if !last.python && o.probe_sets.len() > 1 => format!(
             "torch markers + CUDA probes (frame-evaluator probe detached at {:.1} s)",
             last.at_s
@@ -751,7 +755,10 @@ fn overhead(s: &Summary, out: &mut Lines) {
     let cost = match (o.steady_us_per_step, o.steady_pct_of_step) {
         (Some(us), Some(pct)) => format!("est. {us:.0} µs/step ({pct:.2}% of step)"),
         (Some(us), None) => format!("est. {us:.0} µs/step"),
-        _ => "estimate unavailable (no steps)".to_owned(),
+        _ => match o.steady_pct_of_cpu.or(o.estimated_pct_of_cpu) {
+            Some(pct) => format!("est. {pct:.2}% of the target's CPU time (no steps)"),
+            None => "estimate unavailable (no steps)".to_owned(),
+        },
     };
     let budget = o
         .budget_pct

@@ -126,6 +126,14 @@ pub struct DaemonOverhead {
     pub steady_hits_per_step: ProbeHits,
     /// Probe-set changes in order (the first is the set at attach).
     pub probe_sets: Vec<ProbeSetChange>,
+    /// The estimate against the target's own CPU time over the run (the probe handlers run on
+    /// its threads): the slowdown of CPU-bound work, what a process without steps pays.
+    /// `null` without /proc samples.
+    #[serde(default)]
+    pub estimated_pct_of_cpu: Option<f64>,
+    /// The same since the last probe-set change.
+    #[serde(default)]
+    pub steady_pct_of_cpu: Option<f64>,
 }
 
 /// Hits per step of each probe.
@@ -152,6 +160,9 @@ pub struct ProbeSetChange {
     /// Every kernel launch was an event (else counted only).
     pub launch_events: bool,
     pub reason: String,
+    /// Only torch's marker probes were placed, watching for training.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub watching: bool,
 }
 
 /// The process that was measured.
@@ -210,6 +221,9 @@ pub enum DiagnosisKind {
     /// Evaluation between optimizer steps takes a large share of wall time (a finding beside
     /// the training verdict, never the verdict).
     EvaluationHeavy,
+    /// No training marker in the whole run: no DataLoader iteration, optimizer step or
+    /// backward pass (an inference server, a notebook between runs).
+    NotTraining,
 }
 
 impl DiagnosisKind {
@@ -227,6 +241,7 @@ impl DiagnosisKind {
             DiagnosisKind::Straggler => "STRAGGLER",
             DiagnosisKind::Hang => "HANG",
             DiagnosisKind::EvaluationHeavy => "EVALUATION_HEAVY",
+            DiagnosisKind::NotTraining => "NOT_TRAINING",
         }
     }
 
@@ -309,7 +324,15 @@ pub struct StepsInfo {
     /// kept out of `step_ms` and the phase statistics when steady steps exist.
     #[serde(default)]
     pub learning_excluded: u32,
+    /// The training markers seen, steps or not: what tells a process that trains from one that
+    /// does not (`NOT_TRAINING`). `null` where torch's marker probes were not placed, and in
+    /// summaries from before they were counted.
+    #[serde(default)]
+    pub markers: Option<TrainingMarkers>,
 }
+
+/// Signs of training in the stream, counted over the whole run.
+pub use crate::engine::TrainingMarkers;
 
 /// Micro-batches per optimizer step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

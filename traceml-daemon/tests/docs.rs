@@ -180,6 +180,7 @@ fn the_readme_names_the_verdicts_as_the_card_prints_them() {
         Straggler,
         Hang,
         EvaluationHeavy,
+        NotTraining,
     ];
     // A new kind fails to compile here until it is added above (and to the README).
     for k in all {
@@ -194,7 +195,8 @@ fn the_readme_names_the_verdicts_as_the_card_prints_them() {
             | InsufficientData
             | Straggler
             | Hang
-            | EvaluationHeavy => {}
+            | EvaluationHeavy
+            | NotTraining => {}
         }
     }
     let readme = read("README.md");

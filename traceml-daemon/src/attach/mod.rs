@@ -395,6 +395,9 @@ pub struct Attacher {
     python_site: Option<(PathBuf, u64)>,
     /// Its links while armed (entry, return).
     python_links: Vec<(&'static str, UProbeLinkId)>,
+    /// [`Attacher::attach_file`] arms the frame evaluator where it finds it (otherwise it only
+    /// locates it, for [`Attacher::arm_python`]).
+    arm_python_at_attach: bool,
 }
 
 /// What happened when probing one file.
@@ -422,6 +425,7 @@ impl Attacher {
             files: BTreeSet::new(),
             python_site: None,
             python_links: Vec::new(),
+            arm_python_at_attach: true,
         };
         attacher.set_launch_events(cfg.launch_events)?;
         if let Err(e) = attacher.watch_exec() {
@@ -463,6 +467,13 @@ impl Attacher {
                 0,
             )
             .map_err(AttachError::Map)
+    }
+
+    /// Whether [`Attacher::attach_file`] arms the frame-evaluator probe (default) or only
+    /// locates it: a probe placed and taken out at once costs the target seconds of return
+    /// probes (the kernel takes ~120 ms per link out, the return probe last).
+    pub fn set_arm_python_at_attach(&mut self, on: bool) {
+        self.arm_python_at_attach = on;
     }
 
     /// Whether the frame-evaluator probe is armed.
@@ -567,6 +578,22 @@ impl Attacher {
                     continue;
                 }
             };
+            if spec.probe == P::PyEval && !self.arm_python_at_attach {
+                // Located for later; a uprobe is proven placeable in this file on a function
+                // the interpreter calls only at its exit, taken out at once.
+                self.python_site = Some((host.clone(), site.file_offset));
+                match self.prove_uprobes(&file, &host) {
+                    Ok(()) => report
+                        .attached
+                        .push(format!("{}+{} (not armed)", sym.name, site.skipped)),
+                    Err(e) => {
+                        report
+                            .failures
+                            .push(failure(spec, path, &format!("{}: {e}", sym.name)))
+                    }
+                }
+                continue;
+            }
             match self.place(spec, &host, site.file_offset) {
                 Ok(links) => {
                     if spec.probe == P::PyEval {
@@ -583,6 +610,27 @@ impl Attacher {
             }
         }
         Ok(report)
+    }
+
+    /// Places and takes out the frame evaluator's entry program on `Py_FinalizeEx` (called at
+    /// interpreter exit only): the kernel's answer to a uprobe in this file, without a hit.
+    fn prove_uprobes(&mut self, file: &ElfFile, host: &Path) -> Result<(), String> {
+        const PROOF: &str = "Py_FinalizeEx";
+        let Some(sym) = file.find(|s| s == PROOF).map_err(|e| e.to_string())? else {
+            return Ok(());
+        };
+        let site = file.probe_site(&sym, false).map_err(|e| e.to_string())?;
+        let spec = ProbeSpec {
+            exit: false,
+            ..PYTHON[0]
+        };
+        for (name, link) in self.place(&spec, host, site.file_offset)? {
+            self.program(name)
+                .map_err(|e| e.to_string())?
+                .detach(link)
+                .map_err(|e| error_chain(&e))?;
+        }
+        Ok(())
     }
 
     /// Attaches the entry (and return) program of `spec` at `file_offset`; returns the links.

@@ -247,6 +247,42 @@ pub struct EngineOutput {
     /// Evaluation segments between optimizer steps (see [`cutter`]'s doc).
     #[serde(default)]
     pub evaluation: EvalTotals,
+    /// Signs of training over the whole trace, steps or not.
+    #[serde(default)]
+    pub markers: TrainingMarkers,
+}
+
+/// Signs of training in a trace, counted whether or not they make steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainingMarkers {
+    /// DataLoader iterations (`enumerate(DataLoader)#` records).
+    pub dataloader_iterations: u64,
+    /// `Optimizer.step#` records.
+    pub optimizer_steps: u64,
+    /// `loss.backward()` calls (the autograd engine's entry from Python).
+    pub backward_passes: u64,
+}
+
+impl TrainingMarkers {
+    pub fn any(&self) -> bool {
+        self.dataloader_iterations + self.optimizer_steps + self.backward_passes > 0
+    }
+
+    fn count(&mut self, kind: &Kind) {
+        use crate::classify::{RecordClass, classify_record};
+        match kind {
+            Kind::RecordEnter { name } => match classify_record(name) {
+                Some(RecordClass::DataLoaderNext) => self.dataloader_iterations += 1,
+                Some(RecordClass::OptimizerStep) => self.optimizer_steps += 1,
+                _ => {}
+            },
+            Kind::CallEnter {
+                api: crate::event::Api::TorchBackward,
+                ..
+            } => self.backward_passes += 1,
+            _ => {}
+        }
+    }
 }
 
 /// Sums over the evaluation segments: fetches and forwards with no backward between two
@@ -477,6 +513,7 @@ pub struct Engine {
     armed: Vec<(u64, Option<u64>)>,
     /// The trace ended: the last harvest also closes the window in progress.
     ending: bool,
+    markers: TrainingMarkers,
 }
 
 impl Default for Engine {
@@ -514,6 +551,7 @@ impl Engine {
             evaluation: EvalTotals::default(),
             armed: Vec::new(),
             ending: false,
+            markers: TrainingMarkers::default(),
         }
     }
 
@@ -612,6 +650,7 @@ impl Engine {
         }
         self.released_ts = self.released_ts.max(e.ts);
         self.last_ts = self.last_ts.max(e.ts);
+        self.markers.count(&e.kind);
         let codes = &self.codes;
         let class = |code: u64| codes.get(&code).copied().unwrap_or(Class::Pending);
         self.folds
@@ -794,6 +833,7 @@ impl Engine {
             events: self.events,
             last_ts: self.first_ts.map(|_| self.last_ts),
             after_exec_events: self.after_exec,
+            markers: self.markers,
             ..EngineOutput::default()
         };
         if self.first_ts.is_none() {

@@ -110,6 +110,7 @@ impl Trace {
                 python: false,
                 launch_events: true,
                 reason: String::new(),
+                watching: false,
             })));
         self
     }
@@ -1038,6 +1039,7 @@ impl Trace {
                 python,
                 launch_events: true,
                 reason: String::new(),
+                watching: false,
             })));
         self
     }

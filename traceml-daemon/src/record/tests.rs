@@ -66,6 +66,7 @@ fn every_item() -> Vec<StreamItem> {
             python: true,
             launch_events: true,
             reason: "learning".into(),
+            watching: false,
         })),
         StreamItem::Code(Box::new(CodeInfo {
             ptr: 0xdead_beef_0000_0001,
