@@ -194,8 +194,7 @@ fn a_process_that_starts_training_is_found_by_its_markers() {
     assert!(!found.watching);
     let before = probe_stats(&out.items)
         .into_iter()
-        .filter(|st| st.ts < found.ts)
-        .next_back()
+        .rfind(|st| st.ts < found.ts)
         .expect("counters before the switch");
     assert_eq!(before.py_enter, 0, "{before:?}");
     // Found within seconds of the first training step: the governor looks every 250 ms while
