@@ -1,7 +1,9 @@
 //! Root tests of the foundation: real probes attached by pid to real CPython 3.9–3.13, the
 //! stand-in CUDA runtime and the real libcudart from PyPI (loaded after attach), with exact
 //! counts checked against what the workload says it did; replay equals live; bad targets get one
-//! clear sentence and a non-zero exit.
+//! clear sentence and a non-zero exit. `probe_counts.py` does not train (no DataLoader, optimizer
+//! or backward), so the exact counts run with `--probe-set full`: every probe from the attach on
+//! (the default set would watch it with torch's markers only, see tests/bystander.rs).
 mod support;
 
 use std::collections::BTreeMap;
@@ -126,7 +128,12 @@ fn exact_counts_on_every_cpython_with_the_stand_in_runtime() {
         cmd.args(["--iters", "25", "--launches", "4", "--bytes", "65536"]);
         let mut target = spawn(cmd, &dir);
         let pid = target.child.id();
-        let out = run_daemon(&mut target, &dir, &["--quiet"], Duration::from_secs(60));
+        let out = run_daemon(
+            &mut target,
+            &dir,
+            &["--quiet", "--probe-set", "full"],
+            Duration::from_secs(60),
+        );
         assert!(
             out.status.success(),
             "3.{minor}: daemon failed: {}",
@@ -173,7 +180,12 @@ fn real_libcudart_loaded_after_attach() {
     ]);
     let mut target = spawn(cmd, &dir);
     let pid = target.child.id();
-    let out = run_daemon(&mut target, &dir, &["--quiet"], Duration::from_secs(60));
+    let out = run_daemon(
+        &mut target,
+        &dir,
+        &["--quiet", "--probe-set", "full"],
+        Duration::from_secs(60),
+    );
     assert!(out.status.success(), "daemon failed: {}", out.stderr);
     let libs: Vec<_> = out
         .items
@@ -266,7 +278,7 @@ fn replay_of_a_binary_recording_prints_the_live_summary() {
         .arg(&recording)
         .arg("--output")
         .arg(&out_dir)
-        .args(["--color", "never"])
+        .args(["--color", "never", "--probe-set", "full"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

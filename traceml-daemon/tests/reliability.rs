@@ -110,8 +110,14 @@ impl Daemon {
         d
     }
 
+    /// The workloads here do not train (no DataLoader, optimizer or backward): every probe
+    /// from the attach on (`--probe-set full`) unless `extra` chooses, so that their exact
+    /// counts are seen (the default set would watch them with torch's markers only).
     fn command(pid: u32, d: &Daemon, extra: &[&str]) -> Command {
         let mut cmd = Command::new(daemon());
+        if !extra.contains(&"--probe-set") {
+            cmd.args(["--probe-set", "full"]);
+        }
         cmd.arg("--pid")
             .arg(pid.to_string())
             .arg("--ready-file")

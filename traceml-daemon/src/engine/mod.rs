@@ -194,7 +194,8 @@ pub struct Step {
     #[serde(default)]
     pub micro_batches: u32,
     /// Taken while the frame-evaluator probe was armed (the governor's learning period, whose
-    /// probe cost inflates the step): kept out of the shares when steady steps exist.
+    /// probe cost inflates the step) or before the CUDA probes were placed (watching for
+    /// training): kept out of the shares when steady steps exist.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub learning: bool,
 }
@@ -484,8 +485,8 @@ pub struct Engine {
     max_ts: u64,
     released_ts: u64,
     reordered: u64,
-    /// Frame-evaluator probe switches `(ts, armed)`, applied in timestamp order.
-    python_marks: std::collections::BinaryHeap<std::cmp::Reverse<(u64, bool)>>,
+    /// Probe-set switches `(ts, frame evaluator armed, watching)`, applied in timestamp order.
+    python_marks: std::collections::BinaryHeap<std::cmp::Reverse<(u64, bool, bool)>>,
     /// Python events are folded (false from a detach to a re-arm: frames entered while the
     /// kernel was still detaching would never report an exit).
     python_on: bool,
@@ -508,8 +509,9 @@ pub struct Engine {
     totals: StepTotals,
     steady: StepTotals,
     evaluation: EvalTotals,
-    /// The frame-evaluator probe was armed by a probe switch over these intervals (`None`: still
-    /// armed): steps overlapping them are [`Step::learning`].
+    /// The frame-evaluator probe was armed, or the probe set was incomplete (watching for
+    /// training: no CUDA probe yet), over these intervals (`None`: still so): steps overlapping
+    /// them are [`Step::learning`].
     armed: Vec<(u64, Option<u64>)>,
     /// The trace ended: the last harvest also closes the window in progress.
     ending: bool,
@@ -588,7 +590,8 @@ impl Engine {
                 self.codes.insert(c.ptr, c.class);
             }
             StreamItem::ProbeSet(p) => {
-                self.python_marks.push(std::cmp::Reverse((p.ts, p.python)));
+                self.python_marks
+                    .push(std::cmp::Reverse((p.ts, p.python, p.watching)));
             }
             StreamItem::Stack(s) => self.stacks.push((**s).clone()),
             StreamItem::Event(e) => {
@@ -661,17 +664,18 @@ impl Engine {
 
     /// Applies the probe switches up to `ts`: a detach closes every open Python frame there.
     fn apply_python_marks(&mut self, ts: u64) {
-        while let Some(&std::cmp::Reverse((at, on))) = self.python_marks.peek() {
+        while let Some(&std::cmp::Reverse((at, on, watching))) = self.python_marks.peek() {
             if at > ts {
                 break;
             }
             if !on && self.python_on {
                 self.folds.values_mut().for_each(|f| f.close_python(at));
             }
+            let learning = on || watching;
             match self.armed.last_mut() {
-                Some((_, end @ None)) if !on => *end = Some(at),
+                Some((_, end @ None)) if !learning => *end = Some(at),
                 Some((_, None)) => {}
-                _ if on => self.armed.push((at, None)),
+                _ if learning => self.armed.push((at, None)),
                 _ => {}
             }
             self.python_on = on;
