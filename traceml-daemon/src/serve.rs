@@ -352,7 +352,13 @@ async fn run_target(
                     let kind = win.primary_diagnosis.kind;
                     window_verdict = Some(Verdict::of(&win));
                     match last_kind.replace(kind) {
-                        Some(k) if k != kind && kind != DiagnosisKind::InsufficientData => {
+                        // From or to "no verdict yet" is no change of verdict.
+                        Some(k)
+                            if k != kind
+                                && ![DiagnosisKind::InsufficientData, DiagnosisKind::NotTraining]
+                                    .iter()
+                                    .any(|&n| n == kind || n == k) =>
+                        {
                             tracing::warn!("{line} (verdict changed from {})", k.headline())
                         }
                         _ => tracing::info!("{line}"),

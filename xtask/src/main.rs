@@ -82,6 +82,11 @@ enum Cmd {
         /// run): its RssAnon every 10 s, spliced into BENCHMARKS.md.
         #[arg(long, value_name = "M")]
         long_minutes: Option<u32>,
+        /// Only the bystander rows: a torch process that does not train (inference-like, and
+        /// plain Python) under `serve`, its slowdown measured inside it, spliced into
+        /// BENCHMARKS.md.
+        #[arg(long)]
+        bystander_only: bool,
     },
 }
 
@@ -131,14 +136,16 @@ fn main() -> anyhow::Result<()> {
             replay_only,
             service_only,
             long_minutes,
-        } => bench::bench(
+            bystander_only,
+        } => bench::bench(bench::Only {
             quick,
             inprocess_only,
             sweep_only,
             replay_only,
             service_only,
             long_minutes,
-        ),
+            bystander_only,
+        }),
     }
 }
 

@@ -1,8 +1,11 @@
 """Bench helper (xtask has no JSON parser): reads a truth, daemon summary or TraceML summary
-file and prints `key=value` lines. Usage: python bench_json.py {truth|summary|traceml|overhead} FILE
+file and prints `key=value` lines. Usage: python bench_json.py {truth|summary|traceml|overhead|bystander} FILE
 `overhead` reads only what the in-process windows need from a daemon summary, each field optional:
 verdict, steps, overhead.<number field> of `daemon_overhead`, hits.<probe> of its hits_per_step,
-overhead.probe_sets (one line) and overhead.last_change_s (first probe set -> last one, seconds)."""
+overhead.probe_sets (one line) and overhead.last_change_s (first probe set -> last one, seconds).
+`bystander` reads a tests/workloads/bystander.py truth and FILE.marks ({"on_ns", "off_ns"}: when
+the daemon was attached, when it was gone) and prints the mean work unit before, during and after
+(a second of settling left out after each mark), in µs, and the units in each."""
 import json
 import statistics
 import sys
@@ -69,5 +72,19 @@ elif kind == "overhead":
                 out["overhead.last_change_s"] = ats[-1] - ats[0]
         elif isinstance(v, (int, float)):
             out[f"overhead.{k}"] = v
+elif kind == "bystander":
+    marks = json.load(open(path + ".marks"))
+    on, off = marks["on_ns"], marks["off_ns"]
+    settle = 1_000_000_000
+    spans = {"before": (0, on), "during": (on + settle, off), "after": (off + settle, 1 << 63)}
+    for name, (a, b) in spans.items():
+        units = [e - s for s, e in d["units"] if a <= s and e <= b]
+        out[f"{name}_units"] = len(units)
+        out[f"{name}_mean_us"] = sum(units) / len(units) / 1e3 if units else ""
+    # the noise floor: how far the 1 s windows before the attach spread around their mean
+    wins = [w["mean_unit_ns"] for w in d["windows"] if w["t_end_ns"] <= on]
+    if len(wins) >= 2:
+        m = sum(wins) / len(wins)
+        out["before_spread_pct"] = (max(wins) - min(wins)) / m * 100
 for k, v in out.items():
     print(f"{k}={v}")

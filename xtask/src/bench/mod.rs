@@ -19,6 +19,7 @@ use anyhow::Context as _;
 
 use crate::{root, run, setup};
 
+mod bystander;
 mod inprocess;
 mod measure;
 mod replay;
@@ -103,16 +104,32 @@ fn prepare(release: bool, traceml: bool) -> anyhow::Result<Ctx> {
     })
 }
 
-pub fn bench(
-    quick: bool,
-    inprocess_only: bool,
-    sweep_only: bool,
-    replay_only: bool,
-    service_only: bool,
-    long_minutes: Option<u32>,
-) -> anyhow::Result<()> {
+/// Which sections `cargo xtask bench` runs (none of the `_only` flags: all of them).
+pub struct Only {
+    pub quick: bool,
+    pub inprocess_only: bool,
+    pub sweep_only: bool,
+    pub replay_only: bool,
+    pub service_only: bool,
+    pub long_minutes: Option<u32>,
+    pub bystander_only: bool,
+}
+
+pub fn bench(only: Only) -> anyhow::Result<()> {
+    let Only {
+        quick,
+        inprocess_only,
+        sweep_only,
+        replay_only,
+        service_only,
+        long_minutes,
+        bystander_only,
+    } = only;
     let started = Instant::now();
     let path: PathBuf = root().join("BENCHMARKS.md");
+    if bystander_only {
+        return bystander_section(&path);
+    }
     if sweep_only {
         return sweep_section(&path);
     }
@@ -213,6 +230,21 @@ fn replay_section(path: &std::path::Path, steps: u64) -> anyhow::Result<()> {
     eprint!("{section}");
     let old = std::fs::read_to_string(path).unwrap_or_default();
     std::fs::write(path, sweep::splice_at(&old, replay::HEADING, &section))
+        .context("writing BENCHMARKS.md")
+}
+
+/// `--bystander-only`: torch processes that do not train under `serve` (release build).
+fn bystander_section(path: &std::path::Path) -> anyhow::Result<()> {
+    let mut ctx = prepare(true, false)?;
+    let load = sh("cat /proc/loadavg");
+    let runs = ["infer", "python"]
+        .into_iter()
+        .map(|m| bystander::measure(&mut ctx, m))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let section = bystander::section(&runs, "target/release/traceml-daemon", &load);
+    eprint!("{section}");
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, sweep::splice_at(&old, bystander::HEADING, &section))
         .context("writing BENCHMARKS.md")
 }
 

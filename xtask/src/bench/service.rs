@@ -206,7 +206,7 @@ pub fn eight_jobs(ctx: &mut Ctx) -> anyhow::Result<ServeBench> {
 }
 
 /// SIGTERM to `pid` (xtask has no libc binding).
-fn sigterm(pid: u32) {
+pub fn sigterm(pid: u32) {
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
