@@ -186,6 +186,10 @@ pub struct Governor {
     stage: Stage,
     /// When the current learning period started.
     learning_since: u64,
+    /// What `learn_min_ns` counts from: the attach for the first learning (the time spent
+    /// watching counts: a loop already running when the daemon attached is learned in its
+    /// first steps, as when learning started at the attach), the arming for a re-learning.
+    learn_min_from: u64,
     learn_steps: u64,
     learn_backward: u64,
     last: Option<ProbeStats>,
@@ -209,6 +213,7 @@ impl Governor {
                 Stage::Steady
             },
             learning_since: now,
+            learn_min_from: now,
             learn_steps: 0,
             learn_backward: 0,
             last: None,
@@ -276,8 +281,8 @@ impl Governor {
                 self.learn_steps += steps;
                 self.learn_backward += t.markers.backward;
                 let elapsed = t.now.saturating_sub(self.learning_since);
-                let learned =
-                    elapsed >= self.cfg.learn_min_ns && self.learn_steps >= self.cfg.learn_steps;
+                let learned = t.now.saturating_sub(self.learn_min_from) >= self.cfg.learn_min_ns
+                    && self.learn_steps >= self.cfg.learn_steps;
                 let waited = elapsed >= self.cfg.learn_max_ns;
                 if learned && (t.stacks_ready || waited) {
                     want.python = false;
@@ -367,6 +372,9 @@ impl Governor {
     }
 
     fn start_learning(&mut self, now: u64) {
+        if self.stage != Stage::Watching {
+            self.learn_min_from = now;
+        }
         self.stage = Stage::Learning;
         self.learning_since = now;
         self.learn_steps = 0;
@@ -491,9 +499,9 @@ mod tests {
         assert!(d.python && d.attach_all && d.launch_events, "{d:?}");
         assert!(d.reason.contains("training markers"), "{}", d.reason);
         assert!(g.learning());
-        // Too early.
-        assert_eq!(g.tick(tick(100 * S + S / 4, TRAINING, true)), None);
-        // Learned, but the training thread's state is unknown: wait (up to learn_max).
+        // Learned (the minimum counts from the attach: the watching time counts), but the
+        // training thread's state is unknown: wait (up to learn_max).
+        assert_eq!(g.tick(tick(100 * S + S / 4, TRAINING, false)), None);
         assert_eq!(g.tick(tick(101 * S, TRAINING, false)), None);
         let d = g.tick(tick(102 * S, TRAINING, true)).expect("detach");
         assert!(!d.python && d.launch_events && !d.attach_all, "{d:?}");
@@ -552,6 +560,12 @@ mod tests {
         assert!(
             d.python && !d.attach_all && d.reason.contains("re-armed"),
             "{d:?}"
+        );
+        // A re-learning's minimum counts from its arming.
+        assert_eq!(
+            g.tick(tick(100 * S + S / 4, TRAINING, true)),
+            None,
+            "too early"
         );
         // Markers without a pause are the same loop.
         let d = g.tick(tick(101 * S, TRAINING, true)).expect("learned");
