@@ -17,7 +17,7 @@ SGD step (the markers a daemon watching for training finds). At the end it write
   windows: [{t_start_ns, t_end_ns, units, mean_unit_ns}]   consecutive --window second windows
   markers: {dataloader_iterations, optimizer_steps, backward_passes}   what it did (0 before
            training)
-  train: {t_start_ns, t_end_ns, steps} or null
+  train: {t_start_ns, t_start_unix_s, t_end_ns, steps} or null
 SIGTERM ends the loop after the current unit (the truth is written).
 """
 import argparse
@@ -91,6 +91,7 @@ if a.train_after is not None and not stop:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     lossf = torch.nn.MSELoss()
     t_train = now()
+    t_train_unix = time.time()
     steps = 0
     it = iter(loader)
     while True:
@@ -107,7 +108,7 @@ if a.train_after is not None and not stop:
         markers["optimizer_steps"] += 1
         steps += 1
         time.sleep(0.02)  # a step of ~20 ms
-    train = {"t_start_ns": t_train, "t_end_ns": now(), "steps": steps}
+    train = {"t_start_ns": t_train, "t_start_unix_s": t_train_unix, "t_end_ns": now(), "steps": steps}
 
 windows = []
 w = int(a.window * 1e9)

@@ -45,6 +45,10 @@ pub struct Options {
     pub overhead_budget: f64,
     /// Python stack samples of the training thread per second (0: none).
     pub stack_rate: u32,
+    /// `--probe-set auto` starts by watching for training markers with torch's marker probes
+    /// only (`serve`: a process found on the node may not train at all) instead of learning the
+    /// loop with every probe from the attach (`--pid`: the user pointed at a training job).
+    pub watch_first: bool,
     /// Ends the run when it holds a reason (a supervisor holding many targets: `serve`). With
     /// it, the run leaves SIGINT/SIGTERM/SIGHUP to the supervisor; without, it ends on them.
     pub stop: Option<tokio::sync::watch::Receiver<Option<EndReason>>>,
@@ -63,6 +67,7 @@ impl Options {
             policy: Policy::Auto,
             overhead_budget: 0.005,
             stack_rate: 100,
+            watch_first: false,
             stop: None,
         }
     }
@@ -636,7 +641,7 @@ pub async fn run(
         pending,
         loss,
         log,
-        held_back: Governor::defers_libraries(opts.policy),
+        held_back: Governor::defers_libraries(opts.policy, opts.watch_first),
     };
 
     // Chosen by the target: lossy UTF-8, bounded.
@@ -700,7 +705,7 @@ pub async fn run(
 
     // Armed at attach only where the governor starts with it (`--probe-set full`).
     k.attacher
-        .set_arm_python_at_attach(Governor::initial(opts.policy));
+        .set_arm_python_at_attach(Governor::initial(opts.policy, opts.watch_first));
     let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
     if report.attached.is_empty() {
         let reason = report
@@ -743,11 +748,12 @@ pub async fn run(
         tracing::info!("GPU metrics unavailable: {why}");
     }
     let _ = sampler.tick(monotonic_ns());
-    let python = Governor::initial(opts.policy);
+    let python = Governor::initial(opts.policy, opts.watch_first);
     let mut governor = Governor::new(
         GovernorConfig::new(opts.policy, opts.overhead_budget),
         monotonic_ns(),
         opts.launch_events,
+        opts.watch_first,
     );
     run.emit(StreamItem::ProbeStats(k.probe_stats()))?;
     run.emit(StreamItem::ProbeSet(Box::new(ProbeSet {
@@ -755,9 +761,12 @@ pub async fn run(
         python,
         launch_events: opts.launch_events,
         reason: match opts.policy {
-            Policy::Auto => "attach: torch's markers only, watching for training (a DataLoader \
-                             iteration, an optimizer step or a backward pass)"
-                .into(),
+            Policy::Auto if opts.watch_first => {
+                "attach: torch's markers only, watching for training (a DataLoader iteration, \
+                 an optimizer step or a backward pass)"
+                    .into()
+            }
+            Policy::Auto => "attach: every probe, to learn the loop (10 s at most)".into(),
             Policy::Full => "--probe-set full: every probe for the whole run".into(),
             Policy::Markers => "--probe-set markers: no frame-evaluator probe".into(),
         },

@@ -197,20 +197,23 @@ pub struct Governor {
     last_marker_ns: u64,
     /// The pause after which markers are learned again (doubled by fruitless learnings).
     relearn_after_ns: u64,
+    /// A training marker was seen (the first ones after a learning that saw none are learned
+    /// at once).
+    seen_markers: bool,
 }
 
 impl Governor {
-    /// `launch_events`: the launch mode at attach. The frame-evaluator probe is armed at attach
-    /// under [`Policy::Full`] only ([`Governor::initial`]).
-    pub fn new(cfg: GovernorConfig, now: u64, launch_events: bool) -> Self {
+    /// `launch_events`: the launch mode at attach; `watch_first`: under [`Policy::Auto`], watch
+    /// for training markers before anything costly (else learn from the attach, bounded).
+    pub fn new(cfg: GovernorConfig, now: u64, launch_events: bool, watch_first: bool) -> Self {
         Governor {
             cfg,
-            python: Self::initial(cfg.policy),
+            python: Self::initial(cfg.policy, watch_first),
             launch_events,
-            stage: if cfg.policy == Policy::Auto {
-                Stage::Watching
-            } else {
-                Stage::Steady
+            stage: match cfg.policy {
+                Policy::Auto if watch_first => Stage::Watching,
+                Policy::Auto => Stage::Learning,
+                _ => Stage::Steady,
             },
             learning_since: now,
             learn_min_from: now,
@@ -220,6 +223,7 @@ impl Governor {
             last_cpu_ns: None,
             last_marker_ns: now,
             relearn_after_ns: cfg.relearn_after_ns,
+            seen_markers: false,
         }
     }
 
@@ -238,13 +242,13 @@ impl Governor {
     }
 
     /// Whether the frame-evaluator probe is armed at attach under `policy`.
-    pub fn initial(policy: Policy) -> bool {
-        policy == Policy::Full
+    pub fn initial(policy: Policy, watch_first: bool) -> bool {
+        policy == Policy::Full || (policy == Policy::Auto && !watch_first)
     }
 
     /// Whether the CUDA and NCCL probes wait for the first training marker under `policy`.
-    pub fn defers_libraries(policy: Policy) -> bool {
-        policy == Policy::Auto
+    pub fn defers_libraries(policy: Policy, watch_first: bool) -> bool {
+        policy == Policy::Auto && watch_first
     }
 
     /// One look at the counters (about once a second, 4× while watching or learning); `Some`
@@ -255,8 +259,10 @@ impl Governor {
         let d = prev.map(|p| delta(&p, &t.stats)).unwrap_or_default();
         let steps = t.markers.steps();
         let paused_ns = t.now.saturating_sub(self.last_marker_ns);
+        let first_markers = t.markers.any() && !self.seen_markers;
         if t.markers.any() {
             self.last_marker_ns = t.now;
+            self.seen_markers = true;
         }
         let mut want = Decision {
             python: self.python,
@@ -313,14 +319,20 @@ impl Governor {
                 if self.cfg.policy == Policy::Auto
                     && !self.python
                     && t.markers.any()
-                    && paused_ns >= self.relearn_after_ns
+                    && (first_markers || paused_ns >= self.relearn_after_ns)
                 {
                     want.python = true;
-                    reasons.push(format!(
-                        "training markers again after {:.0} s without: a new loop; \
-                         frame-evaluator probe re-armed to learn it",
-                        paused_ns as f64 / 1e9
-                    ));
+                    reasons.push(if first_markers {
+                        "training markers, the first: frame-evaluator probe re-armed to learn \
+                         the loop"
+                            .to_owned()
+                    } else {
+                        format!(
+                            "training markers again after {:.0} s without: a new loop; \
+                             frame-evaluator probe re-armed to learn it",
+                            paused_ns as f64 / 1e9
+                        )
+                    });
                     self.start_learning(t.now);
                 }
             }
@@ -486,8 +498,8 @@ mod tests {
 
     #[test]
     fn watches_until_training_markers_then_learns_and_detaches() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
-        assert!(g.watching() && !Governor::initial(Policy::Auto));
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
+        assert!(g.watching() && !Governor::initial(Policy::Auto, true));
         // No marker: nothing is armed, nothing changes, for as long as it lasts.
         for i in 1..100 {
             assert_eq!(g.tick(tick(i * S, NONE, true)), None);
@@ -511,8 +523,32 @@ mod tests {
     }
 
     #[test]
+    fn pid_mode_learns_from_the_attach_bounded_then_learns_the_first_markers() {
+        assert!(Governor::initial(Policy::Auto, false));
+        assert!(!Governor::defers_libraries(Policy::Auto, false));
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, false);
+        assert!(g.learning());
+        // A process that does not train: the probe goes after 10 s.
+        for i in 1..10 {
+            assert_eq!(g.tick(tick(i * S, NONE, true)), None);
+        }
+        let d = g.tick(tick(10 * S, NONE, true)).expect("bounded");
+        assert!(!d.python && d.reason.contains("no loop learned"), "{d:?}");
+        // It starts training 5 s later: its first markers are learned at once.
+        let d = g.tick(tick(15 * S, TRAINING, true)).expect("first markers");
+        assert!(
+            d.python && !d.attach_all && d.reason.contains("the first"),
+            "{d:?}"
+        );
+        assert!(
+            g.tick(tick(16 * S, TRAINING, true))
+                .is_some_and(|d| !d.python)
+        );
+    }
+
+    #[test]
     fn learning_is_bounded_and_a_fruitless_one_backs_off() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
         // A backward now and then (a process that trains something tiny, or fine-tunes once),
         // no DataLoader or optimizer step: no step is delimited.
         let rare = Markers {
@@ -533,7 +569,7 @@ mod tests {
         let d = g.tick(tick(123 * S, NONE, true)).expect("bounded");
         assert!(d.reason.contains("120 s"), "{}", d.reason);
         // The pause never grows past its cap.
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
         let mut now = 0;
         for _ in 0..20 {
             now += 2000 * S;
@@ -549,7 +585,7 @@ mod tests {
 
     #[test]
     fn relearns_when_markers_return_after_a_pause() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true);
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
         g.tick(tick(S, TRAINING, true)).expect("training");
         g.tick(tick(2 * S, TRAINING, true)).expect("learned");
         // Silence does not re-arm anything (an inference phase, a long pause).
@@ -576,9 +612,9 @@ mod tests {
     #[test]
     fn full_and_markers_policies_never_switch_python() {
         for (policy, python) in [(Policy::Full, true), (Policy::Markers, false)] {
-            assert_eq!(Governor::initial(policy), python);
-            assert!(!Governor::defers_libraries(policy));
-            let mut g = Governor::new(GovernorConfig::new(policy, 0.005), 0, true);
+            assert_eq!(Governor::initial(policy, true), python);
+            assert!(!Governor::defers_libraries(policy, true));
+            let mut g = Governor::new(GovernorConfig::new(policy, 0.005), 0, true, true);
             assert!(!g.watching());
             for i in 1..100 {
                 let m = if (5..60).contains(&i) { NONE } else { TRAINING };
@@ -593,7 +629,7 @@ mod tests {
 
     #[test]
     fn launch_storm_switches_to_count_mode() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true);
+        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true, true);
         let m = Markers {
             dataloader: 100,
             optimizer: 100,
@@ -617,7 +653,7 @@ mod tests {
     #[test]
     fn without_steps_the_budget_is_a_share_of_the_targets_cpu_time() {
         // An inference server: launches, no marker. 0.5 s of CPU a second.
-        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true);
+        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true, true);
         let at = |now: u64, launch: u64, cpu: u64| Tick {
             stats: stats(now, 0, launch),
             cpu_ns: Some(cpu),
@@ -633,7 +669,7 @@ mod tests {
             "{d:?}"
         );
         // Without /proc: no judgement, no switch.
-        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true);
+        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true, true);
         let blind = |now: u64, launch: u64| Tick {
             stats: stats(now, 0, launch),
             cpu_ns: None,

@@ -871,6 +871,8 @@ fn scan_once(
             .overhead_budget
             .map_or(opts.overhead_budget, |b| b / 100.0);
         lo.stack_rate = cfg.stack_rate.unwrap_or(opts.stack_rate);
+        // A process found on the node may not train at all: nothing costly before it does.
+        lo.watch_first = true;
         let (tx, rx) = watch::channel(None);
         tracing::info!(
             "attaching to pid {pid} ({}) → {}",
