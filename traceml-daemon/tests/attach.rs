@@ -406,3 +406,110 @@ fn without_privileges_it_names_the_missing_capabilities() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The bpf links this process holds open (`anon_inode:bpf_link` fds).
+fn open_bpf_links() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.as_os_str() == "anon_inode:bpf_link")
+        .count()
+}
+
+/// The first byte of the target's text at `file_offset` of `path` (0xCC while a uprobe's
+/// breakpoint sits there).
+fn text_byte(pid: u32, path: &std::path::Path, file_offset: u64) -> u8 {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = traceml_daemon::attach::maps::read(pid).unwrap();
+    let m = maps
+        .iter()
+        .find(|m| {
+            m.path == path
+                && m.perms.contains('x')
+                && (m.offset..m.offset + (m.end - m.start)).contains(&file_offset)
+        })
+        .unwrap_or_else(|| panic!("{} +{file_offset:#x} not mapped", path.display()));
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.seek(SeekFrom::Start(m.start + file_offset - m.offset))
+        .unwrap();
+    let mut b = [0u8];
+    mem.read_exact(&mut b).unwrap();
+    b[0]
+}
+
+/// Dropping the attacher takes every probe out of the target: the breakpoints the kernel wrote
+/// into its text are gone and no bpf link is left open. Where the kernel has `uprobe_multi`
+/// links, a file's probes share one link per program (taking a link out costs the kernel one
+/// grace period, not one per probe). The time the drop took is printed, not asserted (the
+/// benchmark measures it).
+#[test]
+fn dropping_the_attacher_takes_every_probe_out() {
+    use traceml_daemon::attach::{self, Attacher, LoadConfig, maps::Role};
+    if !root_or_skip() {
+        return;
+    }
+    let lib = std::fs::canonicalize(fake_cudart()).unwrap();
+    let dir = scratch("detach");
+    let mut cmd = Command::new(python(11));
+    cmd.arg("-c")
+        .arg("import ctypes, sys, time; ctypes.CDLL(sys.argv[1]); print('loaded', flush=True); time.sleep(120)")
+        .arg(&lib);
+    let target = spawn(cmd, &dir);
+    let pid = target.child.id();
+    let cfg = LoadConfig {
+        frame_code_offset: 0,
+        code_ptr_mask: u64::MAX,
+        code_name_offset: 0,
+        launch_events: false,
+        ring_bytes: 1 << 16,
+    };
+    let before = open_bpf_links();
+    let mut attacher = Attacher::load(std::num::NonZeroU32::new(pid).unwrap(), cfg).unwrap();
+    let report = attacher.attach_file(&lib, Role::CudaRuntime).unwrap();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let placed = report.attached.len();
+    assert!(placed >= 8, "{:?}", report.attached);
+    // Where the probes sit, as the attacher finds them.
+    let elf = attach::open_elf(pid, &lib).unwrap();
+    let sites: Vec<u64> = attach::CUDA_RUNTIME
+        .iter()
+        .filter_map(|spec| {
+            let attach::Matcher::Exact(name) = spec.matcher else {
+                return None;
+            };
+            let sym = elf.find(|s| s == name).unwrap()?;
+            Some(elf.probe_site(&sym, spec.movable).unwrap().file_offset)
+        })
+        .collect();
+    assert_eq!(sites.len(), placed);
+    for &off in &sites {
+        assert_eq!(text_byte(pid, &lib, off), 0xCC, "breakpoint at +{off:#x}");
+    }
+    let links = open_bpf_links() - before;
+    eprintln!(
+        "{placed} probes in {} kernel links ({}), {links} bpf link fds (the exec tracepoint's \
+         included)",
+        attacher.link_count(),
+        if attacher.uses_multi_links() {
+            "uprobe_multi"
+        } else {
+            "perf-event"
+        }
+    );
+    if attacher.uses_multi_links() {
+        // launch, call_enter, any_exit; and the exec tracepoint.
+        assert_eq!(attacher.link_count(), 3);
+        assert_eq!(links, 4);
+    }
+    let t0 = std::time::Instant::now();
+    drop(attacher);
+    eprintln!("probes taken out in {} ms", t0.elapsed().as_millis());
+    assert_eq!(open_bpf_links(), before, "bpf links left open");
+    for &off in &sites {
+        assert_ne!(
+            text_byte(pid, &lib, off),
+            0xCC,
+            "breakpoint left at +{off:#x}"
+        );
+    }
+}

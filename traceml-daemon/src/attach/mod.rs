@@ -5,11 +5,13 @@
 pub mod elf;
 pub mod maps;
 pub mod memory;
+pub mod multi;
 pub mod pystack;
 pub mod python;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
@@ -20,6 +22,7 @@ use traceml_common::ProbeId;
 use crate::event::ProbeFailure;
 use elf::ElfFile;
 use maps::Role;
+use multi::MultiLink;
 
 /// How a probe finds its function in a file.
 #[derive(Clone, Copy, Debug)]
@@ -384,17 +387,62 @@ pub struct LoadConfig {
     pub ring_bytes: u32,
 }
 
+/// One placed link: a perf-event uprobe (held by its aya program) or a `uprobe_multi` link
+/// (held here).
+#[derive(Debug)]
+enum Placed {
+    Perf(&'static str, UProbeLinkId),
+    Multi(MultiLink),
+}
+
+/// A link taken out of the [`Attacher`]: dropping it takes its probes out of the target.
+pub type TakenLink = Box<dyn Send>;
+
+/// Environment variable that, set to `perf`, places one perf-event link per probe even where
+/// the kernel has `uprobe_multi` links (a diagnostic escape hatch; docs/overhead.md).
+pub const LINKS_ENV: &str = "TRACEML_UPROBE_LINKS";
+
+/// Whether probes are placed with `uprobe_multi` links (decided once per process, logged).
+fn use_multi() -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        if std::env::var_os(LINKS_ENV).is_some_and(|v| v == "perf") {
+            tracing::info!("{LINKS_ENV}=perf: one perf-event link per probe");
+            return false;
+        }
+        match multi::supported() {
+            Ok(()) => {
+                tracing::debug!("uprobe_multi links: one link per program and file");
+                true
+            }
+            Err(why) => {
+                tracing::info!(
+                    "{why}: one perf-event link per probe (taking each out costs the kernel \
+                     ~130 ms, one after another)"
+                );
+                false
+            }
+        }
+    })
+}
+
 /// Owns the loaded eBPF object and every attached probe (dropping it detaches them all).
 pub struct Attacher {
     pub ebpf: Ebpf,
     pid: NonZeroU32,
+    /// Probes go in as `uprobe_multi` links (programs loaded for them), else as perf links.
+    multi: bool,
     loaded: BTreeSet<&'static str>,
     files: BTreeSet<PathBuf>,
+    /// The `uprobe_multi` links placed (the frame evaluator's aside).
+    links: Vec<MultiLink>,
+    /// How many perf-event links were placed (the frame evaluator's aside; aya holds them).
+    perf_links: usize,
     /// Where the frame-evaluator probe sits (host path, file offset), so the governor can
     /// detach and re-arm it.
     python_site: Option<(PathBuf, u64)>,
     /// Its links while armed (entry, return).
-    python_links: Vec<(&'static str, UProbeLinkId)>,
+    python_links: Vec<Placed>,
     /// [`Attacher::attach_file`] arms the frame evaluator where it finds it (otherwise it only
     /// locates it, for [`Attacher::arm_python`]).
     arm_python_at_attach: bool,
@@ -421,8 +469,11 @@ impl Attacher {
         let mut attacher = Attacher {
             ebpf,
             pid,
+            multi: use_multi(),
             loaded: BTreeSet::new(),
             files: BTreeSet::new(),
+            links: Vec::new(),
+            perf_links: 0,
             python_site: None,
             python_links: Vec::new(),
             arm_python_at_attach: true,
@@ -500,20 +551,38 @@ impl Attacher {
     /// unregistered), so callers drop them off the event loop. Until then the breakpoint stays
     /// and the return program still runs; frames entered while it was armed report no exit,
     /// and the engine closes them at the switch.
-    pub fn take_python(&mut self) -> Result<Vec<aya::programs::uprobe::UProbeLink>, String> {
+    pub fn take_python(&mut self) -> Result<Vec<TakenLink>, String> {
         // Entry probe first: were the return probe to go first, frames entered meanwhile would
         // stay on the kernel's per-thread stack of open calls (no return pops them) and fill it,
         // and native calls pushed after them (backward, copies, syncs) would be lost. Exits seen
         // meanwhile are dropped by the engine after the switch.
         std::mem::take(&mut self.python_links)
             .into_iter()
-            .map(|(name, link)| {
+            .map(|placed| self.take(placed))
+            .collect()
+    }
+
+    /// Ownership of a placed link (dropping it takes the probes out).
+    fn take(&mut self, placed: Placed) -> Result<TakenLink, String> {
+        Ok(match placed {
+            Placed::Perf(name, link) => Box::new(
                 self.program(name)
                     .map_err(|e| e.to_string())?
                     .take_link(link)
-                    .map_err(|e| error_chain(&e))
-            })
-            .collect()
+                    .map_err(|e| error_chain(&e))?,
+            ),
+            Placed::Multi(link) => Box::new(link),
+        })
+    }
+
+    /// How many kernel links hold the probes placed (the frame evaluator's included).
+    pub fn link_count(&self) -> usize {
+        self.links.len() + self.perf_links + self.python_links.len()
+    }
+
+    /// Whether probes are placed as `uprobe_multi` links.
+    pub fn uses_multi_links(&self) -> bool {
+        self.multi
     }
 
     /// Whether probes were already placed in this file.
@@ -529,8 +598,12 @@ impl Attacher {
             .try_into()
             .map_err(|source| AttachError::Program { name, source })?;
         if !self.loaded.contains(name) {
-            prog.load()
-                .map_err(|source| AttachError::Program { name, source })?;
+            if self.multi {
+                prog.load_multi()
+            } else {
+                prog.load()
+            }
+            .map_err(|source| AttachError::Program { name, source })?;
             self.loaded.insert(name);
         }
         Ok(prog)
@@ -552,6 +625,8 @@ impl Attacher {
                 return Ok(report);
             }
         };
+        // Where each probe of the file goes, placed together below.
+        let mut sites: Vec<(&'static ProbeSpec, String, u64)> = Vec::new();
         for spec in specs(role) {
             let found = match spec.matcher {
                 Matcher::Exact(n) => file.find(|s| s == n),
@@ -578,14 +653,13 @@ impl Attacher {
                     continue;
                 }
             };
+            let shown = format!("{}+{}", sym.name, site.skipped);
             if spec.probe == P::PyEval && !self.arm_python_at_attach {
                 // Located for later; a uprobe is proven placeable in this file on a function
                 // the interpreter calls only at its exit, taken out at once.
                 self.python_site = Some((host.clone(), site.file_offset));
                 match self.prove_uprobes(&file, &host) {
-                    Ok(()) => report
-                        .attached
-                        .push(format!("{}+{} (not armed)", sym.name, site.skipped)),
+                    Ok(()) => report.attached.push(format!("{shown} (not armed)")),
                     Err(e) => {
                         report
                             .failures
@@ -594,19 +668,55 @@ impl Attacher {
                 }
                 continue;
             }
-            match self.place(spec, &host, site.file_offset) {
-                Ok(links) => {
-                    if spec.probe == P::PyEval {
+            if spec.probe == P::PyEval {
+                // Its own links: the governor takes them out and re-arms them.
+                match self.place(spec, &host, site.file_offset) {
+                    Ok(links) => {
                         self.python_site = Some((host.clone(), site.file_offset));
                         self.python_links = links;
+                        report.attached.push(shown);
                     }
-                    report
-                        .attached
-                        .push(format!("{}+{}", sym.name, site.skipped))
+                    Err(e) => {
+                        report
+                            .failures
+                            .push(failure(spec, path, &format!("{}: {e}", sym.name)))
+                    }
                 }
-                Err(e) => report
-                    .failures
-                    .push(failure(spec, path, &format!("{}: {e}", sym.name))),
+                continue;
+            }
+            sites.push((spec, shown, site.file_offset));
+        }
+        if self.multi && !sites.is_empty() {
+            match self.place_together(&sites, &host) {
+                Ok(links) => {
+                    self.links.extend(links);
+                    report.attached.extend(sites.into_iter().map(|(_, s, _)| s));
+                    return Ok(report);
+                }
+                Err(e) => {
+                    // One probe the kernel refuses fails its whole link: probe by probe, so
+                    // each refusal is reported and the others are placed.
+                    tracing::debug!("{}: probes placed one by one: {e}", path.display());
+                }
+            }
+        }
+        for (spec, shown, offset) in sites {
+            match self.place(spec, &host, offset) {
+                Ok(links) => {
+                    for l in links {
+                        match l {
+                            Placed::Multi(l) => self.links.push(l),
+                            Placed::Perf(..) => self.perf_links += 1,
+                        }
+                    }
+                    report.attached.push(shown)
+                }
+                Err(e) => {
+                    let name = shown.rsplit_once('+').map_or(shown.as_str(), |(n, _)| n);
+                    report
+                        .failures
+                        .push(failure(spec, path, &format!("{name}: {e}")))
+                }
             }
         }
         Ok(report)
@@ -624,13 +734,54 @@ impl Attacher {
             exit: false,
             ..PYTHON[0]
         };
-        for (name, link) in self.place(&spec, host, site.file_offset)? {
-            self.program(name)
-                .map_err(|e| e.to_string())?
-                .detach(link)
-                .map_err(|e| error_chain(&e))?;
+        for placed in self.place(&spec, host, site.file_offset)? {
+            drop(self.take(placed)?);
         }
         Ok(())
+    }
+
+    /// Places the probes of one file with one `uprobe_multi` link per program (entry programs,
+    /// then the return program): all or none.
+    fn place_together(
+        &mut self,
+        sites: &[(&'static ProbeSpec, String, u64)],
+        host: &Path,
+    ) -> Result<Vec<MultiLink>, String> {
+        // (program, at return) -> (offsets, cookies); entries sort before returns.
+        let mut groups: BTreeMap<(bool, &'static str), (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+        for (spec, _, offset) in sites {
+            let mut add = |key| {
+                let (o, c) = groups.entry(key).or_default();
+                o.push(*offset);
+                c.push(spec.probe as u64);
+            };
+            add((false, spec.entry));
+            if spec.exit {
+                add((true, EXIT_PROGRAM));
+            }
+        }
+        let mut links = Vec::with_capacity(groups.len());
+        for ((ret, name), (offsets, cookies)) in groups {
+            // Were one link refused, those made already go when `links` is dropped.
+            links.push(self.place_multi(name, host, &offsets, &cookies, ret)?);
+        }
+        Ok(links)
+    }
+
+    /// One `uprobe_multi` link of program `name` (loaded for them).
+    fn place_multi(
+        &mut self,
+        name: &'static str,
+        host: &Path,
+        offsets: &[u64],
+        cookies: &[u64],
+        ret: bool,
+    ) -> Result<MultiLink, String> {
+        let pid = self.pid.get();
+        let prog = self.program(name).map_err(|e| e.to_string())?;
+        let fd = prog.fd().map_err(|e| error_chain(&e))?;
+        multi::attach(fd.as_fd(), host, offsets, cookies, ret, pid)
+            .map_err(|e| format!("uprobe_multi link of {name} in {}: {e}", host.display()))
     }
 
     /// Attaches the entry (and return) program of `spec` at `file_offset`; returns the links.
@@ -639,27 +790,38 @@ impl Attacher {
         spec: &ProbeSpec,
         host: &Path,
         file_offset: u64,
-    ) -> Result<Vec<(&'static str, UProbeLinkId)>, String> {
+    ) -> Result<Vec<Placed>, String> {
+        if self.multi {
+            let cookie = [spec.probe as u64];
+            let entry = self.place_multi(spec.entry, host, &[file_offset], &cookie, false)?;
+            let mut links = vec![Placed::Multi(entry)];
+            if spec.exit {
+                // On failure the entry link goes with `links`: never an entry without its
+                // return probe.
+                let exit = self.place_multi(EXIT_PROGRAM, host, &[file_offset], &cookie, true)?;
+                links.push(Placed::Multi(exit));
+            }
+            return Ok(links);
+        }
         let pid = self.pid;
         let point = || UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(file_offset),
             cookie: Some(spec.probe as u64),
         };
         let entry = self.program(spec.entry).map_err(|e| e.to_string())?;
-        let mut links = vec![(
-            spec.entry,
-            entry
-                .attach(point(), host, UProbeScope::OneProcess(pid))
-                .map_err(|e| error_chain(&e))?,
-        )];
+        let entry_link = entry
+            .attach(point(), host, UProbeScope::OneProcess(pid))
+            .map_err(|e| error_chain(&e))?;
+        let mut links = vec![Placed::Perf(spec.entry, entry_link)];
         if spec.exit {
-            let exit = self.program("any_exit").map_err(|e| e.to_string())?;
+            let exit = self.program(EXIT_PROGRAM).map_err(|e| e.to_string())?;
             match exit.attach(point(), host, UProbeScope::OneProcess(pid)) {
-                Ok(l) => links.push(("any_exit", l)),
+                Ok(l) => links.push(Placed::Perf(EXIT_PROGRAM, l)),
                 Err(e) => {
                     // Never leave an entry without its return probe.
-                    let (name, link) = links.pop().expect("the entry link");
-                    if let Ok(p) = self.program(name) {
+                    if let Some(Placed::Perf(name, link)) = links.pop()
+                        && let Ok(p) = self.program(name)
+                    {
                         let _ = p.detach(link);
                     }
                     return Err(error_chain(&e));
@@ -669,6 +831,9 @@ impl Attacher {
         Ok(links)
     }
 }
+
+/// The program every return probe runs (the cookie says whose return it is).
+const EXIT_PROGRAM: &str = "any_exit";
 
 fn failure(spec: &ProbeSpec, path: &Path, reason: &str) -> ProbeFailure {
     ProbeFailure {
