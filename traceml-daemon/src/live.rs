@@ -832,15 +832,41 @@ pub async fn run(
     // torch target. Off the path to the verdict: the summary is written meanwhile, and the
     // kernel releases whatever is left when the daemon exits (which then waits for it).
     let links = k.attacher.link_count();
-    std::thread::spawn(move || {
+    detaching(std::thread::spawn(move || {
         let t0 = std::time::Instant::now();
+        match k.attacher.take_links() {
+            Ok(l) => attach::release(l),
+            Err(e) => tracing::warn!("target {pid}: probes left to the attacher's drop: {e}"),
+        }
         drop(k);
         tracing::info!(
             "target {pid}: probes detached ({links} links) in {} ms",
             t0.elapsed().as_millis()
         );
-    });
+    }));
     Ok(reason)
+}
+
+/// Threads taking probes out of targets (see [`wait_detached`]).
+static DETACHING: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Keeps `thread` (taking probes out) for [`wait_detached`]; forgets those done.
+fn detaching(thread: std::thread::JoinHandle<()>) {
+    let mut all = DETACHING.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|t| !t.is_finished());
+    all.push(thread);
+}
+
+/// Waits until every probe is out of its target. The daemon calls it before it exits: the
+/// kernel would otherwise close the links left at the exit itself, one after another, where
+/// the threads take them out concurrently (with `uprobe_multi`, a 4-rank job's ~40 links in
+/// about the time of one).
+pub fn wait_detached() {
+    let all = std::mem::take(&mut *DETACHING.lock().unwrap_or_else(|e| e.into_inner()));
+    for t in all {
+        let _ = t.join();
+    }
 }
 
 /// The next delivery of a signal the run listens to; never, when it does not.
@@ -888,18 +914,16 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
             // event loop, which keeps draining meanwhile.
             let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             k.detaching = Some(done.clone());
-            std::thread::spawn(move || {
+            detaching(std::thread::spawn(move || {
                 let t0 = std::time::Instant::now();
                 let n = links.len();
-                for l in links {
-                    drop(l);
-                }
+                attach::release(links);
                 tracing::info!(
                     "frame-evaluator probe unregistered ({n} links) in {} ms",
                     t0.elapsed().as_millis()
                 );
                 done.store(true, std::sync::atomic::Ordering::Release);
-            });
+            }));
         })
     };
     if let Err(e) = switched {

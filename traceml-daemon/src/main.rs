@@ -282,6 +282,9 @@ fn main() -> ExitCode {
         Some(Cmd::Top(args)) => attach(args, true),
         None => attach(cli.attach, false),
     };
+    // Probes still being taken out are waited for here, not closed one by one at the exit.
+    #[cfg(feature = "live")]
+    traceml_daemon::live::wait_detached();
     match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {

@@ -575,6 +575,19 @@ impl Attacher {
         })
     }
 
+    /// Takes out the links this attacher holds itself (every probe's, with `uprobe_multi`; the
+    /// frame evaluator's, with perf links), for [`release`]. aya keeps the others (perf links),
+    /// taken out when the attacher is dropped.
+    pub fn take_links(&mut self) -> Result<Vec<TakenLink>, String> {
+        let mut links = self.take_python()?;
+        links.extend(
+            std::mem::take(&mut self.links)
+                .into_iter()
+                .map(|l| Box::new(l) as TakenLink),
+        );
+        Ok(links)
+    }
+
     /// How many kernel links hold the probes placed (the frame evaluator's included).
     pub fn link_count(&self) -> usize {
         self.links.len() + self.perf_links + self.python_links.len()
@@ -829,6 +842,20 @@ impl Attacher {
             }
         }
         Ok(links)
+    }
+}
+
+/// Drops each link on its own thread and waits for them all: taking a `uprobe_multi` link out
+/// waits for an RCU-tasks-trace grace period, and links taken out concurrently share one (a
+/// thread that drops them one after another waits for each). Perf-event links gain nothing:
+/// the kernel releases those one at a time under a mutex.
+pub fn release(links: Vec<TakenLink>) {
+    let threads: Vec<_> = links
+        .into_iter()
+        .map(|l| std::thread::spawn(move || drop(l)))
+        .collect();
+    for t in threads {
+        let _ = t.join();
     }
 }
 
