@@ -761,7 +761,7 @@ impl Attacher {
         host: &Path,
     ) -> Result<Vec<MultiLink>, String> {
         // (program, at return) -> (offsets, cookies); entries sort before returns.
-        let mut groups: BTreeMap<(bool, &'static str), (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+        let mut groups: BTreeMap<(bool, &'static str), Offsets> = BTreeMap::new();
         for (spec, _, offset) in sites {
             let mut add = |key| {
                 let (o, c) = groups.entry(key).or_default();
@@ -858,6 +858,9 @@ pub fn release(links: Vec<TakenLink>) {
         let _ = t.join();
     }
 }
+
+/// The file offsets of one `uprobe_multi` link and their cookies.
+type Offsets = (Vec<u64>, Vec<u64>);
 
 /// The program every return probe runs (the cookie says whose return it is).
 const EXIT_PROGRAM: &str = "any_exit";
