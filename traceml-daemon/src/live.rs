@@ -910,14 +910,17 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
         k.attacher.arm_python()
     } else {
         k.attacher.take_python().map(|links| {
-            // The kernel unregisters each uprobe after an RCU grace period (seconds): off the
-            // event loop, which keeps draining meanwhile.
+            // The kernel unregisters each link after an RCU grace period (tens of ms, up to
+            // seconds under load): off the event loop, which keeps draining meanwhile.
             let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             k.detaching = Some(done.clone());
             detaching(std::thread::spawn(move || {
                 let t0 = std::time::Instant::now();
                 let n = links.len();
-                attach::release(links);
+                // One after another, entry first (see `Attacher::take_python`).
+                for l in links {
+                    drop(l);
+                }
                 tracing::info!(
                     "frame-evaluator probe unregistered ({n} links) in {} ms",
                     t0.elapsed().as_millis()

@@ -546,9 +546,10 @@ impl Attacher {
         Ok(())
     }
 
-    /// Takes the frame-evaluator probe's links out (entry first): the probe goes when
-    /// they are dropped, which takes the kernel up to seconds (an RCU grace period per uprobe
-    /// unregistered), so callers drop them off the event loop. Until then the breakpoint stays
+    /// Takes the frame-evaluator probe's links out (entry first, to be dropped in that order):
+    /// the probe goes when they are dropped, which takes the kernel an RCU-tasks-trace grace
+    /// period per link (tens of ms; ~0.3 s for both with perf-event links, more under load), so
+    /// callers drop them off the event loop. Until then the breakpoint stays
     /// and the return program still runs; frames entered while it was armed report no exit,
     /// and the engine closes them at the switch.
     pub fn take_python(&mut self) -> Result<Vec<TakenLink>, String> {
@@ -760,7 +761,7 @@ impl Attacher {
         sites: &[(&'static ProbeSpec, String, u64)],
         host: &Path,
     ) -> Result<Vec<MultiLink>, String> {
-        // (program, at return) -> (offsets, cookies); entries sort before returns.
+        // (at return, program) -> (offsets, cookies): entry programs first.
         let mut groups: BTreeMap<(bool, &'static str), Offsets> = BTreeMap::new();
         for (spec, _, offset) in sites {
             let mut add = |key| {
