@@ -284,6 +284,15 @@ impl Governor {
             }
             Stage::Watching => {}
             Stage::Learning => {
+                if t.markers.any()
+                    && self.learn_steps + self.learn_backward == 0
+                    && steps + t.markers.backward > 0
+                {
+                    // The loop starts while the probe is armed (a job still setting up when
+                    // the daemon attached, slower on a busy machine): the bound counts from its
+                    // first marker, so its first steps are learned.
+                    self.learning_since = self.learning_since.max(t.now);
+                }
                 self.learn_steps += steps;
                 self.learn_backward += t.markers.backward;
                 let elapsed = t.now.saturating_sub(self.learning_since);
@@ -544,6 +553,29 @@ mod tests {
             g.tick(tick(16 * S, TRAINING, true))
                 .is_some_and(|d| !d.python)
         );
+    }
+
+    #[test]
+    fn the_bound_counts_from_the_first_marker_when_the_loop_starts_while_learning() {
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, false);
+        for i in 1..9 {
+            assert_eq!(g.tick(tick(i * S, NONE, true)), None);
+        }
+        // A slow start: the first marker at 9 s, a step a second (under learn_steps until 11 s).
+        let one = Markers {
+            dataloader: 1,
+            optimizer: 1,
+            backward: 1,
+        };
+        for i in 9..11 {
+            assert_eq!(
+                g.tick(tick(i * S, one, true)),
+                None,
+                "still learning at {i} s"
+            );
+        }
+        let d = g.tick(tick(11 * S, one, true)).expect("learned");
+        assert!(d.reason.contains("delimit the steps"), "{d:?}");
     }
 
     #[test]
