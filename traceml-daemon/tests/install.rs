@@ -216,7 +216,10 @@ fn snapshot() -> BTreeSet<String> {
     }
     let mut out = BTreeSet::new();
     for r in SNAPSHOT_ROOTS {
-        walk(Path::new(r), &mut out);
+        // Where /lib is a link to /usr/lib (merged /usr), /lib/systemd is /usr/lib/systemd:
+        // walked once, by its real path.
+        let real = std::fs::canonicalize(r).unwrap_or_else(|_| PathBuf::from(r));
+        walk(&real, &mut out);
     }
     out
 }

@@ -62,9 +62,15 @@ pub fn build(profile: Profile) -> anyhow::Result<PathBuf> {
     )?;
     cargo_deb()?;
     let root = root();
-    run(Command::new("cargo")
-        .args(["build", "--profile", cargo_profile, "-p", "traceml-daemon"])
-        .current_dir(&root))?;
+    let mut build = Command::new("cargo");
+    match profile {
+        Profile::Release => build.args(["build", "--release", "-p", "traceml-daemon"]),
+        // The binary the integration tests run (`CARGO_BIN_EXE_traceml-daemon`, built with the
+        // dev-dependencies' features, which a plain `cargo build` leaves out): after the tests'
+        // build in `cargo xtask test` nothing is compiled again.
+        Profile::Dev => build.args(["test", "-p", "traceml-daemon", "--tests", "--no-run"]),
+    };
+    run(build.current_dir(&root))?;
     let build_dir = root.join("target").join(build_dir);
     let daemon = build_dir.join("traceml-daemon");
     let needs = crate::elfneeds::check(&daemon).map_err(anyhow::Error::msg)?;
