@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use traceml_daemon::event::{End, EndReason, StreamItem};
 #[cfg(feature = "live")]
 use traceml_daemon::live;
@@ -173,6 +173,29 @@ enum Cmd {
     /// second instead.
     #[cfg(feature = "live")]
     Top(AttachArgs),
+    /// Write the man pages (one per command) or a shell's completion script into DIR, generated
+    /// from this command line's own definition: what `cargo xtask deb` packages. Hidden: a
+    /// packaging step, not a user's command.
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_enum)]
+        what: Generated,
+        /// Created if missing; existing files of the same names are replaced.
+        dir: PathBuf,
+    },
+}
+
+/// What `generate` writes.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Generated {
+    /// `traceml-daemon.1` and `traceml-daemon-<command>.1` (roff, uncompressed).
+    Man,
+    /// `traceml-daemon.bash`.
+    Bash,
+    /// `_traceml-daemon`.
+    Zsh,
+    /// `traceml-daemon.fish`.
+    Fish,
 }
 
 #[cfg(feature = "live")]
@@ -217,6 +240,10 @@ struct ServeArgs {
     /// alone, 127.0.0.1:9466 (docs/metrics.md).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
     metrics_addr: Option<String>,
+    /// Check the config file with these flags as serve would start with them, say so in one
+    /// line, and exit (0: serve would start; 2: it would not). Attaches nothing; no root needed.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -280,6 +307,7 @@ fn main() -> ExitCode {
         Some(Cmd::Serve(args)) => serve(args),
         #[cfg(feature = "live")]
         Some(Cmd::Top(args)) => attach(args, true),
+        Some(Cmd::Generate { what, dir }) => generate(what, &dir),
         None => attach(cli.attach, false),
     };
     // Probes still being taken out are waited for here, not closed one by one at the exit.
@@ -314,7 +342,7 @@ fn serve(a: ServeArgs) -> Result<u8, Failure> {
     }
     let config_required = a.config != Path::new("/etc/traceml/config.toml");
     let metrics_addr = metrics_addr(a.metrics_addr.as_deref())?;
-    traceml_daemon::serve::run(traceml_daemon::serve::ServeOptions {
+    let opts = traceml_daemon::serve::ServeOptions {
         state_dir: a.state_dir,
         config: a.config,
         config_required,
@@ -331,8 +359,34 @@ fn serve(a: ServeArgs) -> Result<u8, Failure> {
         hang_after: Duration::from_secs_f64(a.hang_after),
         ready_file: a.ready_file,
         metrics_addr,
-    })
-    .map_err(|e| Failure::new(2, e))?;
+    };
+    if a.check_config {
+        let said = traceml_daemon::serve::check_config(&opts).map_err(|e| Failure::new(2, e))?;
+        println!("traceml-daemon: {}", terminal(&said));
+        return Ok(0);
+    }
+    traceml_daemon::serve::run(opts).map_err(|e| Failure::new(2, e))?;
+    Ok(0)
+}
+
+/// `generate`: man pages or a completion script, from the clap definition of this binary.
+fn generate(what: Generated, dir: &Path) -> Result<u8, Failure> {
+    use clap_complete::Shell;
+    let fail =
+        |e: std::io::Error| Failure::new(2, format!("cannot write to {}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let cmd = Cli::command();
+    let shell = match what {
+        Generated::Man => {
+            clap_mangen::generate_to(cmd, dir).map_err(fail)?;
+            return Ok(0);
+        }
+        Generated::Bash => Shell::Bash,
+        Generated::Zsh => Shell::Zsh,
+        Generated::Fish => Shell::Fish,
+    };
+    let mut cmd = cmd;
+    clap_complete::generate_to(shell, &mut cmd, "traceml-daemon", dir).map_err(fail)?;
     Ok(0)
 }
 

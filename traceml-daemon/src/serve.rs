@@ -612,14 +612,52 @@ impl Signals {
     }
 }
 
+/// What [`run`] reads before it starts: the config file, the policy its globs and the flags'
+/// compile to, and the `/metrics` address (the flag over the config's key). An error here is
+/// one `run` would stop on.
+fn load(
+    opts: &ServeOptions,
+) -> Result<(ServeConfig, Policy, Option<std::net::SocketAddr>), String> {
+    let cfg = ServeConfig::read(&opts.config, opts.config_required)?;
+    let policy = cfg.policy(&opts.cli_policy)?;
+    let metrics_addr = match (opts.metrics_addr, &cfg.metrics_addr) {
+        (Some(a), _) => Some(a),
+        (None, Some(a)) => Some(
+            crate::metrics::http::parse_addr(a)
+                .map_err(|e| format!("{}: metrics_addr: {e}", opts.config.display()))?,
+        ),
+        (None, None) => None,
+    };
+    Ok((cfg, policy, metrics_addr))
+}
+
+/// `serve --check-config`: checks what [`run`] reads before it starts, attaching nothing and
+/// binding nothing. `Ok` says what serve would run with, in one line.
+pub fn check_config(opts: &ServeOptions) -> Result<String, String> {
+    let (cfg, _, metrics_addr) = load(opts)?;
+    let found = opts.config.exists();
+    let state_dir = cfg.state_dir.clone().unwrap_or(opts.state_dir.clone());
+    Ok(format!(
+        "{} {}: state in {}, window {} s, metrics {}",
+        opts.config.display(),
+        if found {
+            "is valid"
+        } else {
+            "does not exist (the defaults apply)"
+        },
+        state_dir.display(),
+        cfg.window_s.unwrap_or(opts.window.as_secs_f64()),
+        metrics_addr.map_or("off".to_owned(), |a| format!("at http://{a}/metrics")),
+    ))
+}
+
 /// Runs the service until SIGTERM/SIGINT.
 pub fn run(opts: ServeOptions) -> Result<(), String> {
-    let mut cfg = ServeConfig::read(&opts.config, opts.config_required)?;
-    let mut policy = cfg.policy(&opts.cli_policy)?;
+    let (mut cfg, mut policy, metrics_addr) = load(&opts)?;
     let state_dir = cfg.state_dir.clone().unwrap_or(opts.state_dir.clone());
     crate::output::create_dir_private(&state_dir)
         .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
-    let metrics = start_metrics(&opts, &cfg)?;
+    let metrics = start_metrics(metrics_addr)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -687,13 +725,10 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
 
 /// Serves `/metrics` when an address is given (the flag over the config file's key).
 fn start_metrics(
-    opts: &ServeOptions,
-    cfg: &ServeConfig,
+    addr: Option<std::net::SocketAddr>,
 ) -> Result<Option<crate::metrics::http::Shared>, String> {
-    let addr = match (opts.metrics_addr, &cfg.metrics_addr) {
-        (Some(a), _) => a,
-        (None, Some(a)) => crate::metrics::http::parse_addr(a)?,
-        (None, None) => return Ok(None),
+    let Some(addr) = addr else {
+        return Ok(None);
     };
     let exporter = crate::metrics::http::Shared::default();
     let bound = crate::metrics::http::serve(addr, exporter.clone())

@@ -1,7 +1,8 @@
 //! `cargo xtask`: what cargo alone cannot do. `setup` installs the toolchain pieces and test
 //! environments (idempotent, each step says what failed), `demo` shows the daemon diagnosing the
 //! bundled demo workload, `test` runs every check CI runs (fmt, clippy, unit and root tests with
-//! real eBPF), `bench` measures overhead and accuracy into BENCHMARKS.md.
+//! real eBPF), `bench` measures overhead and accuracy into BENCHMARKS.md, `deb` builds the
+//! Debian package.
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,6 +11,8 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod deb;
+mod elfneeds;
 mod setup;
 
 #[derive(Parser)]
@@ -48,6 +51,15 @@ enum Cmd {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(last = true)]
         rest: Vec<String>,
+    },
+    /// Build the Debian package: target/debian/traceml-daemon_<version>_amd64.deb (release
+    /// binary, systemd units, example config, sweep timer, man pages, completions, docs; see
+    /// docs/install.md). Installs the eBPF toolchain and cargo-deb first when missing.
+    Deb {
+        /// Package the dev build instead, into target/debian-dev/ (what `cargo xtask test`
+        /// installs: the same package around an unoptimised binary; not for nodes).
+        #[arg(long)]
+        dev: bool,
     },
     /// The prepared GPU check (tests/gpu/gpu_check.sh): with --prepare, build the release daemon
     /// into .gpu/ here (to carry to the GPU machine); without, run the check on this machine
@@ -124,6 +136,12 @@ fn main() -> anyhow::Result<()> {
         Cmd::Setup { torch } => setup::all(torch),
         Cmd::Demo { real } => demo(real),
         Cmd::GpuCheck { prepare } => gpu_check(prepare),
+        Cmd::Deb { dev } => deb::build(if dev {
+            deb::Profile::Dev
+        } else {
+            deb::Profile::Release
+        })
+        .map(|_| ()),
         Cmd::Test {
             no_torch,
             stress,
@@ -319,6 +337,9 @@ fn test(torch: bool, stress: Option<usize>, rest: &[String]) -> anyhow::Result<(
     run(Command::new("cargo")
         .args(["test", "-p", "traceml-daemon", "--tests", "--no-run"])
         .current_dir(&root))?;
+    // The package tests/install.rs installs and purges, around the dev build just made (a
+    // release build would add 6 minutes on 2 cores; `cargo xtask deb` builds that one).
+    let deb = deb::build(deb::Profile::Dev)?;
     let _stress = stress.map(Stress::start).transpose()?;
     // --no-fail-fast, and the integration tests run even when a unit test failed: one failure
     // does not hide the others.
@@ -331,6 +352,7 @@ fn test(torch: bool, stress: Option<usize>, rest: &[String]) -> anyhow::Result<(
         .args(rest)
         .args(["--", "--test-threads=1"])
         .env("TRACEML_REQUIRE_ROOT", "1")
+        .env("TRACEML_DEB", &deb)
         .current_dir(&root);
     env.apply(&mut cmd);
     if !torch {

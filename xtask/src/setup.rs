@@ -30,7 +30,7 @@ fn step(name: &str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()
     f().with_context(|| format!("setup step `{name}` failed"))
 }
 
-fn output(cmd: &mut Command) -> String {
+pub fn output(cmd: &mut Command) -> String {
     cmd.output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
@@ -45,8 +45,22 @@ pub fn cache_dir() -> PathBuf {
         })
 }
 
-/// Everything `demo` and `test` need; `torch` adds the real-PyTorch virtualenv.
-pub fn all(torch: bool) -> anyhow::Result<()> {
+/// A step that installs apt `packages` unless `have` exists.
+pub fn apt_step(name: &str, have: &str, packages: &[&str]) -> anyhow::Result<()> {
+    step(name, || {
+        if Path::new(have).exists() {
+            return Ok(());
+        }
+        run(Command::new("apt-get").arg("update"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    })
+}
+
+/// The eBPF toolchain the daemon's build needs: LLVM 22, nightly `rust-src`, bpf-linker.
+pub fn toolchain() -> anyhow::Result<()> {
     step("LLVM 22 development files (apt llvm-22-dev)", || {
         if Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
             return Ok(());
@@ -56,30 +70,6 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
             .args(["install", "-y", "llvm-22-dev"])
             .env("DEBIAN_FRONTEND", "noninteractive"))
     })?;
-    step(
-        "Chromium (apt chromium; the HTML report's headless-browser test)",
-        || {
-            if Path::new("/usr/bin/chromium").exists() {
-                return Ok(());
-            }
-            run(Command::new("apt-get").arg("update"))?;
-            run(Command::new("apt-get")
-                .args(["install", "-y", "chromium"])
-                .env("DEBIAN_FRONTEND", "noninteractive"))
-        },
-    )?;
-    step(
-        "Prometheus (apt prometheus; the /metrics test scrapes the daemon with it)",
-        || {
-            if Path::new("/usr/bin/prometheus").exists() {
-                return Ok(());
-            }
-            run(Command::new("apt-get").arg("update"))?;
-            run(Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends", "prometheus"])
-                .env("DEBIAN_FRONTEND", "noninteractive"))
-        },
-    )?;
     step(
         "nightly toolchain with rust-src (builds the eBPF crate)",
         || {
@@ -126,6 +116,53 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
             .args(["--features", "llvm-22", "--locked"])
             .env("LLVM_PREFIX", LLVM_PREFIX))
     })?;
+    Ok(())
+}
+
+/// Everything `demo` and `test` need; `torch` adds the real-PyTorch virtualenv.
+pub fn all(torch: bool) -> anyhow::Result<()> {
+    toolchain()?;
+    step(
+        "Chromium (apt chromium; the HTML report's headless-browser test)",
+        || {
+            if Path::new("/usr/bin/chromium").exists() {
+                return Ok(());
+            }
+            run(Command::new("apt-get").arg("update"))?;
+            run(Command::new("apt-get")
+                .args(["install", "-y", "chromium"])
+                .env("DEBIAN_FRONTEND", "noninteractive"))
+        },
+    )?;
+    step(
+        "Prometheus (apt prometheus; the /metrics test scrapes the daemon with it)",
+        || {
+            if Path::new("/usr/bin/prometheus").exists() {
+                return Ok(());
+            }
+            run(Command::new("apt-get").arg("update"))?;
+            run(Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", "prometheus"])
+                .env("DEBIAN_FRONTEND", "noninteractive"))
+        },
+    )?;
+    // The package install test (tests/install.rs): `systemd-analyze verify` on the installed
+    // units, `man -w` on its pages, the package's Depends from dpkg-shlibdeps.
+    apt_step(
+        "systemd-analyze (apt systemd; the package test verifies its units)",
+        "/usr/bin/systemd-analyze",
+        &["systemd"],
+    )?;
+    apt_step(
+        "man (apt man-db; the package test looks its pages up)",
+        "/usr/bin/man",
+        &["man-db"],
+    )?;
+    apt_step(
+        "dpkg-shlibdeps (apt dpkg-dev; the package's Depends from the binary's libraries)",
+        "/usr/bin/dpkg-shlibdeps",
+        &["dpkg-dev"],
+    )?;
     step("pyenv CPython 3.9–3.13", || {
         let missing: Vec<&str> = ["3.9", "3.10", "3.11", "3.12", "3.13"]
             .into_iter()

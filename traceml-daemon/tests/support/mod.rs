@@ -161,9 +161,20 @@ pub struct Outcome {
 
 /// Runs the daemon on the target until the target exits (or `timeout`), recording the stream.
 pub fn run_daemon(target: &mut Target, dir: &Path, extra: &[&str], timeout: Duration) -> Outcome {
+    run_daemon_at(&daemon(), target, dir, extra, timeout)
+}
+
+/// [`run_daemon`] with another build of the daemon (the installed package's, `tests/install.rs`).
+pub fn run_daemon_at(
+    daemon: &Path,
+    target: &mut Target,
+    dir: &Path,
+    extra: &[&str],
+    timeout: Duration,
+) -> Outcome {
     let out_dir = dir.join("out");
     let recording = dir.join("rec.jsonl");
-    let child = Command::new(daemon())
+    let child = Command::new(daemon)
         .arg("--pid")
         .arg(target.child.id().to_string())
         .arg("--ready-file")
