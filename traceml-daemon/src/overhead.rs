@@ -296,8 +296,12 @@ impl Governor {
                 self.learn_steps += steps;
                 self.learn_backward += t.markers.backward;
                 let elapsed = t.now.saturating_sub(self.learning_since);
+                // Learned once the steps train (a backward among them): a validation pass
+                // before training (Lightning's sanity check) delimits steps of its own and
+                // would end the learning before the first training window is seen.
                 let learned = t.now.saturating_sub(self.learn_min_from) >= self.cfg.learn_min_ns
-                    && self.learn_steps >= self.cfg.learn_steps;
+                    && self.learn_steps >= self.cfg.learn_steps
+                    && self.learn_backward > 0;
                 let waited = elapsed >= self.cfg.learn_max_ns;
                 if learned && (t.stacks_ready || waited) {
                     want.python = false;
@@ -553,6 +557,23 @@ mod tests {
             g.tick(tick(16 * S, TRAINING, true))
                 .is_some_and(|d| !d.python)
         );
+    }
+
+    #[test]
+    fn steps_without_a_backward_do_not_end_the_learning() {
+        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, false);
+        let validation = Markers {
+            dataloader: 3,
+            ..NONE
+        };
+        assert_eq!(
+            g.tick(tick(S, validation, true)),
+            None,
+            "a sanity check is no loop"
+        );
+        assert_eq!(g.tick(tick(2 * S, validation, true)), None);
+        let d = g.tick(tick(3 * S, TRAINING, true)).expect("training steps");
+        assert!(!d.python, "{d:?}");
     }
 
     #[test]
