@@ -213,15 +213,30 @@ fn reads_stacks_of_every_python() {
     }
 }
 
-/// Reads a stack that changes all the time (`churn` recursing 0–22 deep in a loop): every read
-/// returns (torn reads as errors or odd stacks, never a panic or a hang), and many show the
-/// script's frames under `inner`.
+/// Reads a stack that changes all the time (`churn` recursing 0–22 deep in a loop). While the
+/// script runs, every read returns (torn reads as errors or odd stacks, never a panic or a hang);
+/// how many are well-formed depends on how the two processes are scheduled, so it is printed,
+/// not asserted. The ground truth comes from reads of the script stopped (`SIGSTOP`) at a point
+/// the scheduler chose: the stack is then whole, and the reader must return it as
+/// `<module>`, …, `middle`, `inner`, then 0–23 `churn`s. A stop can land inside a frame push or
+/// pop (a few instructions of each call), so a small share of those may be torn too: at most
+/// 1 in 20 (measured here: none of 200 on each of 3.9–3.13; while it runs, 3.9 and 3.10 give
+/// about half their reads whole, and fewer on a busy machine).
 fn churn(py: &Path, script: &Path, minor: u32) {
     let target = start(py, script, "churn", 3);
     let pid = target.child.id();
     let found = python::find(pid, &maps::read(pid).unwrap()).unwrap();
     let mem = TargetMemory::new(pid);
     let mut reader = StackReader::from_target(&found, &mem).unwrap();
+    let well_formed = |names: &[&str]| {
+        names.first() == Some(&"<module>")
+            && names.iter().position(|&n| n == "inner").is_some_and(|i| {
+                let below = &names[i + 1..];
+                below.len() <= 23
+                    && below.iter().all(|&n| n == "churn")
+                    && names[i - 1].ends_with("middle")
+            })
+    };
     let (mut ok, mut good, mut errors) = (0, 0, Vec::new());
     let n = 3000;
     let t = Instant::now();
@@ -230,12 +245,7 @@ fn churn(py: &Path, script: &Path, minor: u32) {
             Ok(s) => {
                 ok += 1;
                 let names: Vec<&str> = s.frames.iter().map(|f| &*f.function).collect();
-                if names.first() == Some(&"<module>")
-                    && names.iter().position(|&n| n == "inner").is_some_and(|i| {
-                        names[i + 1..].iter().all(|&n| n == "churn")
-                            && names[i - 1].ends_with("middle")
-                    })
-                {
+                if well_formed(&names) {
                     good += 1;
                 }
             }
@@ -245,11 +255,55 @@ fn churn(py: &Path, script: &Path, minor: u32) {
     let took = t.elapsed();
     errors.truncate(3);
     println!(
-        "3.{minor} churn: {n} reads in {took:?}: {ok} ok, {good} well-formed; errors e.g. {errors:?}"
+        "3.{minor} churn: {n} reads of the running script in {took:?}: {ok} ok, {good} well-formed; errors e.g. {errors:?}"
     );
     assert!(took < Duration::from_secs(30));
-    assert!(
-        good * 2 > n,
-        "3.{minor}: only {good} of {n} stacks well-formed"
+
+    let stops = 200;
+    let mut torn = Vec::new();
+    for _ in 0..stops {
+        // Let it run a little, then stop it wherever it is.
+        std::thread::sleep(Duration::from_micros(300));
+        // SAFETY: kill has no memory preconditions; pid is our child.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        wait_stopped(pid);
+        match reader.read(&mem, target.tstate) {
+            Ok(s) => {
+                let names: Vec<&str> = s.frames.iter().map(|f| &*f.function).collect();
+                if !well_formed(&names) {
+                    torn.push(format!("{names:?}"));
+                }
+            }
+            Err(e) => torn.push(e.to_string()),
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    }
+    println!(
+        "3.{minor} churn: {stops} reads of the stopped script: {} torn",
+        torn.len()
     );
+    assert!(
+        torn.len() * 20 <= stops,
+        "3.{minor}: {} of {stops} stacks of the stopped script were not whole, e.g. {:?}",
+        torn.len(),
+        &torn[..torn.len().min(3)]
+    );
+}
+
+/// Waits until `pid` is in the stopped state (`T` in /proc/<pid>/stat).
+fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        if state == Some("T") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} did not stop: {stat}");
+        std::thread::sleep(Duration::from_micros(50));
+    }
 }

@@ -1273,3 +1273,81 @@ fn a_slow_first_accumulation_window_is_not_cut_by_its_fetches() {
     assert_eq!(out.steps.len(), 3, "{:#?}", out.steps);
     assert!(out.steps.iter().all(|s| s.micro_batches == 8));
 }
+
+/// Lightning's automatic optimization: the forward and backward run inside the optimizer step
+/// (its closure), so the frame-evaluator probe is often detached while the step's Python frame
+/// and torch's record_function of the step are both open. The record's exit is then the step's
+/// optimizer exit; the evaluation after it is a segment, not the next step's input wait (a
+/// real Lightning run counted one validation batch, 36 ms, as a step's input and merged two
+/// steps into one of 2 micro-batches before).
+#[test]
+fn detach_inside_a_closure_optimizer_step_keeps_its_exit() {
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    for detach_in_record in [true, false] {
+        let mut t = Trace::new();
+        let p = PID;
+        let mut ts = 1000;
+        // Two steps under the frame-evaluator probe: fetch 50 (frame + record), then the
+        // optimizer frame holding the record, forward 100 and backward 100 inside it.
+        for _ in 0..2 {
+            t.enter(ts, p, DL)
+                .rec(ts + 5, p, dl)
+                .rec_end(ts + 45, p)
+                .exit(ts + 50, p, DL);
+            t.enter(ts + 60, p, OPT).rec(ts + 70, p, OPT_REC);
+            t.fwd_bwd(ts + 80, 100, 100);
+            t.rec_end(ts + 300, p).exit(ts + 310, p, OPT);
+            ts += 400;
+        }
+        // The third step: the probe goes inside its backward, or after its record returned.
+        t.enter(ts, p, DL)
+            .rec(ts + 5, p, dl)
+            .rec_end(ts + 45, p)
+            .exit(ts + 50, p, DL);
+        t.enter(ts + 60, p, OPT).rec(ts + 70, p, OPT_REC);
+        t.enter(ts + 80, p, MODULE)
+            .exit(ts + 180, p, MODULE)
+            .call(ts + 180, p, Api::TorchBackward);
+        if detach_in_record {
+            t.detach(ts + 200);
+            t.ret(ts + 280, p, Api::TorchBackward).rec_end(ts + 300, p);
+        } else {
+            t.ret(ts + 280, p, Api::TorchBackward).rec_end(ts + 300, p);
+            t.detach(ts + 305);
+        }
+        ts += 400;
+        // Markers only: an evaluation of 3 batches (fetch 100 each, no backward), then two
+        // training steps, and the fetch that starts a sixth.
+        for _ in 0..3 {
+            t.rec(ts, p, dl).rec_end(ts + 100, p);
+            ts += 120;
+        }
+        for _ in 0..2 {
+            t.rec(ts, p, dl).rec_end(ts + 50, p);
+            t.rec(ts + 60, p, OPT_REC)
+                .call(ts + 160, p, Api::TorchBackward)
+                .ret(ts + 260, p, Api::TorchBackward)
+                .rec_end(ts + 300, p);
+            ts += 400;
+        }
+        t.rec(ts, p, dl);
+        let out = t.codes().run();
+        let label = if detach_in_record {
+            "detached inside the record"
+        } else {
+            "detached after the record"
+        };
+        assert_eq!(out.steps.len(), 5, "{label}: {:?}", out.steps);
+        assert_eq!(out.evaluation.segments, 1, "{label}");
+        assert_eq!(out.evaluation.batches, 3, "{label}");
+        for (i, s) in out.steps.iter().enumerate() {
+            assert_eq!(s.micro_batches, 1, "{label}: step {i}");
+            assert!(
+                s.phase_ns[Phase::InputWait.index()] <= 50,
+                "{label}: step {i} holds evaluation fetches as input: {s:?}"
+            );
+        }
+        // The cut step ends where the evaluation's first fetch begins: 400 after its own fetch.
+        assert_eq!(out.steps[2].duration_ns(), 400, "{label}");
+    }
+}

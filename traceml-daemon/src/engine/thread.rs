@@ -162,6 +162,9 @@ struct Open {
     /// An outermost DataLoader call inside which another DataLoader entry (torch's
     /// `record_function`) was already seen.
     inner_input: bool,
+    /// An outermost optimizer step inside which a nested optimizer entry (torch's
+    /// `record_function` of the step) already returned: the update itself is over.
+    inner_optimizer_done: bool,
 }
 
 impl Open {
@@ -380,6 +383,7 @@ impl ThreadFold {
             outer_optimizer: false,
             outer_sync: false,
             inner_input: false,
+            inner_optimizer_done: false,
         };
         if phase == Some(Phase::InputWait) {
             if let Some(i) = self.input_cut.take().filter(|_| self.input_depth == 0) {
@@ -483,6 +487,9 @@ impl ThreadFold {
             if top.outer_optimizer && matched {
                 self.out.optimizer_exits.push(end);
                 self.out.n_optimizer_exits += 1;
+            } else if matched && let Some(outer) = self.stack.iter_mut().find(|o| o.outer_optimizer)
+            {
+                outer.inner_optimizer_done = true;
             }
             if self.optimizer_depth == 0 {
                 self.forward_from = Some(end);
@@ -510,8 +517,30 @@ impl ThreadFold {
     /// The frame-evaluator probe was detached at `ts`: frames still open will report no exit.
     /// Closes them there (not counted as lost), keeping every other open entry in place.
     pub fn close_python(&mut self, ts: u64) {
-        let stack = std::mem::take(&mut self.stack);
+        let mut stack = std::mem::take(&mut self.stack);
         self.index.clear();
+        // An optimizer step whose Python frame is cut: torch's record_function of the step,
+        // nested in the frame and still open, is now the outermost step and its exit the
+        // step's; if that record already returned, the update is over and the step ends here.
+        // (A frame cut before its record entered leaves the record to open as the outermost.)
+        if let Some(i) = stack
+            .iter()
+            .position(|o| o.outer_optimizer && matches!(o.what, What::Py))
+        {
+            let done = stack[i].inner_optimizer_done;
+            match stack[i + 1..]
+                .iter_mut()
+                .find(|o| !matches!(o.what, What::Py) && p_is(o.phase, Phase::Optimizer))
+            {
+                Some(inner) => inner.outer_optimizer = true,
+                None if done => {
+                    self.out.optimizer_exits.push(ts);
+                    self.out.n_optimizer_exits += 1;
+                }
+                None => {}
+            }
+            stack[i].outer_optimizer = false;
+        }
         for open in stack {
             if matches!(open.what, What::Py) {
                 // A DataLoader `__next__` frame cut before torch's record_function of the
