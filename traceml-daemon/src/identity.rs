@@ -1,6 +1,7 @@
 //! Which job a target is, as a node operator names it: its user, its container (runtime and
 //! id) and Kubernetes pod, or the systemd unit it runs in. Read from `/proc/<pid>/cgroup`, the
-//! target's owner and, for a pod's name and namespace, its environment.
+//! target's owner (named by the system's name service, [`crate::users`]) and, for a pod's name
+//! and namespace, its environment.
 //!
 //! The cgroup path carries the container id and the pod's UID under every common runtime and
 //! cgroup driver, cgroup v1 or v2:
@@ -25,7 +26,7 @@ use crate::sanitize;
 /// The identity of process `pid` (whatever of it can be read).
 pub fn of(pid: u32) -> Identity {
     let uid = procinfo::uid(pid);
-    let user = uid.and_then(|u| user_name(&std::fs::read_to_string("/etc/passwd").ok()?, u));
+    let user = uid.and_then(crate::users::name_of);
     let env: Vec<(String, String)> = procinfo::environ(pid)
         .map(|e| {
             ["POD_NAME", "POD_NAMESPACE", "HOSTNAME"]
@@ -168,14 +169,6 @@ fn pod_uid(part: &str) -> Option<String> {
     (hex && groups == [8, 4, 4, 4, 12]).then(|| uid.to_ascii_lowercase())
 }
 
-/// The user name of `uid` in a passwd file's text.
-pub fn user_name(passwd: &str, uid: u32) -> Option<String> {
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 3 && f[2].parse() == Ok(uid)).then(|| f[0].to_owned())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,15 +274,12 @@ mod tests {
     }
 
     #[test]
-    fn pod_uids_and_users() {
+    fn pod_uids() {
         assert_eq!(
             pod_uid("pod3f9a1b2c-5d6e-4f70-8a9b-0c1d2e3f4a5b").as_deref(),
             Some("3f9a1b2c-5d6e-4f70-8a9b-0c1d2e3f4a5b")
         );
         assert_eq!(pod_uid("podman"), None);
         assert_eq!(pod_uid("kubepods-burstable.slice"), None);
-        let passwd = "root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\n";
-        assert_eq!(user_name(passwd, 1000).as_deref(), Some("alice"));
-        assert_eq!(user_name(passwd, 7), None);
     }
 }

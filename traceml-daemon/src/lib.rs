@@ -48,6 +48,7 @@ pub mod sampler;
 pub mod sanitize;
 #[cfg(feature = "live")]
 pub mod serve;
+pub mod settings;
 pub mod stats;
 pub mod summary;
 pub mod sweep;
@@ -55,6 +56,7 @@ pub mod text;
 #[cfg(feature = "live")]
 pub mod top;
 pub mod units;
+pub mod users;
 
 /// The compiled eBPF object, built by `build.rs`.
 #[cfg(feature = "live")]

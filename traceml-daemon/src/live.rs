@@ -121,6 +121,12 @@ pub fn preflight(pid: u32) -> Result<(), LiveError> {
     if pid == 0 || process_gone(pid, None) {
         return Err(LiveError::NoSuchProcess(pid));
     }
+    preflight_node()
+}
+
+/// What any attach on this node needs, whatever the target: root or the capabilities, and a
+/// kernel with uprobes (`serve` checks it before it serves).
+pub fn preflight_node() -> Result<(), LiveError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         let eff = procinfo::own_effective_caps().unwrap_or(0);

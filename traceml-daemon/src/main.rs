@@ -201,38 +201,41 @@ enum Generated {
 #[cfg(feature = "live")]
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// One directory per job under it: <comm>-<pid>-<start time>/.
-    #[arg(long, default_value = "/var/lib/traceml")]
-    state_dir: PathBuf,
-    /// Config file with the same keys (TOML; docs/serve.md); a missing default is fine.
-    #[arg(long, default_value = "/etc/traceml/config.toml")]
-    config: PathBuf,
+    /// One directory per job under it: <comm>-<pid>-<start time>/ [default: /var/lib/traceml].
+    /// A flag given here wins over the config file's key (docs/serve.md).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Config file with the same keys (TOML; docs/serve.md); a missing default is fine
+    /// [default: /etc/traceml/config.toml].
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Attach only to processes whose command line matches one of these globs.
     #[arg(long)]
     include: Vec<String>,
     /// Never attach to processes whose command line matches one of these globs.
     #[arg(long)]
     exclude: Vec<String>,
-    /// Seconds between window summaries (summary-<n>.json) and verdict log lines.
-    #[arg(long, default_value_t = 300.0)]
-    window: f64,
-    /// Seconds between scans of /proc for new training processes.
-    #[arg(long, default_value_t = 1.0)]
-    scan_interval: f64,
+    /// Seconds between window summaries (summary-<n>.json) and verdict log lines [default: 300].
+    #[arg(long)]
+    window: Option<f64>,
+    /// Seconds between scans of /proc for new training processes [default: 1].
+    #[arg(long)]
+    scan_interval: Option<f64>,
     #[arg(long, value_enum, default_value_t = Policy::Auto)]
     probe_set: Policy,
-    #[arg(long, default_value_t = 0.5)]
-    overhead_budget: f64,
+    /// Percent of each target's step time the probes may cost [default: 0.5].
+    #[arg(long)]
+    overhead_budget: Option<f64>,
     /// Python stack samples per second of each target's training thread: lower than a
     /// single-pid run's 100, since a service's runs are long (hours of samples) and it holds
-    /// many targets; 0 turns them off.
-    #[arg(long, default_value_t = 10)]
-    stack_rate: u32,
+    /// many targets; 0 turns them off [default: 10].
+    #[arg(long)]
+    stack_rate: Option<u32>,
     /// Multi-rank jobs: a rank that completes no step for max(10 × its median step, this many
     /// seconds) makes its job a HANG (written to the job's summary at once, with every rank's
-    /// stack).
-    #[arg(long, default_value_t = 60.0)]
-    hang_after: f64,
+    /// stack) [default: 60].
+    #[arg(long)]
+    hang_after: Option<f64>,
     /// Write this file once the service runs (for scripts and tests).
     #[arg(long)]
     ready_file: Option<PathBuf>,
@@ -325,47 +328,28 @@ fn main() -> ExitCode {
 
 #[cfg(feature = "live")]
 fn serve(a: ServeArgs) -> Result<u8, Failure> {
-    if !(a.hang_after.is_finite() && a.hang_after > 0.0) {
-        return Err(Failure::new(
-            2,
-            "--hang-after must be a positive number of seconds",
-        ));
-    }
-    if !(a.window.is_finite() && a.window >= 1.0) {
-        return Err(Failure::new(2, "--window must be at least 1 second"));
-    }
-    if !(a.scan_interval.is_finite() && a.scan_interval > 0.0 && a.scan_interval <= 60.0) {
-        return Err(Failure::new(
-            2,
-            "--scan-interval must be between 0 and 60 seconds",
-        ));
-    }
-    let config_required = a.config != Path::new("/etc/traceml/config.toml");
-    let metrics_addr = metrics_addr(a.metrics_addr.as_deref())?;
-    let opts = traceml_daemon::serve::ServeOptions {
+    use traceml_daemon::serve;
+    let flags = serve::ServeFlags {
         state_dir: a.state_dir,
         config: a.config,
-        config_required,
-        cli_policy: traceml_daemon::policy::PolicyConfig {
-            include: a.include,
-            exclude: a.exclude,
-            ..Default::default()
-        },
-        window: Duration::from_secs_f64(a.window),
-        scan_interval: Duration::from_secs_f64(a.scan_interval),
+        include: a.include,
+        exclude: a.exclude,
+        window_s: a.window,
+        scan_interval_s: a.scan_interval,
         probe_policy: a.probe_set,
-        overhead_budget: a.overhead_budget / 100.0,
+        overhead_budget: a.overhead_budget,
         stack_rate: a.stack_rate,
-        hang_after: Duration::from_secs_f64(a.hang_after),
+        hang_after_s: a.hang_after,
+        metrics_addr: a.metrics_addr,
         ready_file: a.ready_file,
-        metrics_addr,
     };
+    let fail = |e: serve::ServeError| Failure::new(e.exit_code(), e);
     if a.check_config {
-        let said = traceml_daemon::serve::check_config(&opts).map_err(|e| Failure::new(2, e))?;
+        let said = serve::check_config(&flags).map_err(fail)?;
         println!("traceml-daemon: {}", terminal(&said));
         return Ok(0);
     }
-    traceml_daemon::serve::run(opts).map_err(|e| Failure::new(2, e))?;
+    serve::run(flags).map_err(fail)?;
     Ok(0)
 }
 
@@ -524,13 +508,16 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     opts.duration = args.duration.map(Duration::from_secs_f64);
     opts.launch_events = matches!(args.launch_mode, LaunchMode::Events);
     opts.ring_bytes = args.ring_mib << 20;
-    if !(args.overhead_budget.is_finite() && args.overhead_budget > 0.0) {
+    if !(args.overhead_budget.is_finite()
+        && args.overhead_budget > 0.0
+        && args.overhead_budget <= 100.0)
+    {
         return Err(Failure::new(
             2,
-            "--overhead-budget must be a positive percentage",
+            "--overhead-budget must be a percentage above 0 and at most 100",
         ));
     }
-    if args.stack_rate > 1000 {
+    if args.stack_rate > traceml_daemon::settings::MAX_STACK_RATE {
         return Err(Failure::new(
             2,
             "--stack-rate must be at most 1000 per second",

@@ -89,10 +89,11 @@ impl Markers {
 }
 
 /// How the governor may choose probes (`--probe-set`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Policy {
     /// Watch with torch's markers only until the process trains, then learn the loop with every
     /// probe for a bounded time, then keep only what the budget allows.
+    #[default]
     Auto,
     /// Every probe for the whole run (the frame evaluator included): the most detail, the most
     /// cost on Python-heavy code.

@@ -9,6 +9,12 @@
 //! line joined by spaces; `include_users`/`exclude_users` take user names or numeric uids;
 //! `include_cgroups`/`exclude_cgroups` are globs on the cgroup path (a systemd slice, a container,
 //! a Kubernetes pod). An empty include list includes everything; an exclude always wins.
+//!
+//! User names are resolved to uids by the system's name service when the policy is compiled
+//! (serve passes [`crate::users::uid_of`]) and matched against a process's uid or its name (also
+//! from the name service). An excluded name the name service does not know cannot be told apart
+//! from the process's user when that user has no name either: such a process is excluded (an
+//! exclude always wins, also when the directory is down).
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 
@@ -18,7 +24,7 @@ pub struct ProcInfo {
     pub pid: u32,
     pub ppid: u32,
     pub uid: u32,
-    /// The user's name when the passwd database has it.
+    /// The user's name when the system's name service has it.
     pub user: Option<String>,
     pub cmdline: Vec<String>,
     /// The executable's file name (`python3.11`).
@@ -61,10 +67,49 @@ pub struct PolicyConfig {
     pub exclude_cgroups: Vec<String>,
 }
 
+/// A user of `include_users`/`exclude_users`: a numeric uid, or a name and the uid the name
+/// service gave it when the policy was compiled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum UserRef {
+    Uid(u32),
+    Name { name: String, uid: Option<u32> },
+}
+
+impl UserRef {
+    fn new(s: &str, resolve: &dyn Fn(&str) -> Option<u32>) -> UserRef {
+        match s.parse() {
+            Ok(uid) => UserRef::Uid(uid),
+            Err(_) => UserRef::Name {
+                name: s.to_owned(),
+                uid: resolve(s),
+            },
+        }
+    }
+
+    fn matches(&self, p: &ProcInfo) -> bool {
+        match self {
+            UserRef::Uid(u) => *u == p.uid,
+            UserRef::Name { name, uid } => {
+                *uid == Some(p.uid) || p.user.as_deref() == Some(name.as_str())
+            }
+        }
+    }
+
+    /// A name the name service did not know.
+    fn unknown(&self) -> Option<&str> {
+        match self {
+            UserRef::Name { name, uid: None } => Some(name),
+            _ => None,
+        }
+    }
+}
+
 /// A compiled [`PolicyConfig`].
 #[derive(Clone, Debug)]
 pub struct Policy {
     cfg: PolicyConfig,
+    include_users: Vec<UserRef>,
+    exclude_users: Vec<UserRef>,
     include: Option<GlobSet>,
     exclude: GlobSet,
     include_cgroups: Option<GlobSet>,
@@ -108,8 +153,13 @@ fn is_mp_worker(cmdline: &[String]) -> bool {
 }
 
 impl Policy {
-    pub fn new(cfg: PolicyConfig) -> Result<Policy, String> {
+    /// Compiles `cfg`; `resolve` gives the uid of a user name (the name service, or a table in
+    /// tests).
+    pub fn new(cfg: PolicyConfig, resolve: &dyn Fn(&str) -> Option<u32>) -> Result<Policy, String> {
+        let users = |v: &[String]| v.iter().map(|u| UserRef::new(u, resolve)).collect();
         Ok(Policy {
+            include_users: users(&cfg.include_users),
+            exclude_users: users(&cfg.exclude_users),
             include: (!cfg.include.is_empty())
                 .then(|| globs(&cfg.include))
                 .transpose()?,
@@ -124,6 +174,16 @@ impl Policy {
 
     pub fn config(&self) -> &PolicyConfig {
         &self.cfg
+    }
+
+    /// User names of `include_users`/`exclude_users` the name service did not know when the
+    /// policy was compiled (worth a warning: a typo, or a directory that did not answer).
+    pub fn unknown_users(&self) -> Vec<&str> {
+        self.include_users
+            .iter()
+            .chain(&self.exclude_users)
+            .filter_map(UserRef::unknown)
+            .collect()
     }
 
     /// Decides for `p`; `parent` is its parent when that is a Python process mapping torch (a
@@ -153,13 +213,24 @@ impl Policy {
         if self.include.as_ref().is_some_and(|g| !g.is_match(&line)) {
             return Decision::Excluded("its command line matches no --include".into());
         }
-        let user_is =
-            |u: &String| u == &p.uid.to_string() || p.user.as_deref().is_some_and(|name| name == u);
-        if self.cfg.exclude_users.iter().any(user_is) {
-            return Decision::Excluded(format!("user {} is excluded", p.uid));
+        let who = || match &p.user {
+            Some(name) => format!("user {} ({name})", p.uid),
+            None => format!("user {}", p.uid),
+        };
+        if self.exclude_users.iter().any(|u| u.matches(p)) {
+            return Decision::Excluded(format!("{} is excluded", who()));
         }
-        if !self.cfg.include_users.is_empty() && !self.cfg.include_users.iter().any(user_is) {
-            return Decision::Excluded(format!("user {} is not included", p.uid));
+        if p.user.is_none()
+            && let Some(name) = self.exclude_users.iter().find_map(UserRef::unknown)
+        {
+            return Decision::Excluded(format!(
+                "{} has no name the name service knows, and exclude_users names {name:?}, \
+                 which it does not know either: excluded rather than risk that user's job",
+                who()
+            ));
+        }
+        if !self.include_users.is_empty() && !self.include_users.iter().any(|u| u.matches(p)) {
+            return Decision::Excluded(format!("{} is not included", who()));
         }
         if self.exclude_cgroups.is_match(&p.cgroup) {
             return Decision::Excluded(format!("cgroup {} is excluded", p.cgroup));
@@ -194,8 +265,17 @@ mod tests {
         }
     }
 
+    /// The test's name service: bob is uid 1001, carol 1002; nobody else has a name.
+    fn resolve(name: &str) -> Option<u32> {
+        match name {
+            "bob" => Some(1001),
+            "carol" => Some(1002),
+            _ => None,
+        }
+    }
+
     fn policy(cfg: PolicyConfig) -> Policy {
-        Policy::new(cfg).unwrap()
+        Policy::new(cfg, &resolve).unwrap()
     }
 
     #[test]
@@ -271,6 +351,13 @@ mod tests {
         root.uid = 0;
         root.user = None;
         assert!(matches!(p.decide(&root, None), Decision::Excluded(_)));
+        // bob's process seen without a name (its name could not be looked up when it was
+        // found): matched by the uid his name resolved to.
+        let mut bob_by_uid = train("python train.py");
+        bob_by_uid.uid = 1001;
+        bob_by_uid.user = None;
+        assert!(matches!(p.decide(&bob_by_uid, None), Decision::Excluded(_)));
+        assert!(p.unknown_users().is_empty());
         let mut docker = train("python train.py");
         docker.cgroup = "/system.slice/docker-0123abcd.scope".into();
         assert!(matches!(p.decide(&docker, None), Decision::Excluded(_)));
@@ -279,13 +366,54 @@ mod tests {
         assert_eq!(p.decide(&pod, None), Decision::Attach);
     }
 
+    /// An excluded name nobody knows: a process whose user has no name either may be that
+    /// user's, and is excluded; a named user's process is not. Includes by name and uid.
+    #[test]
+    fn unknown_user_names_fail_closed_for_nameless_users() {
+        let p = policy(PolicyConfig {
+            exclude_users: vec!["dave".into()],
+            ..PolicyConfig::default()
+        });
+        assert_eq!(p.unknown_users(), ["dave"]);
+        assert_eq!(p.decide(&train("python train.py"), None), Decision::Attach);
+        let mut nameless = train("python train.py");
+        nameless.uid = 4242;
+        nameless.user = None;
+        match p.decide(&nameless, None) {
+            Decision::Excluded(why) => assert!(why.contains("\"dave\""), "{why}"),
+            d => panic!("{d:?}"),
+        }
+        let only = policy(PolicyConfig {
+            include_users: vec!["carol".into(), "1000".into()],
+            ..PolicyConfig::default()
+        });
+        assert_eq!(
+            only.decide(&train("python train.py"), None),
+            Decision::Attach
+        );
+        let mut carol = train("python train.py");
+        carol.uid = 1002;
+        carol.user = None;
+        assert_eq!(only.decide(&carol, None), Decision::Attach);
+        let mut bob = train("python train.py");
+        bob.uid = 1001;
+        bob.user = Some("bob".into());
+        match only.decide(&bob, None) {
+            Decision::Excluded(why) => assert_eq!(why, "user 1001 (bob) is not included"),
+            d => panic!("{d:?}"),
+        }
+    }
+
     #[test]
     fn bad_patterns_are_errors_and_config_keys_are_checked() {
         assert!(
-            Policy::new(PolicyConfig {
-                include: vec!["[".into()],
-                ..PolicyConfig::default()
-            })
+            Policy::new(
+                PolicyConfig {
+                    include: vec!["[".into()],
+                    ..PolicyConfig::default()
+                },
+                &resolve
+            )
             .is_err()
         );
         let cfg: PolicyConfig =

@@ -17,84 +17,52 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use tokio::sync::watch;
 
 use crate::analysis::Collector;
 use crate::event::{EndReason, StreamItem};
 use crate::live;
 use crate::metrics::{RankValues, Verdict};
-use crate::overhead::Policy as ProbePolicy;
-use crate::policy::{Decision, Policy, PolicyConfig, ProcInfo};
+use crate::policy::{Decision, ProcInfo};
 use crate::summary::{DiagnosisKind, Summary};
 
-/// The config file (`/etc/traceml/config.toml`): the same keys as the flags.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServeConfig {
-    pub state_dir: Option<PathBuf>,
-    /// Seconds between window summaries.
-    pub window_s: Option<f64>,
-    /// Percent of step time.
-    pub overhead_budget: Option<f64>,
-    pub stack_rate: Option<u32>,
-    /// Seconds, as `--hang-after`.
-    pub hang_after_s: Option<f64>,
-    pub include: Vec<String>,
-    pub exclude: Vec<String>,
-    pub include_users: Vec<String>,
-    pub exclude_users: Vec<String>,
-    pub include_cgroups: Vec<String>,
-    pub exclude_cgroups: Vec<String>,
-    /// `/metrics` address, as `--metrics-addr` (read at start only).
-    pub metrics_addr: Option<String>,
+pub use crate::settings::{ServeConfig, ServeFlags, ServeSettings, SettingsError};
+
+/// Why `serve` stops before it serves, with its exit status (docs/cli.md).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A flag or the config file: 2.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// The state directory cannot be made or written: 2.
+    #[error("state directory {}: {source}", path.display())]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `/metrics` cannot listen there: 2.
+    #[error("metrics address {addr}: cannot listen: {source}")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    /// Not root and without the capabilities, or a kernel without uprobes: 4.
+    #[error(transparent)]
+    Node(live::LiveError),
+    /// Anything else (the runtime, the signal handlers): 1.
+    #[error("{0}")]
+    Runtime(String),
 }
 
-impl ServeConfig {
-    /// Reads a config file; a missing default file is an empty config.
-    pub fn read(path: &Path, must_exist: bool) -> Result<ServeConfig, String> {
-        match std::fs::read_to_string(path) {
-            Ok(s) => toml::from_str(&s).map_err(|e| format!("{}: {e}", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
-                Ok(ServeConfig::default())
-            }
-            Err(e) => Err(format!("{}: {e}", path.display())),
+impl ServeError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ServeError::Settings(e) => e.exit_code(),
+            ServeError::StateDir { .. } | ServeError::Metrics { .. } => 2,
+            ServeError::Node(e) => u8::try_from(e.exit_code()).unwrap_or(1),
+            ServeError::Runtime(_) => 1,
         }
     }
-
-    fn policy(&self, cli: &PolicyConfig) -> Result<Policy, String> {
-        let cat = |a: &[String], b: &[String]| [a, b].concat();
-        Policy::new(PolicyConfig {
-            include: cat(&self.include, &cli.include),
-            exclude: cat(&self.exclude, &cli.exclude),
-            include_users: cat(&self.include_users, &cli.include_users),
-            exclude_users: cat(&self.exclude_users, &cli.exclude_users),
-            include_cgroups: cat(&self.include_cgroups, &cli.include_cgroups),
-            exclude_cgroups: cat(&self.exclude_cgroups, &cli.exclude_cgroups),
-        })
-    }
-}
-
-/// `serve`'s validated options (flags over the config file).
-#[derive(Clone, Debug)]
-pub struct ServeOptions {
-    pub state_dir: PathBuf,
-    pub config: PathBuf,
-    /// The config file was named on the command line (so it must exist).
-    pub config_required: bool,
-    pub cli_policy: PolicyConfig,
-    pub window: Duration,
-    pub scan_interval: Duration,
-    /// Settings for each target's run.
-    pub probe_policy: ProbePolicy,
-    pub overhead_budget: f64,
-    pub stack_rate: u32,
-    /// Multi-rank jobs: the floor of the hang threshold (`--hang-after`).
-    pub hang_after: Duration,
-    /// Written once the supervisor runs (for scripts and tests).
-    pub ready_file: Option<PathBuf>,
-    /// Serve `/metrics` here (`--metrics-addr`; over the config file's `metrics_addr`).
-    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Reads what the policy needs about one process; `None` when it vanished or is unreadable.
@@ -131,24 +99,13 @@ pub fn proc_info(pid: u32) -> Option<ProcInfo> {
         pid,
         ppid: stat.ppid as u32,
         uid,
-        user: user_name(uid),
+        user: crate::users::name_of(uid),
         cmdline,
         exe_name,
         python,
         torch,
         disable_env,
         cgroup,
-    })
-}
-
-/// The user's name from /etc/passwd.
-fn user_name(uid: u32) -> Option<String> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let mut f = l.split(':');
-        let name = f.next()?;
-        let id = f.nth(1)?.parse::<u32>().ok()?;
-        (id == uid).then(|| name.to_owned())
     })
 }
 
@@ -612,89 +569,76 @@ impl Signals {
     }
 }
 
-/// What [`run`] reads before it starts: the config file, the policy its globs and the flags'
-/// compile to, and the `/metrics` address (the flag over the config's key). An error here is
-/// one `run` would stop on.
-fn load(
-    opts: &ServeOptions,
-) -> Result<(ServeConfig, Policy, Option<std::net::SocketAddr>), String> {
-    let cfg = ServeConfig::read(&opts.config, opts.config_required)?;
-    let policy = cfg.policy(&opts.cli_policy)?;
-    let metrics_addr = match (opts.metrics_addr, &cfg.metrics_addr) {
-        (Some(a), _) => Some(a),
-        (None, Some(a)) => Some(
-            crate::metrics::http::parse_addr(a)
-                .map_err(|e| format!("{}: metrics_addr: {e}", opts.config.display()))?,
-        ),
-        (None, None) => None,
-    };
-    Ok((cfg, policy, metrics_addr))
+/// What [`run`] reads before it starts (and again on `SIGHUP`): the settings, flags over the
+/// config file; user names the name service does not know are logged.
+fn load(flags: &ServeFlags) -> Result<ServeSettings, SettingsError> {
+    let settings = ServeSettings::load(flags, &crate::users::uid_of)?;
+    for name in settings.policy.unknown_users() {
+        tracing::warn!(
+            "{}: user {name:?} is unknown to this node's name service (a typo, or the directory \
+             did not answer); a process whose user has no name is not attached while exclude_users \
+             names an unknown user",
+            settings.config.display()
+        );
+    }
+    Ok(settings)
 }
 
 /// `serve --check-config`: checks what [`run`] reads before it starts, attaching nothing and
 /// binding nothing. `Ok` says what serve would run with, in one line.
-pub fn check_config(opts: &ServeOptions) -> Result<String, String> {
-    let (cfg, _, metrics_addr) = load(opts)?;
-    let found = opts.config.exists();
-    let state_dir = cfg.state_dir.clone().unwrap_or(opts.state_dir.clone());
-    Ok(format!(
-        "{} {}: state in {}, window {} s, metrics {}",
-        opts.config.display(),
-        if found {
-            "is valid"
-        } else {
-            "does not exist (the defaults apply)"
-        },
-        state_dir.display(),
-        cfg.window_s.unwrap_or(opts.window.as_secs_f64()),
-        metrics_addr.map_or("off".to_owned(), |a| format!("at http://{a}/metrics")),
-    ))
+pub fn check_config(flags: &ServeFlags) -> Result<String, ServeError> {
+    Ok(load(flags)?.describe())
 }
 
 /// Runs the service until SIGTERM/SIGINT.
-pub fn run(opts: ServeOptions) -> Result<(), String> {
-    let (mut cfg, mut policy, metrics_addr) = load(&opts)?;
-    let state_dir = cfg.state_dir.clone().unwrap_or(opts.state_dir.clone());
-    crate::output::create_dir_private(&state_dir)
-        .map_err(|e| format!("state directory {}: {e}", state_dir.display()))?;
-    let metrics = start_metrics(metrics_addr)?;
+pub fn run(flags: ServeFlags) -> Result<(), ServeError> {
+    let mut settings = load(&flags)?;
+    live::preflight_node().map_err(ServeError::Node)?;
+    // Read at start only: where the summaries go and where /metrics listens.
+    let state_dir = settings.state_dir.clone();
+    crate::output::create_dir_private(&state_dir).map_err(|source| ServeError::StateDir {
+        path: state_dir.clone(),
+        source,
+    })?;
+    let metrics = start_metrics(settings.metrics_addr)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ServeError::Runtime(e.to_string()))?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let Signals {
             mut term,
             mut int,
             mut hup,
-        } = Signals::new()?;
+        } = Signals::new().map_err(ServeError::Runtime)?;
         let mut node = Node::default();
-        let mut scan = tokio::time::interval(opts.scan_interval);
+        let mut scan = tokio::time::interval(settings.scan_interval);
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tracing::info!("serving: state in {}", state_dir.display());
+        tracing::info!("serving: {}", settings.describe());
         sd_notify("READY=1\nSTATUS=scanning for training processes");
-        if let Some(f) = &opts.ready_file {
+        if let Some(f) = &settings.ready_file {
             let _ = std::fs::write(f, "serving\n");
         }
-        let window = Duration::from_secs_f64(cfg.window_s.unwrap_or(opts.window.as_secs_f64()))
-            .max(Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = scan.tick() => {
                     let Node { targets, jobs, .. } = &mut node;
                     jobs.retain(|_, g| !g.settle(targets, &metrics));
                     targets.retain(|_, t| !t.done.is_finished());
-                    scan_once(&opts, &cfg, &policy, &state_dir, window, &metrics, &mut node);
+                    scan_once(&settings, &state_dir, &metrics, &mut node);
                 }
                 _ = hup.recv() => {
-                    match ServeConfig::read(&opts.config, opts.config_required)
-                        .and_then(|c| c.policy(&opts.cli_policy).map(|p| (c, p)))
-                    {
-                        Ok((c, p)) => {
-                            tracing::info!("config {} re-read", opts.config.display());
-                            cfg = c;
-                            policy = p;
+                    match load(&flags) {
+                        Ok(s) => {
+                            if s.state_dir != state_dir || s.metrics_addr != settings.metrics_addr {
+                                tracing::warn!(
+                                    "the state directory and the metrics address are read at \
+                                     start only: restart serve for them"
+                                );
+                            }
+                            settings = s;
+                            tracing::info!("config re-read: {}", settings.describe());
                             node.decided.clear();
                         }
                         Err(e) => tracing::warn!("config not re-read, keeping the old one: {e}"),
@@ -719,34 +663,32 @@ pub fn run(opts: ServeOptions) -> Result<(), String> {
         for g in node.jobs.values_mut() {
             g.settle(&node.targets, &metrics);
         }
-        Ok::<(), String>(())
+        Ok::<(), ServeError>(())
     })
 }
 
 /// Serves `/metrics` when an address is given (the flag over the config file's key).
 fn start_metrics(
     addr: Option<std::net::SocketAddr>,
-) -> Result<Option<crate::metrics::http::Shared>, String> {
+) -> Result<Option<crate::metrics::http::Shared>, ServeError> {
     let Some(addr) = addr else {
         return Ok(None);
     };
     let exporter = crate::metrics::http::Shared::default();
     let bound = crate::metrics::http::serve(addr, exporter.clone())
-        .map_err(|e| format!("--metrics-addr {addr}: cannot listen: {e}"))?;
+        .map_err(|source| ServeError::Metrics { addr, source })?;
     tracing::info!("metrics at http://{bound}/metrics");
     Ok(Some(exporter))
 }
 
 /// One scan of /proc: attaches to new training processes the policy admits.
 fn scan_once(
-    opts: &ServeOptions,
-    cfg: &ServeConfig,
-    policy: &Policy,
+    settings: &ServeSettings,
     state_dir: &Path,
-    window: Duration,
     metrics: &Option<crate::metrics::http::Shared>,
     node: &mut Node,
 ) {
+    let (policy, window) = (&settings.policy, settings.window);
     let Node {
         targets,
         decided,
@@ -860,10 +802,7 @@ fn scan_once(
                         written: 0,
                         launcher,
                         live: Vec::new(),
-                        hang_after: cfg
-                            .hang_after_s
-                            .filter(|s| s.is_finite() && *s > 0.0)
-                            .map_or(opts.hang_after, Duration::from_secs_f64),
+                        hang_after: settings.hang_after,
                         hung: Vec::new(),
                         hang_stacks: HashMap::new(),
                     }
@@ -901,11 +840,9 @@ fn scan_once(
             continue;
         }
         let mut lo = live::Options::new(*pid);
-        lo.policy = opts.probe_policy;
-        lo.overhead_budget = cfg
-            .overhead_budget
-            .map_or(opts.overhead_budget, |b| b / 100.0);
-        lo.stack_rate = cfg.stack_rate.unwrap_or(opts.stack_rate);
+        lo.policy = settings.probe_policy;
+        lo.overhead_budget = settings.overhead_budget;
+        lo.stack_rate = settings.stack_rate;
         // A process found on the node may not train at all: nothing costly before it does.
         lo.watch_first = true;
         let (tx, rx) = watch::channel(None);

@@ -35,7 +35,7 @@ struct Run {
 }
 
 fn run(workload: &str, mode: &str, steps: u32) -> Option<Run> {
-    if !is_root() {
+    if !root_or_skip() {
         return None;
     }
     let py = torch_python()?;

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["sample"],
     &["event"],
     // Readers of the target and the stream format.
-    &["procinfo"],
+    &["procinfo", "users"],
     &[
         "classify", "record", "attach", "sampler", "ending", "identity",
     ],
@@ -34,6 +34,8 @@ const LAYERS: &[&[&str]] = &[
     // The shell: the live run loop, and `top`'s loop around it.
     &["live"],
     &["top"],
+    // The shell's settings: flags, config file and defaults, validated once.
+    &["settings"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

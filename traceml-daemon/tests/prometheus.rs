@@ -94,10 +94,7 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
     if !root_or_skip() {
         return;
     }
-    if !Path::new(PROMETHEUS).exists() {
-        eprintln!(
-            "skipped: {PROMETHEUS} is missing (apt-get install prometheus; cargo xtask setup does)"
-        );
+    if !tool_or_skip(PROMETHEUS, "prometheus") {
         return;
     }
     let dir = scratch("prometheus");

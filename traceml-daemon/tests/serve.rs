@@ -359,3 +359,64 @@ fn serve_attaches_again_after_an_exec_in_a_new_directory() {
     assert_ne!(first["target"]["cmdline"], second["target"]["cmdline"]);
     stop(serve);
 }
+
+/// One precedence rule and distinct exit codes (issue 24): a flag wins over the config file's
+/// key; a bad value is refused wherever it came from (2, naming where); without root or the
+/// capabilities serve stops before it serves (4), not with the 2 of a bad argument.
+#[test]
+fn serve_flags_win_over_the_file_and_failures_have_their_exit_codes() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("serve-settings");
+    let file = dir.join("config.toml");
+    std::fs::write(&file, "stack_rate = 5000\nwindow_s = 30.0\n").unwrap();
+    let check = |extra: &[&str]| {
+        let out = Command::new(daemon())
+            .args(["serve", "--check-config", "--config"])
+            .arg(&file)
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, said) = check(&[]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains(&format!(
+            "stack_rate in {}: must be at most 1000 per second",
+            file.display()
+        )),
+        "{said}"
+    );
+    let (code, said) = check(&["--stack-rate", "20", "--window", "7"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("stack rate 20/s") && said.contains("window 7 s"),
+        "{said}"
+    );
+    let (code, said) = check(&["--stack-rate", "20", "--overhead-budget", "0"]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("--overhead-budget: "), "{said}");
+    // No capabilities at all: 4, before anything is bound or attached.
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["--inh-caps=-all", "--bounding-set=-all"])
+        .arg(daemon())
+        .args(["serve", "--config"])
+        .arg(&file)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("CAP_SYS_ADMIN"), "{err}");
+    assert!(!dir.join("state").exists(), "nothing made before the check");
+}

@@ -134,17 +134,16 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
                 .env("DEBIAN_FRONTEND", "noninteractive"))
         },
     )?;
-    step(
+    apt_step(
         "Prometheus (apt prometheus; the /metrics test scrapes the daemon with it)",
-        || {
-            if Path::new("/usr/bin/prometheus").exists() {
-                return Ok(());
-            }
-            run(Command::new("apt-get").arg("update"))?;
-            run(Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends", "prometheus"])
-                .env("DEBIAN_FRONTEND", "noninteractive"))
-        },
+        "/usr/bin/prometheus",
+        &["prometheus"],
+    )?;
+    // tests/users.rs: a directory user only the name service knows (not /etc/passwd).
+    apt_step(
+        "libnss-extrausers (apt; the users test's directory user)",
+        "/usr/lib/libnss_extrausers.so.2",
+        &["libnss-extrausers"],
     )?;
     // The package install test (tests/install.rs): `systemd-analyze verify` on the installed
     // units, `man -w` on its pages, the package's Depends from dpkg-shlibdeps.

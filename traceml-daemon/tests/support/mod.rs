@@ -51,6 +51,27 @@ pub fn root_or_skip() -> bool {
     false
 }
 
+/// For a test that needs a system tool (Prometheus, Chromium, an NSS module): true when `path`
+/// exists. Otherwise the test is skipped with a message on stderr, unless
+/// `TRACEML_REQUIRE_ROOT` is set (`cargo xtask test`, CI): then a missing tool is a setup error
+/// (`cargo xtask setup` installs `package`), never a silent pass.
+pub fn tool_or_skip(path: &str, package: &str) -> bool {
+    if Path::new(path).exists() {
+        return true;
+    }
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    assert!(
+        std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
+        "{test}: {path} is missing: install the Debian package {package} (cargo xtask setup does)"
+    );
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped {test}: {path} is missing (Debian package {package})"
+    );
+    false
+}
+
 pub fn tests_build() -> PathBuf {
     std::env::var_os("TRACEML_TESTS_BUILD")
         .map(PathBuf::from)
