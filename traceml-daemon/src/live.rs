@@ -612,7 +612,12 @@ pub async fn run(
         ring_bytes: opts.ring_bytes,
     };
     let pid_nz = NonZeroU32::new(pid).ok_or(LiveError::NoSuchProcess(pid))?;
-    let mut attacher = match Attacher::load(pid_nz, cfg) {
+    // Loading runs the kernel's verifier over every program (the longest part of an attach
+    // after the symbol tables): on a blocking thread, so the ranks of a job load together.
+    let loaded = tokio::task::spawn_blocking(move || Attacher::load(pid_nz, cfg))
+        .await
+        .map_err(|e| LiveError::Kernel(format!("loading the eBPF programs: {e}")))?;
+    let mut attacher = match loaded {
         Ok(a) => a,
         Err(e) => {
             let msg = attach::error_chain(&e);

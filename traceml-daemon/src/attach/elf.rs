@@ -107,6 +107,48 @@ impl ElfFile {
         Ok(found)
     }
 
+    /// For each matcher, the first defined function whose name it matches (dynamic symbol table,
+    /// then the static one), as [`find`](Self::find) would give it, in one pass over the tables
+    /// with one automaton over all the names sought: libtorch's tables hold hundreds of
+    /// thousands of names, and a file's probes are resolved together.
+    pub fn find_all(&self, matchers: &[super::Matcher]) -> Result<Vec<Option<Symbol>>, ElfError> {
+        use super::Matcher;
+        let needles: Vec<&str> = matchers
+            .iter()
+            .map(|m| match *m {
+                Matcher::Exact(n) | Matcher::Contains(n) => n,
+            })
+            .collect();
+        let ac = aho_corasick::AhoCorasick::new(&needles).expect("a handful of plain names");
+        let obj = self.parse()?;
+        let mut found: Vec<Option<Symbol>> = vec![None; matchers.len()];
+        let mut left = matchers.len();
+        for s in obj.dynamic_symbols().chain(obj.symbols()) {
+            if left == 0 {
+                break;
+            }
+            let Ok(name) = s.name_bytes() else { continue };
+            for m in ac.find_overlapping_iter(name) {
+                let i = m.pattern().as_usize();
+                let whole = m.start() == 0 && m.end() == name.len();
+                if found[i].is_some()
+                    || (matches!(matchers[i], Matcher::Exact(_)) && !whole)
+                    || !s.is_definition()
+                    || s.address() == 0
+                {
+                    continue;
+                }
+                found[i] = Some(Symbol {
+                    name: String::from_utf8_lossy(name).into_owned(),
+                    addr: s.address(),
+                    size: s.size(),
+                });
+                left -= 1;
+            }
+        }
+        Ok(found)
+    }
+
     /// The function named exactly `name`.
     pub fn symbol(&self, name: &str) -> Result<Symbol, ElfError> {
         self.find(|n| n == name)?.ok_or_else(|| ElfError::NoSymbol {
@@ -283,6 +325,40 @@ mod tests {
         let site = f.probe_site(&sym, false).unwrap();
         assert!(site.file_offset > 0);
         assert!(f.symbol("definitely_not_a_symbol_here").is_err());
+    }
+
+    /// One pass for many matchers gives what one `find` per matcher gives: the first match in
+    /// table order, exact names only whole, absent names `None`.
+    #[test]
+    fn find_all_agrees_with_find() {
+        use super::super::Matcher;
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let f = ElfFile::open(&exe).unwrap();
+        let exact = f
+            .find(|n| n.contains("find_all_agrees_with_find"))
+            .unwrap()
+            .unwrap();
+        let exact: &'static str = Box::leak(exact.name.into_boxed_str());
+        let matchers = [
+            Matcher::Contains("find_all_agrees_with_find"),
+            Matcher::Exact(exact),
+            Matcher::Contains("resolves_own_symbols"),
+            Matcher::Contains("probe_site"),
+            Matcher::Exact("probe_site"),
+            Matcher::Contains("definitely_not_a_symbol_here"),
+            Matcher::Exact("malloc"),
+        ];
+        let all = f.find_all(&matchers).unwrap();
+        for (m, got) in matchers.iter().zip(&all) {
+            let want = match *m {
+                Matcher::Exact(n) => f.find(|s| s == n).unwrap(),
+                Matcher::Contains(n) => f.find(|s| s.contains(n)).unwrap(),
+            };
+            assert_eq!(got, &want, "{m:?}");
+        }
+        assert!(all[0].is_some() && all[1].is_some() && all[3].is_some());
+        assert_eq!(all[4], None, "no function is called exactly probe_site");
+        assert_eq!(all[5], None);
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub fn base_of(maps: &[Mapping], path: &Path) -> Option<u64> {
 }
 
 /// What role a mapped file plays for us, by its file name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
     /// `libpython3.X.so*` or a `python3.X` executable: may hold the frame evaluator.
     Python,

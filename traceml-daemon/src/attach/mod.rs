@@ -641,13 +641,10 @@ impl Attacher {
         };
         // Where each probe of the file goes, placed together below.
         let mut sites: Vec<(&'static ProbeSpec, String, u64)> = Vec::new();
-        for spec in specs(role) {
-            let found = match spec.matcher {
-                Matcher::Exact(n) => file.find(|s| s == n),
-                Matcher::Contains(n) => file.find(|s| s.contains(n)),
-            };
-            let sym = match found {
-                Ok(Some(s)) => s,
+        let resolved = resolve_sites(&file, &host, role);
+        for (spec, found) in specs(role).iter().zip(resolved.iter()) {
+            let (sym, site) = match found {
+                Ok(Some(found)) => found.clone(),
                 Ok(None) if !spec.required => continue,
                 Ok(None) => {
                     report
@@ -656,14 +653,7 @@ impl Attacher {
                     continue;
                 }
                 Err(e) => {
-                    report.failures.push(failure(spec, path, &e.to_string()));
-                    continue;
-                }
-            };
-            let site = match file.probe_site(&sym, spec.movable) {
-                Ok(s) => s,
-                Err(e) => {
-                    report.failures.push(failure(spec, path, &e.to_string()));
+                    report.failures.push(failure(spec, path, e));
                     continue;
                 }
             };
@@ -844,6 +834,65 @@ impl Attacher {
         }
         Ok(links)
     }
+}
+
+/// A probe of a file, resolved: its symbol and where the uprobe goes; `None` when the file has
+/// no such symbol; `Err` why the site cannot be probed.
+type Resolved = Result<Option<(elf::Symbol, elf::ProbeSite)>, String>;
+
+/// A file as the kernel knows it: device, inode, size and modification time. The ranks of a job
+/// (and the jobs of a node) map the same libtorch: its symbol tables are read once.
+type FileKey = (u64, u64, u64, i64, i64, Role);
+
+/// Resolved probe sites by file, at most [`SITE_CACHE_FILES`] files (then cleared).
+static SITES: std::sync::Mutex<BTreeMap<FileKey, std::sync::Arc<Vec<Resolved>>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+const SITE_CACHE_FILES: usize = 64;
+
+/// Every probe spec of `role` in `file` (at `host`), in [`specs`]' order: one pass over the
+/// symbol tables, or none when this file was resolved before.
+fn resolve_sites(file: &ElfFile, host: &Path, role: Role) -> std::sync::Arc<Vec<Resolved>> {
+    use std::os::unix::fs::MetadataExt;
+    let key = std::fs::metadata(host)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec(), role));
+    if let Some(k) = &key
+        && let Some(hit) = SITES.lock().unwrap_or_else(|p| p.into_inner()).get(k)
+    {
+        return hit.clone();
+    }
+    let started = std::time::Instant::now();
+    let specs = specs(role);
+    let matchers: Vec<Matcher> = specs.iter().map(|s| s.matcher).collect();
+    let resolved: Vec<Resolved> = match file.find_all(&matchers) {
+        Ok(found) => found
+            .into_iter()
+            .zip(specs)
+            .map(|(sym, spec)| match sym {
+                None => Ok(None),
+                Some(sym) => file
+                    .probe_site(&sym, spec.movable)
+                    .map(|site| Some((sym, site)))
+                    .map_err(|e| e.to_string()),
+            })
+            .collect(),
+        Err(e) => specs.iter().map(|_| Err(e.to_string())).collect(),
+    };
+    tracing::debug!(
+        "{}: {} probe sites resolved in {:?}",
+        host.display(),
+        specs.len(),
+        started.elapsed()
+    );
+    let resolved = std::sync::Arc::new(resolved);
+    if let Some(k) = key {
+        let mut cache = SITES.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= SITE_CACHE_FILES {
+            cache.clear();
+        }
+        cache.insert(k, resolved.clone());
+    }
+    resolved
 }
 
 /// Drops each link on its own thread and waits for them all: taking a `uprobe_multi` link out
