@@ -117,13 +117,43 @@ fn truth_verdict(t: &serde_json::Value) -> String {
         .to_owned()
 }
 
+/// The median over the truth's steps of the sum of these phases, in ms.
+fn truth_median_sum_ms(t: &serde_json::Value, phases: &[&str]) -> f64 {
+    let mut sums: Vec<f64> = t["steps"]
+        .as_array()
+        .expect("the truth's steps")
+        .iter()
+        .map(|s| {
+            phases
+                .iter()
+                .map(|p| s["phases_ns"][*p].as_f64().unwrap_or(0.0))
+                .sum::<f64>()
+                / 1e6
+        })
+        .collect();
+    sums.sort_by(f64::total_cmp);
+    sums[sums.len() / 2]
+}
+
+/// Each phase's median within [`tolerance_ms`] of the truth's. The forward span is the one
+/// difference of definitions (see [`FRAMEWORK_MARGIN`]): the daemon's runs from the batch's
+/// fetch to backward and so holds the framework's bookkeeping around `training_step`, which the
+/// workload's clocks count as residual; it may reach the truth's forward + residual (the median
+/// of their per-step sum), and that grows with the machine's load (measured under two CPU
+/// burners: 31.1 ms against a forward of 27.6 ms, steps 2.4× as long as on a quiet machine).
 fn check_phases(label: &str, r: &Run, phases: &[&str], failures: &mut Vec<String>) {
     for p in phases {
         let (got, want) = (phase_ms(&r.summary, p), truth_ms(&r.truth, p));
         let tol = tolerance_ms(want);
-        if (got - want).abs() > tol {
+        let high = if *p == "forward" {
+            truth_median_sum_ms(&r.truth, &["forward", "residual"]).max(want) + tol
+        } else {
+            want + tol
+        };
+        if got < want - tol || got > high {
             failures.push(format!(
-                "{label}: {p} median {got:.2} ms, truth {want:.2} ms (± {tol:.2})"
+                "{label}: {p} median {got:.2} ms, truth {want:.2} ms (from {:.2} to {high:.2})",
+                want - tol
             ));
         }
     }

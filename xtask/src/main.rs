@@ -99,6 +99,10 @@ enum Cmd {
         /// BENCHMARKS.md.
         #[arg(long)]
         bystander_only: bool,
+        /// Only the node-scale rows: time to attach every rank and to stop, for 1, 2 and 4
+        /// ranks of a gloo job, `--pid <launcher>` and `serve`, spliced into BENCHMARKS.md.
+        #[arg(long)]
+        ranks_only: bool,
     },
 }
 
@@ -155,6 +159,7 @@ fn main() -> anyhow::Result<()> {
             service_only,
             long_minutes,
             bystander_only,
+            ranks_only,
         } => bench::bench(bench::Only {
             quick,
             inprocess_only,
@@ -163,6 +168,7 @@ fn main() -> anyhow::Result<()> {
             service_only,
             long_minutes,
             bystander_only,
+            ranks_only,
         }),
     }
 }

@@ -22,6 +22,7 @@ use crate::{root, run, setup};
 mod bystander;
 mod inprocess;
 mod measure;
+mod ranks;
 mod replay;
 mod report;
 mod runs;
@@ -113,6 +114,7 @@ pub struct Only {
     pub service_only: bool,
     pub long_minutes: Option<u32>,
     pub bystander_only: bool,
+    pub ranks_only: bool,
 }
 
 pub fn bench(only: Only) -> anyhow::Result<()> {
@@ -124,11 +126,15 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
         service_only,
         long_minutes,
         bystander_only,
+        ranks_only,
     } = only;
     let started = Instant::now();
     let path: PathBuf = root().join("BENCHMARKS.md");
     if bystander_only {
         return bystander_section(&path);
+    }
+    if ranks_only {
+        return ranks_section(&path);
     }
     if sweep_only {
         return sweep_section(&path);
@@ -245,6 +251,23 @@ fn bystander_section(path: &std::path::Path) -> anyhow::Result<()> {
     eprint!("{section}");
     let old = std::fs::read_to_string(path).unwrap_or_default();
     std::fs::write(path, sweep::splice_at(&old, bystander::HEADING, &section))
+        .context("writing BENCHMARKS.md")
+}
+
+/// `--ranks-only`: attach and stop of 1, 2 and 4 ranks, `--pid` and `serve` (release build).
+fn ranks_section(path: &std::path::Path) -> anyhow::Result<()> {
+    let ctx = prepare(true, false)?;
+    let load = sh("cat /proc/loadavg");
+    let mut rows = Vec::new();
+    for mode in ["pid", "serve"] {
+        for n in ranks::RANKS {
+            rows.push(ranks::measure(&ctx, mode, n)?);
+        }
+    }
+    let section = ranks::section(&rows, "target/release/traceml-daemon", &load);
+    eprint!("{section}");
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, sweep::splice_at(&old, ranks::HEADING, &section))
         .context("writing BENCHMARKS.md")
 }
 
