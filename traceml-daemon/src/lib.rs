@@ -37,6 +37,7 @@ pub mod metrics;
 pub mod multirank;
 pub mod output;
 pub mod overhead;
+pub mod phase;
 pub mod policy;
 pub mod procinfo;
 pub mod profile;

@@ -10,8 +10,8 @@
 use std::io::{self, Write};
 
 use crate::diagnosis::COMPUTE_PHASES;
-use crate::engine::Phase;
 use crate::sanitize::{cut_marker, terminal};
+use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
 use crate::text::wrap;
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};

@@ -8,8 +8,10 @@ use std::ops::{Index, IndexMut};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Boundary, Phase};
+use crate::engine::Boundary;
 use crate::event::EndReason;
+/// The phases the model reports (the engine's vocabulary, defined below both).
+pub use crate::phase::{N_PHASES, Phase};
 
 /// The schema version this build writes and reads.
 /// 3: a step is one optimizer step (with its micro-batches) wherever the loop has one, and

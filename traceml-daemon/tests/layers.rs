@@ -7,7 +7,7 @@ use std::path::Path;
 /// Layers, lowest first. A module not listed here is not checked.
 const LAYERS: &[&[&str]] = &[
     // Shared helpers.
-    &["units", "text", "stats", "sanitize"],
+    &["units", "text", "stats", "sanitize", "phase"],
     // Plain data: samples, then the event stream that carries them.
     &["sample"],
     &["event"],
@@ -121,6 +121,36 @@ fn imports_go_down_the_layers() {
     assert!(
         wrong.is_empty(),
         "imports against the layers (see LAYERS):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Renderers read only the model (`summary`, and the rules' findings in it): never the engine,
+/// the aggregation that builds the model, or the target. A `Phase` is named through the model.
+#[test]
+fn renderers_read_only_the_model() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src.join("render.rs")];
+    sources(&src.join("render"), &mut files);
+    let mut wrong = Vec::new();
+    for f in files
+        .iter()
+        .filter(|f| !f.to_string_lossy().ends_with("tests.rs"))
+    {
+        let text = std::fs::read_to_string(f).unwrap();
+        for used in uses(&code(&text)) {
+            if [
+                "engine", "analysis", "procinfo", "attach", "live", "sampler",
+            ]
+            .contains(&used.as_str())
+            {
+                wrong.push(format!("{} uses crate::{used}", f.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "presentation reads the model only:\n{}",
         wrong.join("\n")
     );
 }

@@ -14,13 +14,13 @@ use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use super::svg::{self, Axis, Band, Frame, Group, Series};
-use crate::engine::Phase;
 use crate::sanitize::html;
+use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
 
 /// One color per phase, in [`Phase::ALL`] order.
-pub const PHASE_COLORS: [&str; crate::engine::N_PHASES] = [
+pub const PHASE_COLORS: [&str; crate::summary::N_PHASES] = [
     "#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b", "#b279a2", "#eeca3b", "#9d9d9d",
 ];
 /// Most bars in the phase-share chart (windows of consecutive sampled steps).

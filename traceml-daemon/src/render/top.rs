@@ -11,9 +11,9 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline};
 
-use crate::engine::Phase;
 use crate::render::wrap_safe;
 use crate::sanitize::terminal;
+use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
 
