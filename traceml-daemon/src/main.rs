@@ -537,7 +537,11 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let dir = args.output.clone().unwrap_or_else(|| {
-        PathBuf::from("traceml-logs").join(format!("{}-{pid}-{}", sanitize(&comm), timestamp(now)))
+        PathBuf::from("traceml-logs").join(format!(
+            "{}-{pid}-{}",
+            traceml_daemon::sanitize::dir_name(&comm),
+            timestamp(now)
+        ))
     });
     let out = prepare_output(&dir)?;
     // `--pid` is an explicit request by an admin: a target's opt-out (honoured by `serve`) is
@@ -724,20 +728,6 @@ impl SinglePidMetrics {
     }
 }
 
-fn sanitize(s: &str) -> String {
-    let s: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if s.is_empty() { "target".into() } else { s }
-}
-
 fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, Failure> {
     let summary = recorded_summary(file)?;
     let dir = output.unwrap_or_else(|| {
@@ -745,7 +735,10 @@ fn replay(file: &Path, output: Option<PathBuf>, common: &Common) -> Result<u8, F
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "replay".into());
-        PathBuf::from("traceml-logs").join(format!("replay-{}", sanitize(&stem)))
+        PathBuf::from("traceml-logs").join(format!(
+            "replay-{}",
+            traceml_daemon::sanitize::dir_name(&stem)
+        ))
     });
     let out = prepare_output(&dir)?;
     write_outputs(&summary, &out, common)?;

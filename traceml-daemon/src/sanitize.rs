@@ -149,6 +149,22 @@ pub fn terminal_bounded(s: &str, max: usize) -> String {
 /// `s` as HTML text or a quoted attribute value: `& < > " '` as entities, and control and
 /// formatting characters written visibly as in [`terminal`] (no element, script or entity can
 /// come from a name).
+/// A name for a directory (a job's, a replay's): ASCII letters, digits, `-` and `_`, every other
+/// character `_`; `target` when nothing is left.
+pub fn dir_name(s: &str) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() { "target".into() } else { s }
+}
+
 pub fn html(s: &str) -> String {
     let s = terminal(s);
     let mut out = String::with_capacity(s.len() + 16);
@@ -282,6 +298,14 @@ pub(crate) mod tests {
         assert_eq!(args.len(), 2);
         assert!(args[0].ends_with(&cut_marker((1 << 20) - NAME_MAX, "bytes")));
         assert_eq!(args[1], "\u{fffd}");
+    }
+
+    #[test]
+    fn dir_names_keep_only_safe_characters() {
+        assert_eq!(dir_name("python3.11"), "python3_11");
+        assert_eq!(dir_name("../x y"), "___x_y");
+        assert_eq!(dir_name("pt_elastic-1"), "pt_elastic-1");
+        assert_eq!(dir_name(""), "target");
     }
 
     #[test]

@@ -147,22 +147,11 @@ fn job_dir_name_as(pid: u32, name: Option<&str>) -> String {
     let start = stat
         .and_then(|s| crate::procinfo::start_unix_secs(&s))
         .unwrap_or(0);
-    let name: String = comm
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let name = if name.is_empty() {
-        "target".into()
-    } else {
-        name
-    };
-    format!("{name}-{pid}-{}", crate::units::utc_stamp(start))
+    format!(
+        "{}-{pid}-{}",
+        crate::sanitize::dir_name(&comm),
+        crate::units::utc_stamp(start)
+    )
 }
 
 /// Writes a summary's JSON, card and report into `dir` (`stem` = `final_summary` or
