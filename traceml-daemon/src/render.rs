@@ -755,6 +755,14 @@ fn overhead(s: &Summary, out: &mut Lines) {
     let cost = match (o.steady_us_per_step, o.steady_pct_of_step) {
         (Some(us), Some(pct)) => format!("est. {us:.0} µs/step ({pct:.2}% of step)"),
         (Some(us), None) => format!("est. {us:.0} µs/step"),
+        // Steps, but none once the last probe change was carried out (the run ended first):
+        // the share of CPU time, said so rather than "no steps".
+        _ if s.steps.count > 0 => match o.steady_pct_of_cpu.or(o.estimated_pct_of_cpu) {
+            Some(pct) => format!(
+                "est. {pct:.2}% of the target's CPU time (no step after the last probe change)"
+            ),
+            None => "estimate unavailable (no step after the last probe change)".to_owned(),
+        },
         _ => match o.steady_pct_of_cpu.or(o.estimated_pct_of_cpu) {
             Some(pct) => format!("est. {pct:.2}% of the target's CPU time (no steps)"),
             None => "estimate unavailable (no steps)".to_owned(),
@@ -858,6 +866,27 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Steps, but none after the last probe change: the cost is a share of CPU time, and the
+    /// card does not say "no steps" of a run that had some.
+    #[test]
+    fn cost_without_steady_steps_is_not_called_no_steps() {
+        let mut s = fixtures::summary(&Scenario::default());
+        assert!(s.steps.count > 0);
+        let o = s
+            .daemon_overhead
+            .get_or_insert_with(crate::summary::DaemonOverhead::default);
+        o.steady_us_per_step = None;
+        o.steady_pct_of_step = None;
+        o.steady_pct_of_cpu = None;
+        o.estimated_pct_of_cpu = Some(1.88);
+        let text = card(&s, false);
+        assert!(
+            text.contains("est. 1.88% of the target's CPU time (no step after the last probe"),
+            "{text}"
+        );
+        assert!(!text.contains("(no steps)"), "{text}");
     }
 
     fn check_width(text: &str) {
