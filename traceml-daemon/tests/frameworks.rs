@@ -135,18 +135,20 @@ fn truth_median_sum_ms(t: &serde_json::Value, phases: &[&str]) -> f64 {
     sums[sums.len() / 2]
 }
 
-/// Each phase's median within [`tolerance_ms`] of the truth's. The forward span is the one
-/// difference of definitions (see [`FRAMEWORK_MARGIN`]): the daemon's runs from the batch's
-/// fetch to backward and so holds the framework's bookkeeping around `training_step`, which the
-/// workload's clocks count as residual; it may reach the truth's forward + residual (the median
-/// of their per-step sum), and that grows with the machine's load (measured under two CPU
-/// burners: 31.1 ms against a forward of 27.6 ms, steps 2.4× as long as on a quiet machine).
+/// Each phase's median within [`tolerance_ms`] of the truth's. The forward and optimizer spans
+/// are where the definitions differ (see [`FRAMEWORK_MARGIN`]): the daemon's forward runs from
+/// the batch's fetch to backward and its optimizer is the optimizer step's record less what is
+/// nested in it, so they hold the framework's bookkeeping around `training_step` and around
+/// Lightning's closure, which the workload's clocks count as residual. Each may reach the
+/// truth's phase + residual (the median of their per-step sum), which grows with the machine's
+/// load (measured under two CPU burners: forward 31.1 ms against 27.6 ms, optimizer 19.2 against
+/// 16.5, steps 2.4× as long as on a quiet machine).
 fn check_phases(label: &str, r: &Run, phases: &[&str], failures: &mut Vec<String>) {
     for p in phases {
         let (got, want) = (phase_ms(&r.summary, p), truth_ms(&r.truth, p));
         let tol = tolerance_ms(want);
-        let high = if *p == "forward" {
-            truth_median_sum_ms(&r.truth, &["forward", "residual"]).max(want) + tol
+        let high = if *p == "forward" || *p == "optimizer" {
+            truth_median_sum_ms(&r.truth, &[p, "residual"]).max(want) + tol
         } else {
             want + tol
         };

@@ -13,7 +13,8 @@ first stdout line ({"pid": ...}) goes out once torch and transformers are import
 is built; training starts once --ready FILE exists. Truth format: tests/README.md.
 
 Truth clocks (all from this script, CLOCK_MONOTONIC):
-  input_wait  the Dataset's clock: first __getitem__ of a batch -> the collator's return
+  input_wait  each DataLoader iterator `__next__` call that returns a batch, whole
+              (truthlib.clock_dataloader_next)
   forward     Trainer.compute_loss (model(**inputs), loss computed by the model)
   backward    accelerator.backward(loss)
   optimizer   optimizer.step, from its step pre-hook to its post-hook
@@ -67,10 +68,10 @@ def main():
     torch.set_num_threads(a.threads)
     clock = truthlib.Clock(a.steps_log)
 
-    fetch = {"t0": None}  # when the batch being collated was first asked for (train or eval)
+    truthlib.clock_dataloader_next(clock)
 
     class SyntheticDataset(Dataset):
-        """In-memory token ids; records when a batch's first item is asked for."""
+        """In-memory token ids."""
 
         def __init__(self, n, getitem_ns):
             g = torch.Generator().manual_seed(0)
@@ -83,8 +84,6 @@ def main():
             return self.n
 
         def __getitem__(self, i):
-            if fetch["t0"] is None:
-                fetch["t0"] = now()
             if self.getitem_ns:
                 time.sleep(self.getitem_ns / 1e9)
             j = i % POOL
@@ -98,8 +97,6 @@ def main():
 
     def collate(features):
         out = default_data_collator(features)
-        clock.span("input_wait", fetch["t0"], now())
-        fetch["t0"] = None
         return out
 
     model = BertForSequenceClassification(BertConfig(

@@ -14,7 +14,8 @@ No network. First stdout line ({"pid": ...}) once torch and Lightning are import
 is built; training starts once --ready FILE exists. Truth format: tests/README.md.
 
 Truth clocks (all from this script, CLOCK_MONOTONIC):
-  input_wait  the Dataset's clock: first __getitem__ of a batch -> the collate function's return
+  input_wait  each DataLoader iterator `__next__` call that returns a batch, whole
+              (truthlib.clock_dataloader_next)
   forward     the body of training_step (model call + loss)
   backward    on_before_backward -> on_after_backward
   optimizer   optimizer.step, from its step pre-hook to its post-hook, minus the closure that
@@ -65,7 +66,7 @@ def main():
     torch.set_num_threads(a.threads)
     clock = truthlib.Clock(a.steps_log)
 
-    fetch = {"t0": None}  # when the batch being collated was first asked for (train or val)
+    truthlib.clock_dataloader_next(clock)
 
     class SyntheticDataset(Dataset):
         def __init__(self, n, getitem_ns):
@@ -79,8 +80,6 @@ def main():
             return self.n
 
         def __getitem__(self, i):
-            if fetch["t0"] is None:
-                fetch["t0"] = now()
             if self.getitem_ns:
                 time.sleep(self.getitem_ns / 1e9)
             return self.x[i % POOL], self.y[i % POOL]
@@ -90,8 +89,6 @@ def main():
 
     def collate(items):
         out = default_collate(items)
-        clock.span("input_wait", fetch["t0"], now())
-        fetch["t0"] = None
         return out
 
     counts = {"optimizer_steps": 0, "optimizer_class": None}

@@ -10,7 +10,8 @@ Usage: python plain_loop.py [--mode accum|nograd_eval|evalmode_eval] [--steps N]
 Every mode is compute-bound in its training steps. Truth format: tests/README.md.
 
 Truth clocks (all from this script, CLOCK_MONOTONIC):
-  input_wait  first __getitem__ of a batch -> the collate function's return
+  input_wait  each DataLoader iterator `__next__` call that returns a batch, whole
+              (truthlib.clock_dataloader_next)
   forward     model call + loss, backward loss.backward(), optimizer opt.step()
   step end    after opt.step() and zero_grad; a step runs from one step end to the next, less the
               evaluation inside it
@@ -45,7 +46,7 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     clock = truthlib.Clock(a.steps_log)
-    fetch = {"t0": None}
+    truthlib.clock_dataloader_next(clock)
 
     class Synthetic(Dataset):
         def __init__(self, n, getitem_ns):
@@ -58,16 +59,12 @@ def main():
             return self.n
 
         def __getitem__(self, i):
-            if fetch["t0"] is None:
-                fetch["t0"] = now()
             if self.getitem_ns:
                 time.sleep(self.getitem_ns / 1e9)
             return self.x[i % POOL], self.y[i % POOL]
 
     def collate(items):
         out = default_collate(items)
-        clock.span("input_wait", fetch["t0"], now())
-        fetch["t0"] = None
         return out
 
     layers, width = [], FEATURES

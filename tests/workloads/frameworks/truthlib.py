@@ -91,6 +91,26 @@ class Clock:
         return wrapper
 
 
+def clock_dataloader_next(clock, phase="input_wait"):
+    """Clocks every DataLoader iterator's `__next__` (the whole call, as the daemon's input_wait
+    is: torch's record_function and the `__next__` frame span it) by wrapping
+    `torch.utils.data.dataloader._BaseDataLoaderIter.__next__`, which every single- and
+    multi-process iterator inherits. A batch fetched is one span; a call that raises
+    (StopIteration: an epoch's end) is none. The Dataset's own clock (first `__getitem__` to the
+    collate function's return) left out the DataLoader's bookkeeping around it, and any time the
+    thread was descheduled there: on a machine kept busy, 50 ms of one fetch."""
+    from torch.utils.data import dataloader
+    inner = dataloader._BaseDataLoaderIter.__next__
+
+    def __next__(self):
+        t0 = now()
+        batch = inner(self)
+        clock.span(phase, t0, now())
+        return batch
+
+    dataloader._BaseDataLoaderIter.__next__ = __next__
+
+
 def _overlap(spans, a, b):
     return sum(max(0, min(t1, b) - max(t0, a)) for t0, t1 in spans)
 
