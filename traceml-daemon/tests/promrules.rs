@@ -30,7 +30,10 @@ fn promtool(args: &[&str]) {
 
 #[test]
 fn promtool_checks_and_tests_the_shipped_rules() {
-    if !tool_or_skip(PROMTOOL, "apt-get install prometheus; cargo xtask setup does") {
+    if !tool_or_skip(
+        PROMTOOL,
+        "apt-get install prometheus; cargo xtask setup does",
+    ) {
         return;
     }
     promtool(&["check", "rules", "traceml-rules.yml"]);
@@ -69,9 +72,8 @@ fn the_rules_read_only_exported_series() {
         },
     );
     let text = e.encode();
-    let rules =
-        std::fs::read_to_string(workspace().join("packaging/prometheus/traceml-rules.yml"))
-            .unwrap();
+    let rules = std::fs::read_to_string(workspace().join("packaging/prometheus/traceml-rules.yml"))
+        .unwrap();
     let code: String = rules
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'))

@@ -398,10 +398,7 @@ pub fn tool_or_skip(path: &str, install: &str) -> bool {
     if Path::new(path).exists() {
         return true;
     }
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_owned();
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
     assert!(
         std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
         "{test}: {path} is missing ({install})"
