@@ -149,8 +149,10 @@ fn export(
         let (s, t) = f.snapshot_with_totals();
         let mut v = crate::metrics::RankValues::from_summary(&s, &t, r.gpu.get());
         v.last_step_end_unix = r.progress.last_step_unix();
+        // In a collective: a wait probe entered and not returned, or (where the wait is not
+        // probed) the latest Python stack inside a collective call.
         let stack = f.last_stack();
-        v.in_collective = (!stack.is_empty()).then(|| crate::ranks::in_collective(&stack));
+        v.in_collective = Some(f.in_collective_wait() || crate::ranks::in_collective(&stack));
         values.push((r.proc.rank.to_string(), v));
         runs.push(RankRun {
             rank: r.proc.rank,

@@ -545,7 +545,7 @@ fn a_hung_rank_on_the_second_node_is_named_by_prometheus() {
             "--mode",
             "ddp",
             "--steps",
-            "100000",
+            "400",
             "--hang-rank",
             "3",
             "--hang-after",
@@ -582,11 +582,19 @@ fn a_hung_rank_on_the_second_node_is_named_by_prometheus() {
         .filter(|(f, _)| f.alert == "TraceMLHang")
         .collect();
     assert!(!hangs.is_empty(), "no TraceMLHang: {seen:?}\n{}", c.log(1));
+    let state = |q: &str| -> Vec<(String, f64)> {
+        query(c.prom, q)
+            .into_iter()
+            .map(|(m, x)| (m["rank"].as_str().unwrap_or("").to_owned(), x))
+            .collect()
+    };
     assert!(
         hangs
             .iter()
             .all(|(f, _)| f.rank == "3" && f.node == "node-1"),
-        "{hangs:?}"
+        "{hangs:?}; in_collective {:?}; idle {:?}",
+        state("traceml_in_collective"),
+        state("traceml:rank_idle_seconds")
     );
     eprintln!(
         "TraceMLHang named rank 3 on node-1 {:.0} s after the job's start",
