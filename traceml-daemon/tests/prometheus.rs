@@ -293,6 +293,7 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
             let expr = t["expr"].as_str().unwrap();
             let q = expr
                 .replace("$__rate_interval", "30s")
+                .replace("$job_id", ".*")
                 .replace("$job", ".*")
                 .replace("$rank", ".*");
             let r = query(prom, &q).unwrap_or_else(|e| panic!("{}: {e}", panel["title"]));
