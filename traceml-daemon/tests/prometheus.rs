@@ -405,7 +405,12 @@ fn single_pid_mode_serves_metrics_while_attached() {
     let line = seen.expect("no steps on /metrics during the run");
     eprintln!("while attached: {line}");
     let (series, value) = line.rsplit_once(' ').unwrap();
-    assert_eq!(series, r#"traceml_steps_total{job="out",rank="0"}"#);
+    // A job of one process: its job_id is `<node>/<job>` (docs/metrics.md, "Jobs across nodes").
+    let node = traceml_daemon::job::node_name();
+    assert_eq!(
+        series,
+        format!(r#"traceml_steps_total{{job="out",rank="0",job_id="{node}/out",node="{node}"}}"#)
+    );
     let n = o.summary["steps"]["count"].as_f64().unwrap();
     let v: f64 = value.parse().unwrap();
     assert!(
