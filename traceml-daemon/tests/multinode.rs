@@ -545,18 +545,19 @@ fn a_hung_rank_on_the_second_node_is_named_by_prometheus() {
             "--mode",
             "ddp",
             "--steps",
-            "400",
+            "900",
             "--hang-rank",
             "3",
             "--hang-after",
-            "100",
+            "450",
         ],
     ) else {
         return;
     };
     let dir = c.agents.dir.clone();
     let (seen, one_job) = c.watch(Duration::from_secs(240), |_, seen| {
-        seen.iter().any(|(f, _)| f.alert == "TraceMLHang")
+        seen.iter()
+            .any(|(f, _)| f.alert == "TraceMLHang" && f.rank == "3")
     });
     // The truth: the rank that wrote status "hung" (the others "blocked"), all still alive.
     let hung: Vec<u32> = (0..4)
