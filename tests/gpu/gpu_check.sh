@@ -64,5 +64,40 @@ print("in-process windows (off,on,off,on,off) median step ms:", [round(m, 3) for
 r = [meds[1] / ((meds[0] + meds[2]) / 2), meds[3] / ((meds[2] + meds[4]) / 2)]
 print("on/off ratios:", [round(x, 4) for x in r])
 PY
+# NCCL, 2 processes (issue 25): torchrun --nproc_per_node=2 of ddp_train.py on cuda:0 and cuda:1,
+# rank 1 sleeping 20 ms per forward; the daemon on the launcher (started during rendezvous) must
+# measure each rank's collective_wait and name rank 1 STRAGGLER. NCCL refuses two ranks on one
+# GPU, so the step needs 2 GPUs; with fewer it is skipped, saying so.
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+TORCHRUN=${TORCHRUN:-$(dirname "$(command -v "$PY")")/torchrun}
+if [ "$ngpu" -ge 2 ] && [ -x "$TORCHRUN" ]; then
+  dir="$W/nccl"; mkdir -p "$dir"
+  port=$($PY -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+  "$TORCHRUN" --nproc_per_node=2 --master_port="$port" tests/workloads/ddp/ddp_train.py --backend nccl \
+    --mode ddp --steps 600 --straggler-rank 1 --straggler-ms 20 --straggler-how sleep \
+    --truth-dir "$dir" > "$dir/target.out" 2>&1 &
+  tpid=$!
+  sleep 1
+  timeout 300 "$D" --pid "$tpid" --output "$dir/out" --color never > "$dir/card.txt" 2> "$dir/daemon.log"
+  say "-- nccl: daemon exit $?"
+  wait "$tpid"; say "-- nccl: torchrun exit $?"
+  grep -E "VERDICT|Why|collective" "$dir/card.txt" | tee -a "$R"
+  $PY - "$dir" <<'PY' | tee -a "$R"
+import json, sys, os
+d = sys.argv[1]
+s = json.load(open(os.path.join(d, "out", "final_summary.json")))
+p = s["primary_diagnosis"]
+print("nccl verdict:", p["kind"], "culprit_rank", p.get("culprit_rank"), "(designed: STRAGGLER 1)")
+for r in range(2):
+    rs = json.load(open(os.path.join(d, "out", "rank-%d" % r, "final_summary.json")))
+    t = json.load(open(os.path.join(d, "truth-rank%d.json" % r)))
+    print("rank %d collective_wait median ms: daemon %s truth-est %s" % (
+        r, rs["phases"]["collective_wait"].get("median_ms"),
+        (t.get("median_collective_wait_est_ns") or 0) / 1e6))
+PY
+else
+  say "-- nccl: skipped ($ngpu GPU(s); the 2-process NCCL run needs 2, and torchrun at $TORCHRUN)"
+fi
+
 tar -C "$W" -czf "$OUT/gpu-check.tar.gz" . 2>/dev/null
 say "== done $(date -u +%FT%TZ); files in $OUT"

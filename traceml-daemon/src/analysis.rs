@@ -116,6 +116,11 @@ impl Collector {
         self.engine.steps_so_far()
     }
 
+    /// Whether the target waits for a collective now ([`crate::engine::Engine::in_collective_wait`]).
+    pub fn in_collective_wait(&self) -> bool {
+        self.engine.in_collective_wait()
+    }
+
     /// The last stack sample, named: `file:function` per frame, outermost first.
     pub fn last_stack(&self) -> Vec<String> {
         let Some(s) = &self.last_stack else {

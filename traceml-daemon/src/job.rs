@@ -150,3 +150,105 @@ pub fn discover(pid: u32) -> JobSpec {
         ranks: ranks.into_iter().map(|(r, _)| r).collect(),
     }
 }
+
+/// A job's identity, equal on every node of one job: the `job_id` label of its series. The
+/// first of (an empty value, or torchrun's default run id `none`, counts as absent):
+/// 1. `TRACEML_JOB_ID` (set it from anything the scheduler knows, e.g. a Kubernetes job label
+///    through the downward API);
+/// 2. `TORCHELASTIC_RUN_ID` (torchrun's `--rdzv-id`, equal on every node's agent);
+/// 3. `MASTER_ADDR:MASTER_PORT` (every node's ranks meet there); a loopback address
+///    (`127.*`, `localhost`, `::1`) names one machine only, so it is written
+///    `<host>/<addr>:<port>` with this machine's host name (`host`);
+/// 4. `SLURM_JOB_ID` as `slurm-<id>`;
+/// 5. the Kubernetes job name, `k8s-<namespace>/<job>` (`JOB_NAME`-style variables are not
+///    standard; the pod's `batch.kubernetes.io/job-name` label reaches the environment only
+///    through the downward API, as `TRACEML_JOB_ID` or `K8S_JOB_NAME`).
+///
+/// `None` when none is there (a job of one process): its `job` label is its identity.
+pub fn job_identity(get: impl Fn(&str) -> Option<String>, host: &str) -> Option<String> {
+    let get = |k: &str| get(k).filter(|v| !v.is_empty());
+    if let Some(id) = get("TRACEML_JOB_ID") {
+        return Some(id);
+    }
+    if let Some(id) = get("TORCHELASTIC_RUN_ID").filter(|v| v != "none") {
+        return Some(id);
+    }
+    if let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) {
+        let loopback =
+            addr == "localhost" || addr == "::1" || addr == "[::1]" || addr.starts_with("127.");
+        return Some(if loopback {
+            format!("{host}/{addr}:{port}")
+        } else {
+            format!("{addr}:{port}")
+        });
+    }
+    if let Some(id) = get("SLURM_JOB_ID") {
+        return Some(format!("slurm-{id}"));
+    }
+    get("K8S_JOB_NAME").map(|j| match get("POD_NAMESPACE") {
+        Some(ns) => format!("k8s-{ns}/{j}"),
+        None => format!("k8s-{j}"),
+    })
+}
+
+/// This machine's host name (the kernel's, `/proc/sys/kernel/hostname`), `""` when unreadable.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The `node` label: `TRACEML_NODE` of the daemon's environment when set (several daemons on
+/// one machine standing for several nodes, or a scheduler's node name), else the host name.
+pub fn node_name() -> String {
+    std::env::var("TRACEML_NODE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(host_name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(vars: &[(&str, &str)]) -> Option<String> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        job_identity(|k| m.get(k).cloned(), "node-a")
+    }
+
+    #[test]
+    fn job_identity_follows_the_documented_order() {
+        let all = [
+            ("TORCHELASTIC_RUN_ID", "run-7"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("SLURM_JOB_ID", "42"),
+            ("K8S_JOB_NAME", "train"),
+        ];
+        assert_eq!(id(&all).as_deref(), Some("run-7"));
+        let mut with_override = all.to_vec();
+        with_override.push(("TRACEML_JOB_ID", "mine"));
+        assert_eq!(id(&with_override).as_deref(), Some("mine"));
+        // torchrun's default run id is no identity.
+        let mut none = all.to_vec();
+        none[0] = ("TORCHELASTIC_RUN_ID", "none");
+        assert_eq!(id(&none).as_deref(), Some("10.0.0.1:29500"));
+        assert_eq!(id(&all[1..]).as_deref(), Some("10.0.0.1:29500"));
+        // A loopback master is one machine's.
+        assert_eq!(
+            id(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")]).as_deref(),
+            Some("node-a/127.0.0.1:1")
+        );
+        assert_eq!(id(&all[3..]).as_deref(), Some("slurm-42"));
+        assert_eq!(id(&all[4..]).as_deref(), Some("k8s-train"));
+        assert_eq!(
+            id(&[("K8S_JOB_NAME", "train"), ("POD_NAMESPACE", "ml")]).as_deref(),
+            Some("k8s-ml/train")
+        );
+        assert_eq!(id(&[("MASTER_ADDR", "10.0.0.1")]), None);
+        assert_eq!(id(&[]), None);
+    }
+}

@@ -558,7 +558,8 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
     }
     // A launcher or a rank of a multi-rank job: every rank of the job on this node.
     let job = traceml_daemon::job::discover(pid);
-    if job.ranks.len() >= 2 || (job.launcher == Some(pid) && !job.ranks.is_empty()) {
+    // A launcher is never the target itself: one still in rendezvous (no ranks yet) is waited on.
+    if job.ranks.len() >= 2 || job.launcher == Some(pid) {
         if !(args.hang_after.is_finite() && args.hang_after > 0.0) {
             return Err(Failure::new(
                 2,
@@ -591,14 +592,16 @@ fn attach(args: AttachArgs, top: bool) -> Result<u8, Failure> {
             .iter()
             .map(|r| format!("{} (pid {})", r.rank, r.pid))
             .collect();
-        eprintln!(
-            "traceml-daemon: pid {pid} is part of a {}-rank job{}; attaching to ranks {}",
-            job.ranks.len(),
-            job.launcher
-                .map(|l| format!(" launched by pid {l}"))
-                .unwrap_or_default(),
-            ranks.join(", ")
-        );
+        if !ranks.is_empty() {
+            eprintln!(
+                "traceml-daemon: pid {pid} is part of a {}-rank job{}; attaching to ranks {}",
+                job.ranks.len(),
+                job.launcher
+                    .map(|l| format!(" launched by pid {l}"))
+                    .unwrap_or_default(),
+                ranks.join(", ")
+            );
+        }
         let summary = traceml_daemon::multirank::run(
             job,
             traceml_daemon::multirank::JobOptions {

@@ -46,6 +46,14 @@ struct Rank {
     progress: Progress,
 }
 
+/// How long a job whose ranks all ended waits for its launcher to start new ones.
+const RESTART_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether process `pid` still runs (not a zombie).
+fn alive(pid: u32) -> bool {
+    crate::procinfo::start_state(pid).is_some_and(|(_, state)| state != 'Z')
+}
+
 /// The job as the summary describes it.
 pub(crate) fn job_info(job: &JobSpec) -> JobInfo {
     JobInfo {
@@ -139,10 +147,13 @@ fn export(
             continue;
         }
         let (s, t) = f.snapshot_with_totals();
-        values.push((
-            r.proc.rank.to_string(),
-            crate::metrics::RankValues::from_summary(&s, &t, r.gpu.get()),
-        ));
+        let mut v = crate::metrics::RankValues::from_summary(&s, &t, r.gpu.get());
+        v.last_step_end_unix = r.progress.last_step_unix();
+        // In a collective: a wait probe entered and not returned, or (where the wait is not
+        // probed) the latest Python stack inside a collective call.
+        let stack = f.last_stack();
+        v.in_collective = Some(f.in_collective_wait() || crate::ranks::in_collective(&stack));
+        values.push((r.proc.rank.to_string(), v));
         runs.push(RankRun {
             rank: r.proc.rank,
             local_rank: r.proc.local_rank,
@@ -213,6 +224,14 @@ impl Progress {
             since: Instant::now(),
             mean: Duration::ZERO,
         }
+    }
+
+    /// When the step count last grew, unix seconds; `None` before the first step.
+    fn last_step_unix(&self) -> Option<f64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?;
+        (self.steps > 0).then(|| (now.saturating_sub(self.since.elapsed())).as_secs_f64())
     }
 
     /// How long the rank has completed no step, when that is a hang: over max(10 × its mean
@@ -298,8 +317,19 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
                 start(p, &opts.rank, &opts.dir, opts.record.as_deref())
             })
             .collect();
+        // A launcher still in rendezvous has no ranks yet: wait for them, saying so.
+        let mut ready_pending = ranks.is_empty() && opts.rank.ready_file.is_some();
+        if ranks.is_empty() {
+            let l = job.launcher.map(|l| l.to_string()).unwrap_or_default();
+            tracing::info!("launcher pid {l} has no ranks yet; waiting for them");
+            eprintln!(
+                "traceml-daemon: pid {l} launches a job whose ranks do not exist yet \
+                 (rendezvous); waiting for them, attaching to each as it appears"
+            );
+        }
+        let mut all_ended_at: Option<Instant> = None;
         // Ready once every rank is attached (or has failed to).
-        if let Some(ready) = &opts.rank.ready_file {
+        if let Some(ready) = opts.rank.ready_file.as_ref().filter(|_| !ranks.is_empty()) {
             let t = Instant::now();
             while t.elapsed() < Duration::from_secs(30)
                 && !ranks
@@ -344,8 +374,31 @@ pub fn run(mut job: JobSpec, opts: JobOptions) -> Result<Summary, String> {
                     if let Some(m) = &opts.metrics {
                         export(m, &ranks, &job, &s);
                     }
+                    if ready_pending
+                        && !ranks.is_empty()
+                        && ranks
+                            .iter()
+                            .all(|r| r.done.is_finished() || ready_path(&opts.dir, r.proc.pid).exists())
+                        && let Some(ready) = &opts.rank.ready_file
+                    {
+                        ready_pending = false;
+                        for r in &ranks {
+                            let _ = std::fs::remove_file(ready_path(&opts.dir, r.proc.pid));
+                        }
+                        let _ = std::fs::write(ready, "attached\n");
+                    }
                     if ranks.iter().all(|r| r.done.is_finished()) {
-                        break;
+                        // Every rank ended: the job ends with its launcher, or when no rank
+                        // restarted within RESTART_WAIT (an elastic agent restarts them at once).
+                        let launcher_alive = job.launcher.is_some_and(alive);
+                        let since = *all_ended_at.get_or_insert_with(Instant::now);
+                        if !launcher_alive
+                            || (!ranks.is_empty() && since.elapsed() >= RESTART_WAIT)
+                        {
+                            break;
+                        }
+                    } else {
+                        all_ended_at = None;
                     }
                 }
                 _ = term.recv() => { stopped = Some(EndReason::Terminated); break }

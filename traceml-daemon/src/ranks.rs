@@ -208,6 +208,16 @@ const IN_COLLECTIVE: [&str; 8] = [
     "_engine_run_backward",
 ];
 
+/// Whether a stack (outermost first) is inside a collective call: one of its 4 innermost
+/// frames names one (how HANG tells the ranks that wait from the one they wait for).
+pub fn in_collective(stack: &[String]) -> bool {
+    stack
+        .iter()
+        .rev()
+        .take(4)
+        .any(|f| IN_COLLECTIVE.iter().any(|k| f.contains(k)))
+}
+
 /// HANG for the stuck ranks, naming each rank's current stack's innermost frames.
 pub fn hang(runs: &[RankRun], stuck: &[Stuck]) -> Option<Finding> {
     let first = stuck.iter().max_by(|a, b| a.idle_s.total_cmp(&b.idle_s))?;
@@ -242,16 +252,7 @@ pub fn hang(runs: &[RankRun], stuck: &[Stuck]) -> Option<Finding> {
         confidence: Confidence::High,
         culprit_rank: {
             // The rank whose stack is not in a collective call, when exactly one is.
-            let outside: Vec<&RankRun> = runs
-                .iter()
-                .filter(|r| {
-                    !r.stack
-                        .iter()
-                        .rev()
-                        .take(4)
-                        .any(|f| IN_COLLECTIVE.iter().any(|k| f.contains(k)))
-                })
-                .collect();
+            let outside: Vec<&RankRun> = runs.iter().filter(|r| !in_collective(&r.stack)).collect();
             (outside.len() == 1).then(|| outside[0].rank)
         },
     })

@@ -290,6 +290,7 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
             let expr = t["expr"].as_str().unwrap();
             let q = expr
                 .replace("$__rate_interval", "30s")
+                .replace("$job_id", ".*")
                 .replace("$job", ".*")
                 .replace("$rank", ".*");
             let r = query(prom, &q).unwrap_or_else(|e| panic!("{}: {e}", panel["title"]));
@@ -401,7 +402,12 @@ fn single_pid_mode_serves_metrics_while_attached() {
     let line = seen.expect("no steps on /metrics during the run");
     eprintln!("while attached: {line}");
     let (series, value) = line.rsplit_once(' ').unwrap();
-    assert_eq!(series, r#"traceml_steps_total{job="out",rank="0"}"#);
+    // A job of one process: its job_id is `<node>/<job>` (docs/metrics.md, "Jobs across nodes").
+    let node = traceml_daemon::job::node_name();
+    assert_eq!(
+        series,
+        format!(r#"traceml_steps_total{{job="out",rank="0",job_id="{node}/out",node="{node}"}}"#)
+    );
     let n = o.summary["steps"]["count"].as_f64().unwrap();
     let v: f64 = value.parse().unwrap();
     assert!(

@@ -63,7 +63,8 @@ enum Cmd {
     },
     /// The prepared GPU check (tests/gpu/gpu_check.sh): with --prepare, build the release daemon
     /// into .gpu/ here (to carry to the GPU machine); without, run the check on this machine
-    /// (it must have a GPU, CUDA PyTorch and .gpu/traceml-daemon). Results go to $OUT.
+    /// (it must have a GPU, CUDA PyTorch and .gpu/traceml-daemon; the 2-process NCCL step needs 2
+    /// GPUs and is skipped, saying so, with fewer). Results go to $OUT.
     GpuCheck {
         #[arg(long)]
         prepare: bool,

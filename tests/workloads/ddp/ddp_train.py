@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size (default one bucket)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--pg-timeout-s", type=float, default=1800.0)
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                    help="nccl: model and batches on cuda:LOCAL_RANK (one GPU per rank; cargo xtask gpu-check)")
     a = ap.parse_args()
     global SLEEP
     SLEEP = a.straggler_how == "sleep"
@@ -110,9 +112,12 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.pg_timeout_s))
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    dev = torch.device("cuda", local_rank) if a.backend == "nccl" else torch.device("cpu")
+    if a.backend == "nccl":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=a.pg_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
     straggler = a.straggler_rank is not None and a.straggler_rank == rank
     burn_compute_ns = int(a.straggler_ms * MS) if straggler and a.straggler_phase == "compute" else 0
     burn_input_ns = int(a.straggler_ms * MS) if straggler and a.straggler_phase == "input" else 0
@@ -161,10 +166,11 @@ def main():
             burn(self.burn_ns)  # the compute straggler: extra CPU time inside forward
             return self.net(x)
 
-    mlp = MLP()
+    mlp = MLP().to(dev)
     if a.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(mlp, bucket_cap_mb=a.bucket_cap_mb)
+        model = DDP(mlp, bucket_cap_mb=a.bucket_cap_mb,
+                    device_ids=[local_rank] if a.backend == "nccl" else None)
     else:
         model = mlp
     params = [p for p in mlp.parameters() if p.requires_grad]
@@ -232,7 +238,7 @@ def main():
     # Two warm-up steps outside the measurement (lazy init; DDP rebuilds its buckets after its
     # first iteration).
     for _ in range(2):
-        train_step(torch.randn(B, D), torch.randn(B, 1))
+        train_step(torch.randn(B, D, device=dev), torch.randn(B, 1, device=dev))
 
     tid = threading.get_native_id()
     ident = {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(), "tid": tid,
@@ -279,7 +285,7 @@ def main():
             steps.append(s)
         med = {p: median(s["phases_ns"][p] for s in steps) for p in PHASES}
         out = {
-            "format": "traceml-truth-ddp/1", "backend": "torch-cpu+gloo", "mode": a.mode,
+            "format": "traceml-truth-ddp/1", "backend": "torch-cpu+gloo" if a.backend == "gloo" else "torch-cuda+nccl", "mode": a.mode,
             "torch_version": torch.__version__, "python": sys.version.split()[0],
             **ident, "clock": "CLOCK_MONOTONIC",
             "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -326,6 +332,8 @@ def main():
         input_clock.update(span=None, burn=0)
         try:
             x, y = next(it)
+            if a.backend == "nccl":
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         except StopIteration:
             t_stop = t0  # the last step ends where the final next() begins
             break

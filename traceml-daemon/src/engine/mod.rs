@@ -524,6 +524,13 @@ impl Engine {
     }
 
     /// Steps harvested so far and their total duration (ns).
+    /// Whether a thread of the target waits for a collective now (a wait entered and not yet
+    /// returned, in the events folded so far): what tells the ranks that wait in a hang from
+    /// the one they wait for.
+    pub fn in_collective_wait(&self) -> bool {
+        self.folds.values().any(ThreadFold::in_collective_wait)
+    }
+
     pub fn steps_so_far(&self) -> (u64, u64) {
         (self.totals.count, self.totals.duration_ns)
     }

@@ -203,6 +203,13 @@ pub(crate) struct ThreadFold {
 }
 
 impl ThreadFold {
+    /// Whether the thread is inside a wait for a collective now (entered, not yet returned).
+    pub(crate) fn in_collective_wait(&self) -> bool {
+        self.stack
+            .iter()
+            .any(|o| matches!(o.what, What::Call { api } if api == Api::CollectiveWait))
+    }
+
     /// Folds one event; `class` resolves a code object address to its class.
     pub fn push(&mut self, ts: u64, tgid: u32, kind: &Kind, class: impl Fn(u64) -> Class) {
         if !self.seen {

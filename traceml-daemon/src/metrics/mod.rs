@@ -82,6 +82,16 @@ pub struct RankValues {
     /// Evaluation segments between optimizer steps: their wall time and batches.
     pub evaluation_seconds: f64,
     pub evaluation_batches: u64,
+    /// The steps' own work: step time less collective wait (what the STRAGGLER rule compares).
+    pub own_work_seconds: f64,
+    /// The median step (of the steps the summary keeps), for the hang threshold.
+    pub step_median_seconds: Option<f64>,
+    /// When the rank's step count last grew, unix seconds (to within the refresh interval);
+    /// `None` before its first step and after its run ended.
+    pub last_step_end_unix: Option<f64>,
+    /// Whether the rank's latest Python stack is inside a collective call
+    /// ([`crate::ranks::in_collective`]); `None` without a stack.
+    pub in_collective: Option<bool>,
 }
 
 impl RankValues {
@@ -118,6 +128,18 @@ impl RankValues {
             micro_batches: (t.micro_batches > 0).then_some(t.micro_batches),
             evaluation_seconds: s.evaluation.wall_s,
             evaluation_batches: s.evaluation.batches,
+            own_work_seconds: t
+                .duration_ns
+                .saturating_sub(t.phase_ns[Phase::CollectiveWait.index()])
+                as f64
+                / 1e9,
+            step_median_seconds: s
+                .step_ms
+                .median
+                .filter(|m| m.is_finite() && *m >= 0.0)
+                .map(|m| m / 1e3),
+            last_step_end_unix: None,
+            in_collective: None,
         }
     }
 
@@ -146,6 +168,7 @@ impl RankValues {
         self.micro_batches = max(self.micro_batches, old.micro_batches);
         self.evaluation_seconds = self.evaluation_seconds.max(old.evaluation_seconds);
         self.evaluation_batches = self.evaluation_batches.max(old.evaluation_batches);
+        self.own_work_seconds = self.own_work_seconds.max(old.own_work_seconds);
         self
     }
 }
@@ -180,6 +203,14 @@ pub struct JobInfo {
     pub pod: Option<String>,
     /// The systemd unit the process runs in (`slurmstepd`-style scopes included).
     pub unit: Option<String>,
+    /// The job's identity across nodes ([`crate::job::job_identity`]); `None`: the `job_id`
+    /// label is `<node>/<job>`.
+    pub job_id: Option<String>,
+    /// The rank's `LOCAL_RANK` and `WORLD_SIZE`, when its environment has them.
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+    /// The node ([`crate::job::node_name`]); empty when unknown.
+    pub node: String,
 }
 
 impl JobInfo {
@@ -187,7 +218,13 @@ impl JobInfo {
     /// ([`crate::identity`]), each sanitized for a label.
     #[cfg(feature = "live")]
     pub fn of(pid: u32) -> JobInfo {
-        JobInfo::with_identity(
+        let env = crate::procinfo::environ(pid).unwrap_or_default();
+        let get = |k: &str| {
+            env.get(std::ffi::OsStr::new(k))
+                .map(|v| v.to_string_lossy().into_owned())
+        };
+        let num = |k: &str| get(k).and_then(|v| v.trim().parse().ok());
+        let info = JobInfo::with_identity(
             pid,
             crate::procinfo::comm(pid)
                 .map(|b| crate::sanitize::comm(&b))
@@ -196,7 +233,14 @@ impl JobInfo {
                 .map(|b| crate::sanitize::cmdline(&b).join(" "))
                 .unwrap_or_default(),
             &crate::identity::of(pid),
-        )
+        );
+        JobInfo {
+            job_id: crate::job::job_identity(get, &crate::job::host_name()),
+            local_rank: num("LOCAL_RANK"),
+            world_size: num("WORLD_SIZE"),
+            node: crate::job::node_name(),
+            ..info
+        }
     }
 
     /// Pure: the series' values from what was read.
@@ -223,6 +267,7 @@ impl JobInfo {
                 .map(|c| c.chars().take(12).collect()),
             pod,
             unit: id.unit.clone(),
+            ..JobInfo::default()
         }
     }
 }
@@ -371,12 +416,12 @@ impl Exporter {
         out
     }
 
-    /// `(job, rank, values)` of every rank with values.
-    fn values(&self) -> impl Iterator<Item = (&str, &str, &RankValues)> {
+    /// `(labels, values)` of every rank with values.
+    fn values(&self) -> impl Iterator<Item = (Labels, &RankValues)> {
         self.jobs.iter().flat_map(|(j, job)| {
-            job.ranks
-                .iter()
-                .filter_map(move |(r, rank)| Some((j.as_str(), r.as_str(), rank.values.as_ref()?)))
+            job.ranks.iter().filter_map(move |(r, rank)| {
+                Some((rank_labels(j, r, &rank.info), rank.values.as_ref()?))
+            })
         })
     }
 }
@@ -390,7 +435,42 @@ fn label(s: &str) -> String {
 #[derive(Debug)]
 struct Exposition(Exporter);
 
-type Labels<'a> = Vec<(&'static str, &'a str)>;
+type Labels = Vec<(&'static str, String)>;
+
+/// The identity labels of a series: `job` (this node's job directory), `job_id` (the job across
+/// nodes: [`crate::job::job_identity`], else `<node>/<job>`), and where known `node`.
+fn job_labels(job: &str, info: &JobInfo) -> Labels {
+    let mut l = vec![
+        ("job", job.to_owned()),
+        (
+            "job_id",
+            label(
+                &info
+                    .job_id
+                    .clone()
+                    .unwrap_or_else(|| format!("{}/{job}", info.node)),
+            ),
+        ),
+    ];
+    if !info.node.is_empty() {
+        l.push(("node", label(&info.node)));
+    }
+    l
+}
+
+/// A rank's labels: [`job_labels`], `rank` (the global `RANK`), and where known `local_rank`
+/// and `world_size`.
+fn rank_labels(job: &str, rank: &str, info: &JobInfo) -> Labels {
+    let mut l = job_labels(job, info);
+    l.insert(1, ("rank", rank.to_owned()));
+    if let Some(lr) = info.local_rank {
+        l.push(("local_rank", lr.to_string()));
+    }
+    if let Some(w) = info.world_size {
+        l.push(("world_size", w.to_string()));
+    }
+    l
+}
 
 /// One metric family: its descriptor, then one sample per label set.
 fn family<M: EncodeMetric>(
@@ -398,7 +478,7 @@ fn family<M: EncodeMetric>(
     name: &str,
     help: &str,
     kind: MetricType,
-    samples: Vec<(Labels<'_>, M)>,
+    samples: Vec<(Labels, M)>,
 ) -> std::fmt::Result {
     let mut m = enc.encode_descriptor(name, help, None, kind)?;
     for (labels, metric) in &samples {
@@ -410,18 +490,18 @@ fn family<M: EncodeMetric>(
 fn counters<'a, N: EncodeCounterValue + std::fmt::Debug, F: Fn(&'a RankValues) -> Option<N>>(
     e: &'a Exporter,
     f: F,
-) -> Vec<(Labels<'a>, ConstCounter<N>)> {
+) -> Vec<(Labels, ConstCounter<N>)> {
     e.values()
-        .filter_map(|(j, r, v)| Some((vec![("job", j), ("rank", r)], ConstCounter::new(f(v)?))))
+        .filter_map(|(l, v)| Some((l, ConstCounter::new(f(v)?))))
         .collect()
 }
 
 fn gauges<'a, F: Fn(&'a RankValues) -> Option<f64>>(
     e: &'a Exporter,
     f: F,
-) -> Vec<(Labels<'a>, ConstGauge<f64>)> {
+) -> Vec<(Labels, ConstGauge<f64>)> {
     e.values()
-        .filter_map(|(j, r, v)| Some((vec![("job", j), ("rank", r)], ConstGauge::new(f(v)?))))
+        .filter_map(|(l, v)| Some((l, ConstGauge::new(f(v)?))))
         .collect()
 }
 
@@ -465,14 +545,13 @@ impl Collector for Exposition {
                 None,
                 MetricType::Histogram,
             )?;
-            for (j, r, v) in e.values() {
+            for (labels, v) in e.values() {
                 let bounds = STEP_BUCKETS_NS
                     .iter()
                     .map(|&ns| ns as f64 / 1e9)
                     .chain([f64::INFINITY]);
                 let buckets: Vec<(f64, u64)> = bounds.zip(v.step_buckets.iter().copied()).collect();
                 let count = v.step_buckets.iter().sum();
-                let labels: Labels = vec![("job", j), ("rank", r)];
                 m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
                     v.step_seconds_sum,
                     count,
@@ -483,12 +562,11 @@ impl Collector for Exposition {
         }
         let phases: Vec<(Labels, ConstCounter<f64>)> = e
             .values()
-            .flat_map(|(j, r, v)| {
+            .flat_map(|(l, v)| {
                 v.phase_seconds.iter().map(move |(p, s)| {
-                    (
-                        vec![("job", j), ("rank", r), ("phase", p.name())],
-                        ConstCounter::new(*s),
-                    )
+                    let mut l = l.clone();
+                    l.insert(2, ("phase", p.name().to_owned()));
+                    (l, ConstCounter::new(*s))
                 })
             })
             .collect();
@@ -505,14 +583,11 @@ impl Collector for Exposition {
             .iter()
             .filter_map(|(j, job)| {
                 let v = job.verdict?;
-                Some((
-                    vec![
-                        ("job", j.as_str()),
-                        ("kind", v.kind.as_str()),
-                        ("severity", v.severity.as_str()),
-                    ],
-                    ConstGauge::new(1),
-                ))
+                let info = job.ranks.values().next().map(|r| r.info.clone());
+                let mut l = job_labels(j, &info.unwrap_or_default());
+                l.push(("kind", v.kind.as_str().to_owned()));
+                l.push(("severity", v.severity.as_str().to_owned()));
+                Some((l, ConstGauge::new(1)))
             })
             .collect();
         family(
@@ -522,6 +597,37 @@ impl Collector for Exposition {
              before it).",
             MetricType::Gauge,
             verdicts,
+        )?;
+        family(
+            &mut enc,
+            "traceml_own_work_seconds",
+            "Own work of the complete steps: step time less collective wait (the slowest rank's \
+             is what the others wait for).",
+            MetricType::Counter,
+            counters(e, |v| Some(v.own_work_seconds)),
+        )?;
+        family(
+            &mut enc,
+            "traceml_step_median_seconds",
+            "Median duration of the rank's recent steps (the hang threshold is 10 times it).",
+            MetricType::Gauge,
+            gauges(e, |v| v.step_median_seconds),
+        )?;
+        family(
+            &mut enc,
+            "traceml_last_step_end_timestamp_seconds",
+            "When the rank last completed a step (unix time, to within 1 s); absent before its \
+             first step and once its run ended.",
+            MetricType::Gauge,
+            gauges(e, |v| v.last_step_end_unix),
+        )?;
+        family(
+            &mut enc,
+            "traceml_in_collective",
+            "1 when the rank's latest Python stack is inside a collective (all_reduce, barrier, \
+             DDP's backward...), 0 when not; absent without a stack.",
+            MetricType::Gauge,
+            gauges(e, |v| v.in_collective.map(|b| if b { 1.0 } else { 0.0 })),
         )?;
         family(
             &mut enc,
@@ -593,17 +699,16 @@ impl Collector for Exposition {
                         opt(&rank.info.pod),
                         opt(&rank.info.unit),
                     );
-                    let labels: Labels = vec![
-                        ("job", j.as_str()),
-                        ("rank", r.as_str()),
-                        ("pid", &pid),
-                        ("comm", &comm),
-                        ("command", &command),
-                        ("user", &user),
-                        ("container", &container),
-                        ("pod", &pod),
-                        ("unit", &unit),
-                    ];
+                    let mut labels = rank_labels(j, r, &rank.info);
+                    labels.extend([
+                        ("pid", pid),
+                        ("comm", comm),
+                        ("command", command),
+                        ("user", user),
+                        ("container", container),
+                        ("pod", pod),
+                        ("unit", unit),
+                    ]);
                     m.encode_info(&labels)?;
                 }
             }
