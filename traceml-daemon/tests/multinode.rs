@@ -231,7 +231,7 @@ fn agent_and_daemon(
 }
 
 fn start(label: &str, args: &[&str]) -> Option<Cluster> {
-    if !root_or_skip() || !tool_or_skip(PROMETHEUS, "apt-get install prometheus") {
+    if !root_or_skip() || !tool_or_skip(PROMETHEUS, "prometheus") {
         return None;
     }
     torchrun()?;

@@ -410,24 +410,3 @@ pub fn get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
     let status = head.split(' ').nth(1)?.parse().ok()?;
     Some((status, body.to_owned()))
 }
-
-/// For a test that needs an installed tool (`/usr/bin/promtool`, `/usr/bin/prometheus`): true
-/// when `path` exists. Otherwise the test is skipped with a message, unless
-/// `TRACEML_REQUIRE_ROOT` is set (`cargo xtask test`, whose setup installs it): then a missing
-/// tool is a setup error, not a pass.
-pub fn tool_or_skip(path: &str, install: &str) -> bool {
-    if Path::new(path).exists() {
-        return true;
-    }
-    let test = std::thread::current().name().unwrap_or("a test").to_owned();
-    assert!(
-        std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
-        "{test}: {path} is missing ({install})"
-    );
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "skipped {test}: {path} is missing ({install})"
-    );
-    false
-}
