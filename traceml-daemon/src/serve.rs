@@ -229,9 +229,22 @@ impl MetricsSink {
         f(&mut self.exporter.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
-    /// The run so far (its counters) and the job's current verdict.
-    fn update(&self, s: &Summary, t: &crate::engine::StepTotals, gpu: Option<f64>, v: Verdict) {
-        let values = RankValues::from_summary(s, t, gpu);
+    /// The run so far (its counters), the rank's liveness (when it last completed a step, and
+    /// whether it waits in a collective: the cross-node hang rule's series) and the job's
+    /// current verdict.
+    fn update(
+        &self,
+        s: &Summary,
+        t: &crate::engine::StepTotals,
+        gpu: Option<f64>,
+        v: Verdict,
+        live: Option<(Option<f64>, bool)>,
+    ) {
+        let mut values = RankValues::from_summary(s, t, gpu);
+        if let Some((last_step_end_unix, in_collective)) = live {
+            values.last_step_end_unix = last_step_end_unix;
+            values.in_collective = Some(in_collective);
+        }
         self.with(|e| {
             e.update(&self.job, &self.rank, values);
             if self.sets_verdict {
@@ -262,6 +275,9 @@ async fn run_target(
     let mut last_kind: Option<DiagnosisKind> = None;
     // The verdict `/metrics` shows: the last window's, the run so far's before the first window.
     let mut window_verdict: Option<Verdict> = None;
+    // Steps seen so far, and when the count last grew (unix seconds): the rank's last step end
+    // as `/metrics` shows it (within one refresh), as multirank's `Progress` does for `--pid`.
+    let mut progress: (u32, Option<f64>) = (0, None);
     // The run (and the sink's handle on the folds) ends with this block.
     let result = {
         let run = live::run(&opts, move |item| {
@@ -276,7 +292,22 @@ async fn run_target(
                     let f = folds.borrow();
                     if f.run.events() > 0 && let Some(m) = &metrics {
                         let (s, t) = f.run.snapshot_with_totals();
-                        m.update(&s, &t, f.gpu_utilization, window_verdict.unwrap_or(Verdict::of(&s)));
+                        if s.steps.count > progress.0 {
+                            let now = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map(|d| d.as_secs_f64())
+                                .ok();
+                            progress = (s.steps.count, now);
+                        }
+                        let waiting = f.run.in_collective_wait()
+                            || crate::ranks::in_collective(&f.run.last_stack());
+                        m.update(
+                            &s,
+                            &t,
+                            f.gpu_utilization,
+                            window_verdict.unwrap_or(Verdict::of(&s)),
+                            Some((progress.1, waiting)),
+                        );
                     }
                 }
                 _ = ticks.tick() => {
@@ -330,11 +361,13 @@ async fn run_target(
     let gpu = folds.gpu_utilization;
     let (summary, totals) = folds.run.finish_with_totals();
     if let Some(m) = &metrics {
+        // Ended: no liveness series (a finished rank never looks hung).
         m.update(
             &summary,
             &totals,
             gpu,
             window_verdict.unwrap_or(Verdict::of(&summary)),
+            None,
         );
         m.with(|e| e.ended(&m.job, &m.rank, Instant::now()));
     }
