@@ -127,12 +127,12 @@ pub struct TargetInfo {
     /// `--overhead-budget`, percent of step time.
     #[serde(default)]
     pub overhead_budget_pct: Option<f64>,
-    /// Whose job this is: user, container, pod, systemd unit (`crate::identity`).
+    /// Whose job this is: user, container, pod, systemd unit (`crate::host::identity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<Identity>,
 }
 
-/// Who a target is on the node (`crate::identity`); every field `None` when unknown.
+/// Who a target is on the node (`crate::host::identity`); every field `None` when unknown.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Identity {
@@ -541,7 +541,7 @@ pub struct End {
     pub target: Option<Box<TargetEnd>>,
 }
 
-/// What the daemon learned of the target's end (`crate::ending`). Every field is `None` (or
+/// What the daemon learned of the target's end (`crate::host::ending`). Every field is `None` (or
 /// false) when unknown; `source` says where the facts came from or why they are unknown.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

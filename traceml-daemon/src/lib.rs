@@ -13,51 +13,46 @@
 //! made safe to show) at the bottom. The rules sit above
 //! the model's types because they read a whole `Summary`; nothing below `render` formats output.
 //!
+//! Around the pure core, the shell in three rooms: [`cli`] (arguments and the config file into
+//! one validated settings value, typed errors with exit codes), [`host`] (`/proc`, users through
+//! NSS, identity, policy, job discovery, end reasons, safe output files) and [`runtime`] (one
+//! task per target with its sinks, multi-rank groups, the `--pid` supervisor and `serve`'s
+//! scanner). Imports run cli → runtime → core → host helpers; `tests/layers.rs` checks every
+//! module.
+//!
 //! Everything from the event stream on is pure and tested from recorded traces without root;
-//! only `attach`, `live` and `sampler` touch the kernel or the target. `attach`, `live` and the
-//! NVML sampler exist only with the `live` feature (on by default): without it the crate builds
-//! with stable Rust and no eBPF toolchain, and the binary offers `replay` and `compare`.
+//! only `attach`, `runtime` and `sampler` touch the kernel or the target. `attach`, `runtime`
+//! and the NVML sampler exist only with the `live` feature (on by default): without it the
+//! crate builds with stable Rust and no eBPF toolchain, and the binary offers `replay` and
+//! `compare`.
 
 pub mod analysis;
 #[cfg(feature = "live")]
 pub mod attach;
 pub mod classify;
+pub mod cli;
 pub mod compare;
 pub mod diagnosis;
-pub mod ending;
 pub mod engine;
 pub mod event;
-pub mod identity;
-#[cfg(feature = "live")]
-pub mod job;
-#[cfg(feature = "live")]
-pub mod live;
+pub mod host;
 pub mod metrics;
-#[cfg(feature = "live")]
-pub mod multirank;
-pub mod output;
 pub mod overhead;
 pub mod phase;
-pub mod policy;
-pub mod procinfo;
 pub mod profile;
 pub mod ranks;
 pub mod record;
 pub mod render;
+#[cfg(feature = "live")]
+pub mod runtime;
 pub mod sample;
 pub mod sampler;
 pub mod sanitize;
-#[cfg(feature = "live")]
-pub mod serve;
-pub mod settings;
 pub mod stats;
 pub mod summary;
 pub mod sweep;
 pub mod text;
-#[cfg(feature = "live")]
-pub mod top;
 pub mod units;
-pub mod users;
 
 /// The compiled eBPF object, built by `build.rs`.
 #[cfg(feature = "live")]

@@ -17,6 +17,7 @@ use crate::text::wrap;
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
 
 pub mod compare;
+pub mod files;
 #[cfg(test)]
 mod hostile_tests;
 pub mod html;

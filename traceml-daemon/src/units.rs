@@ -93,3 +93,12 @@ pub fn utc_stamp(unix_s: u64) -> String {
         secs % 60
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_stamps() {
+        assert_eq!(super::utc_stamp(0), "19700101-000000");
+        assert_eq!(super::utc_stamp(1_798_675_200 + 3_661), "20261231-010101");
+    }
+}

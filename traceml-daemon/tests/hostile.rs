@@ -106,7 +106,7 @@ fn hostile_names_reach_no_output_unescaped() {
         "residual share {residual:.3}, the truth's at least {truth_share:.3}"
     );
     assert_eq!(s["target"]["comm"], "\x1b[2J\u{fffd}\u{fffd}<x>");
-    // Whose job it is (crate::identity): the target runs as root here.
+    // Whose job it is (crate::host::identity): the target runs as root here.
     assert_eq!(s["target"]["identity"]["uid"], 0, "{}", s["target"]);
     assert_eq!(s["target"]["identity"]["user"], "root");
     let cmdline: Vec<&str> = s["target"]["cmdline"]

@@ -64,7 +64,7 @@ fn text(out: &Output) -> String {
 /// The config file's keys, from serde's own message for an unknown one ("expected one of
 /// `state_dir`, `window_s`, ...").
 fn config_keys() -> Vec<String> {
-    let err = toml::from_str::<traceml_daemon::serve::ServeConfig>("not_a_key = 1\n")
+    let err = toml::from_str::<traceml_daemon::runtime::serve::ServeConfig>("not_a_key = 1\n")
         .expect_err("an unknown key is an error")
         .to_string();
     let list = err

@@ -207,7 +207,7 @@ fn agent_and_daemon(
     });
     // Still in rendezvous: the agent has started no rank.
     assert!(
-        traceml_daemon::job::ranks_below(pid).is_empty(),
+        traceml_daemon::host::jobs::ranks_below(pid).is_empty(),
         "agent {k} has ranks already"
     );
     let log = std::fs::File::create(dir.join(format!("daemon{k}.log"))).unwrap();

@@ -403,7 +403,7 @@ fn single_pid_mode_serves_metrics_while_attached() {
     eprintln!("while attached: {line}");
     let (series, value) = line.rsplit_once(' ').unwrap();
     // A job of one process: its job_id is `<node>/<job>` (docs/metrics.md, "Jobs across nodes").
-    let node = traceml_daemon::job::node_name();
+    let node = traceml_daemon::host::jobs::node_name();
     assert_eq!(
         series,
         format!(r#"traceml_steps_total{{job="out",rank="0",job_id="{node}/out",node="{node}"}}"#)

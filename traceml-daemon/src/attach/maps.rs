@@ -1,17 +1,17 @@
-//! The target's memory maps (read and parsed by [`crate::procinfo`]): which files it maps, where,
+//! The target's memory maps (read and parsed by [`crate::host::procinfo`]): which files it maps, where,
 //! and which of them matter to us (the Python evaluator, CUDA runtime and driver, torch).
 use std::path::{Path, PathBuf};
 
-pub use crate::procinfo::Mapping;
+pub use crate::host::procinfo::Mapping;
 
-/// Parses the text of a maps file (see [`crate::procinfo::maps_from`]).
+/// Parses the text of a maps file (see [`crate::host::procinfo::maps_from`]).
 pub fn parse(text: &str) -> Vec<Mapping> {
-    crate::procinfo::maps_from(text.as_bytes())
+    crate::host::procinfo::maps_from(text.as_bytes())
 }
 
-/// Reads and parses `/proc/<pid>/maps` (see [`crate::procinfo::maps`]).
+/// Reads and parses `/proc/<pid>/maps` (see [`crate::host::procinfo::maps`]).
 pub fn read(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    crate::procinfo::maps(pid)
+    crate::host::procinfo::maps(pid)
 }
 
 /// The distinct file paths, in first-mapped order.

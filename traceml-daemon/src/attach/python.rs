@@ -113,7 +113,7 @@ pub struct PythonTarget {
 /// The path through which the daemon opens a file the target maps (works across mount
 /// namespaces, e.g. a target in a container).
 pub fn host_path(pid: u32, path: &Path) -> PathBuf {
-    let inside = crate::procinfo::root_path(pid, path);
+    let inside = crate::host::procinfo::root_path(pid, path);
     if inside.exists() {
         inside
     } else {
@@ -129,7 +129,7 @@ impl std::fmt::Debug for ElfFile {
 
 /// Finds the file holding the evaluator among the target's executable and `libpython*`.
 pub fn find(pid: u32, mappings: &[Mapping]) -> Result<PythonTarget, PythonError> {
-    let exe = crate::procinfo::exe(pid);
+    let exe = crate::host::procinfo::exe(pid);
     let mut candidates: Vec<PathBuf> = maps::files(mappings)
         .into_iter()
         .filter(|p| maps::role_of(p) == Some(maps::Role::Python) || Some(p) == exe.as_ref())

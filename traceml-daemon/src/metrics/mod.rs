@@ -203,46 +203,17 @@ pub struct JobInfo {
     pub pod: Option<String>,
     /// The systemd unit the process runs in (`slurmstepd`-style scopes included).
     pub unit: Option<String>,
-    /// The job's identity across nodes ([`crate::job::job_identity`]); `None`: the `job_id`
+    /// The job's identity across nodes ([`crate::host::jobs::job_identity`]); `None`: the `job_id`
     /// label is `<node>/<job>`.
     pub job_id: Option<String>,
     /// The rank's `LOCAL_RANK` and `WORLD_SIZE`, when its environment has them.
     pub local_rank: Option<u32>,
     pub world_size: Option<u32>,
-    /// The node ([`crate::job::node_name`]); empty when unknown.
+    /// The node ([`crate::host::jobs::node_name`]); empty when unknown.
     pub node: String,
 }
 
 impl JobInfo {
-    /// The info series' values for process `pid`: name, command line and where it runs
-    /// ([`crate::identity`]), each sanitized for a label.
-    #[cfg(feature = "live")]
-    pub fn of(pid: u32) -> JobInfo {
-        let env = crate::procinfo::environ(pid).unwrap_or_default();
-        let get = |k: &str| {
-            env.get(std::ffi::OsStr::new(k))
-                .map(|v| v.to_string_lossy().into_owned())
-        };
-        let num = |k: &str| get(k).and_then(|v| v.trim().parse().ok());
-        let info = JobInfo::with_identity(
-            pid,
-            crate::procinfo::comm(pid)
-                .map(|b| crate::sanitize::comm(&b))
-                .unwrap_or_default(),
-            crate::procinfo::cmdline(pid)
-                .map(|b| crate::sanitize::cmdline(&b).join(" "))
-                .unwrap_or_default(),
-            &crate::identity::of(pid),
-        );
-        JobInfo {
-            job_id: crate::job::job_identity(get, &crate::job::host_name()),
-            local_rank: num("LOCAL_RANK"),
-            world_size: num("WORLD_SIZE"),
-            node: crate::job::node_name(),
-            ..info
-        }
-    }
-
     /// Pure: the series' values from what was read.
     pub fn with_identity(
         pid: u32,
@@ -438,7 +409,7 @@ struct Exposition(Exporter);
 type Labels = Vec<(&'static str, String)>;
 
 /// The identity labels of a series: `job` (this node's job directory), `job_id` (the job across
-/// nodes: [`crate::job::job_identity`], else `<node>/<job>`), and where known `node`.
+/// nodes: [`crate::host::jobs::job_identity`], else `<node>/<job>`), and where known `node`.
 fn job_labels(job: &str, info: &JobInfo) -> Labels {
     let mut l = vec![
         ("job", job.to_owned()),

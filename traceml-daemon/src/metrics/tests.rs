@@ -545,7 +545,7 @@ fn step_buckets_follow_le() {
 
 #[test]
 fn job_info_says_where_the_process_runs() {
-    let id = crate::identity::from_cgroup_path(
+    let id = crate::host::identity::from_cgroup_path(
         "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_7980_1a2b_3c4d5e6f7a8b.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope",
     );
     let i = JobInfo::with_identity(7, "python".into(), "python t.py".into(), &id);

@@ -176,7 +176,7 @@ impl Writer {
     }
 
     /// A recording written to `file`, opened for it by the caller (the daemon opens it with
-    /// `crate::output::create_file`: no planted symbolic link is followed, and under `sudo` the
+    /// `crate::host::output::create_file`: no planted symbolic link is followed, and under `sudo` the
     /// user gets the file); `path` names it in errors and its extension chooses the format.
     pub fn from_file(file: std::fs::File, path: &Path) -> Result<Self, RecordError> {
         Self::from_file_as(file, path, Format::for_path(path), DAEMON_VERSION)

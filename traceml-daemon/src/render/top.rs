@@ -1,7 +1,7 @@
 //! The live view of `traceml-daemon top`, drawn from two summaries (the last window and the run
 //! so far) into any ratatui buffer, and its one-line forms: the periodic line `top` prints when
 //! stdout is not a terminal and the liveness line of the default attach mode. Pure: no clock, no
-//! terminal (`crate::top` owns the loop, the terminal and the keys).
+//! terminal (`crate::runtime::view` owns the loop, the terminal and the keys).
 //!
 //! Every line is laid out to the frame's width before it is drawn (text wrapped at words, lists
 //! of `a · b · c` parts shortened by whole parts), so at 80 columns nothing is cut mid-word.

@@ -2,7 +2,7 @@
 //! child processes (DataLoader workers).
 use procfs::process::Stat;
 
-use crate::procinfo::{self, Meminfo};
+use crate::host::procinfo::{self, Meminfo};
 use crate::sample::{ProcessSample, Sample, SystemSample};
 
 /// Raw /proc readings at one instant.
@@ -24,7 +24,7 @@ pub fn page_size() -> u64 {
     procinfo::page_size()
 }
 
-/// Reads everything one sample needs (through [`crate::procinfo`]). Missing pieces (a worker
+/// Reads everything one sample needs (through [`crate::host::procinfo`]). Missing pieces (a worker
 /// that just exited) are skipped.
 pub fn read_snapshot(pid: u32, ts: u64) -> Snapshot {
     Snapshot {

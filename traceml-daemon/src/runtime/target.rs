@@ -16,13 +16,13 @@ use crate::attach::pystack::StackReader;
 use crate::attach::python::{self, CodeReader};
 use crate::attach::{self, AttachError, Attacher, LoadConfig, maps};
 use crate::classify::{self, RecordClass};
-use crate::ending;
 use crate::event::{
     self, Api, Class, CodeInfo, End, EndReason, FuncInfo, Kind, LaunchTotals, LibraryInfo, Lost,
     ProbeSet, ProbeStats, StackSample, StreamItem, TargetInfo,
 };
+use crate::host::ending;
+use crate::host::procinfo;
 use crate::overhead::{Governor, GovernorConfig, Markers, Policy, Tick};
-use crate::procinfo;
 use crate::sampler::Sampler;
 use crate::sanitize::{self, terminal};
 
@@ -711,7 +711,7 @@ pub async fn run(
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         launch_count_only: !opts.launch_events,
         overhead_budget_pct: Some(opts.overhead_budget * 100.0),
-        identity: Some(crate::identity::of(pid)),
+        identity: Some(crate::host::identity::of(pid)),
     })))?;
 
     // Armed at attach only where the governor starts with it (`--probe-set full`).
@@ -1047,7 +1047,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                     rescan = interval_at(tokio::time::Instant::now() + every, every);
                     rescan.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 }
-                // Maps first, then the process's state (see crate::ending: a process tearing
+                // Maps first, then the process's state (see crate::host::ending: a process tearing
                 // down its memory on exit is not an exec).
                 let mappings = maps::read(pid).ok();
                 let base = mappings.as_ref().map(|m| maps::base_of(m, &run.python_path));

@@ -1,6 +1,6 @@
 //! Which job a target is, as a node operator names it: its user, its container (runtime and
 //! id) and Kubernetes pod, or the systemd unit it runs in. Read from `/proc/<pid>/cgroup`, the
-//! target's owner (named by the system's name service, [`crate::users`]) and, for a pod's name
+//! target's owner (named by the system's name service, [`crate::host::users`]) and, for a pod's name
 //! and namespace, its environment.
 //!
 //! The cgroup path carries the container id and the pod's UID under every common runtime and
@@ -20,13 +20,13 @@
 //! (`POD_NAME`/`POD_NAMESPACE` when the pod spec passes them through the downward API, else
 //! `HOSTNAME`, which Kubernetes sets to the pod's name). [`of`] reads; the rest is pure.
 use crate::event::Identity;
-use crate::procinfo;
+use crate::host::procinfo;
 use crate::sanitize;
 
 /// The identity of process `pid` (whatever of it can be read).
 pub fn of(pid: u32) -> Identity {
     let uid = procinfo::uid(pid);
-    let user = uid.and_then(crate::users::name_of);
+    let user = uid.and_then(crate::host::users::name_of);
     let env: Vec<(String, String)> = procinfo::environ(pid)
         .map(|e| {
             ["POD_NAME", "POD_NAMESPACE", "HOSTNAME"]

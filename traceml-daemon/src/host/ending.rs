@@ -24,7 +24,7 @@
 use std::time::{Duration, Instant};
 
 use crate::event::{EndReason, TargetEnd};
-use crate::procinfo;
+use crate::host::procinfo;
 use crate::sanitize;
 
 /// `PF_EXITING` (`include/linux/sched.h`): the task has entered `do_exit`. Never cleared.

@@ -6,7 +6,8 @@
 //! command line and stay workers. A process with no rank in its environment is a job of one.
 use std::collections::HashMap;
 
-use crate::serve::proc_info;
+use crate::host::policy::ProcInfo;
+use crate::host::procinfo;
 
 /// One rank process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,7 +31,7 @@ pub struct JobSpec {
 
 /// The rank variables of a process's environment.
 fn rank_env(pid: u32) -> Option<HashMap<String, String>> {
-    let env = crate::procinfo::environ(pid)?;
+    let env = procinfo::environ(pid)?;
     let get = |k: &str| {
         env.get(std::ffi::OsStr::new(k))
             .map(|v| v.to_string_lossy().into_owned())
@@ -78,7 +79,7 @@ pub fn ranks_below(root: u32) -> Vec<(RankProc, HashMap<String, String>)> {
     for _ in 0..4 {
         let mut next = Vec::new();
         for p in level {
-            for c in crate::procinfo::children(p) {
+            for c in procinfo::children(p) {
                 match rank_env(c) {
                     Some(env) if proc_info(c).is_some_and(|i| i.python) => {
                         let num = |k: &str| env.get(k).and_then(|v| v.parse().ok());
@@ -112,7 +113,7 @@ pub fn ranks_below(root: u32) -> Vec<(RankProc, HashMap<String, String>)> {
 pub fn discover(pid: u32) -> JobSpec {
     let info = proc_info(pid);
     let is_launcher = |p: u32| {
-        proc_info(p).is_some_and(|i| crate::policy::is_launcher(&i.cmdline))
+        proc_info(p).is_some_and(|i| crate::host::policy::is_launcher(&i.cmdline))
             || !ranks_below(p).is_empty()
     };
     let launcher = if rank_env(pid).is_some() {
@@ -149,6 +150,51 @@ pub fn discover(pid: u32) -> JobSpec {
             .map(|(a, p)| format!("{a}:{p}")),
         ranks: ranks.into_iter().map(|(r, _)| r).collect(),
     }
+}
+
+/// Reads what the policy needs about one process; `None` when it vanished or is unreadable.
+pub fn proc_info(pid: u32) -> Option<ProcInfo> {
+    let stat = procinfo::stat(pid)?;
+    let uid = procinfo::uid(pid)?;
+    let cmdline = procinfo::cmdline_args(pid)?
+        .into_iter()
+        .map(|a| crate::sanitize::bounded(&a, 4096).into_owned())
+        .collect();
+    let exe_name = procinfo::exe(pid)
+        .and_then(|e| e.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let (mut python, mut torch) = (exe_name.starts_with("python"), false);
+    for path in procinfo::mapped_paths(pid).ok()? {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        python |= name.starts_with("libpython");
+        torch |= name.starts_with("libtorch_cpu") || name.starts_with("libtorch_python");
+    }
+    let disable_env = if python && torch { opt_out(pid) } else { None };
+    let cgroup = procinfo::cgroup(pid).unwrap_or_default();
+    Some(ProcInfo {
+        pid,
+        ppid: stat.ppid as u32,
+        uid,
+        user: crate::host::users::name_of(uid),
+        cmdline,
+        exe_name,
+        python,
+        torch,
+        disable_env,
+        cgroup,
+    })
+}
+
+/// `TRACEML_DISABLE` in the environment of `pid`: the target's own opt-out (`serve` honours
+/// it; `--pid` says it attaches anyway).
+pub fn opt_out(pid: u32) -> Option<String> {
+    procinfo::environ(pid).and_then(|env| {
+        env.get(std::ffi::OsStr::new("TRACEML_DISABLE"))
+            .map(|v| v.to_string_lossy().into_owned())
+    })
 }
 
 /// A job's identity, equal on every node of one job: the `job_id` label of its series. The
@@ -191,20 +237,13 @@ pub fn job_identity(get: impl Fn(&str) -> Option<String>, host: &str) -> Option<
     })
 }
 
-/// This machine's host name (the kernel's, `/proc/sys/kernel/hostname`), `""` when unreadable.
-pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
-}
-
 /// The `node` label: `TRACEML_NODE` of the daemon's environment when set (several daemons on
 /// one machine standing for several nodes, or a scheduler's node name), else the host name.
 pub fn node_name() -> String {
     std::env::var("TRACEML_NODE")
         .ok()
         .filter(|v| !v.is_empty())
-        .unwrap_or_else(host_name)
+        .unwrap_or_else(procinfo::hostname)
 }
 
 #[cfg(test)]

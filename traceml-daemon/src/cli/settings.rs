@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::host::policy::{Policy, PolicyConfig};
 use crate::overhead::Policy as ProbePolicy;
-use crate::policy::{Policy, PolicyConfig};
 
 /// The defaults (docs/serve.md's table).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/traceml";

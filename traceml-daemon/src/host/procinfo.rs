@@ -470,7 +470,7 @@ Rss:  4 kB
     #[test]
     fn cpu_times_from_a_recorded_proc_stat() {
         // /proc/stat recorded on a development machine (2 CPUs).
-        let k = kernel_stats_from(include_bytes!("sampler/fixtures/stat")).unwrap();
+        let k = kernel_stats_from(include_bytes!("../sampler/fixtures/stat")).unwrap();
         // cpu  305093 22365 47090 31719 1254 0 406 260 0 0
         let total = 305093 + 22365 + 47090 + 31719 + 1254 + 406 + 260;
         assert_eq!(cpu_busy_total(&k), (total - 31719 - 1254, total));

@@ -1,7 +1,7 @@
 //! The single-pid run as people watch it: `traceml-daemon top` and the default attach's liveness
-//! line. Runs [`live::run`] on one thread while folding its stream into the run's [`Collector`]
-//! (and, for `top`, two overlapping window collectors, so "the last window" always reaches 5 to
-//! 10 s back), and on a timer summarises them and shows them:
+//! line. The run is the target's task ([`task::drive`]) with one more sink, the display, which
+//! folds two overlapping windows (so "the last window" always reaches 5 to 10 s back) and on its
+//! tick summarises them and shows them:
 //!
 //! - [`Display::Screen`]: the full-screen view ([`crate::render::top`]) on the terminal, refreshed
 //!   every second; `q`, Esc or Ctrl-C (and SIGINT/SIGTERM/SIGHUP) detach. The terminal is put
@@ -11,7 +11,7 @@
 //! - [`Display::Liveness`]: the default attach on a terminal: one line on stderr, refreshed in
 //!   place every few seconds and cleared before the caller prints the card.
 //!
-//! The caller writes the summary files from the returned collector, as for any run.
+//! The caller writes the summary files from the returned outcome, as for any run.
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::{self, IsTerminal, Read, Seek, Write};
@@ -27,8 +27,9 @@ use tokio::sync::watch;
 
 use crate::analysis::Collector;
 use crate::event::{EndReason, StreamItem};
-use crate::live::{self, LiveError};
 use crate::render::top::{LiveView, draw, liveness_line, plain_line};
+use crate::runtime::target::Options;
+use crate::runtime::task::{self, Ended, Folds, Outcome, Sink, Sinks};
 
 /// How the run is shown while it goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,26 +46,10 @@ pub enum Display {
 
 /// How long "the last window" reaches back at most; a new window starts every half of it.
 pub const WINDOW: Duration = Duration::from_secs(10);
-/// Refresh period of the screen and of the plain lines.
-const REFRESH: Duration = Duration::from_secs(1);
 /// Refresh period of the liveness line.
 const LIVENESS_REFRESH: Duration = Duration::from_secs(2);
 /// How often keys are read (non-blocking) while the screen is up.
 const KEY_POLL: Duration = Duration::from_millis(50);
-
-/// What a driven run leaves: how it ended, and the fold of everything it streamed.
-pub struct Outcome {
-    pub result: Result<EndReason, LiveError>,
-    pub collector: Collector,
-}
-
-/// The run's fold, and the two window folds when something shows them.
-struct Folds {
-    run: Collector,
-    windows: Option<Windows>,
-    /// The probes are attached (the first probe set was announced).
-    attached: bool,
-}
 
 /// Two overlapping windows: `older` began up to [`WINDOW`] ago, `newer` half a window later;
 /// every half window the older is dropped and a fresh one starts.
@@ -75,74 +60,133 @@ struct Windows {
     newer_since: Instant,
 }
 
-impl Folds {
-    fn push(&mut self, item: &StreamItem) {
-        if matches!(item, StreamItem::ProbeSet(_)) {
-            self.attached = true;
-        }
-        self.run.push(item);
-        if let Some(w) = &mut self.windows {
-            w.older.push(item);
-            w.newer.push(item);
-        }
-    }
-
-    fn rotate(&mut self, now: Instant) {
-        let Some(w) = &mut self.windows else { return };
-        if now.duration_since(w.newer_since) >= WINDOW / 2 {
-            w.older = std::mem::replace(&mut w.newer, self.run.fresh_window());
-            w.older_since = std::mem::replace(&mut w.newer_since, now);
-        }
-    }
-}
-
-/// Attaches with `opts` and runs until the target ends, or the user or a signal stops it; every
-/// item, once folded, also goes to `sink` with the run's fold (a recording, an exporter). Fails
-/// only when the terminal cannot be set up.
-pub fn run(
-    mut opts: live::Options,
-    display: Display,
-    sink: impl FnMut(&StreamItem, &Collector) -> Result<(), String>,
-) -> io::Result<Outcome> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let start = Instant::now();
-    let folds = Rc::new(RefCell::new(Folds {
-        run: Collector::new(),
-        windows: matches!(display, Display::Screen | Display::Lines).then(|| Windows {
+impl Windows {
+    fn new(start: Instant) -> Windows {
+        Windows {
             older: Collector::new(),
             newer: Collector::new(),
             older_since: start,
             newer_since: start,
-        }),
-        attached: false,
-    }));
-    let result = match display {
-        Display::Screen => {
-            // The run leaves the signals to us: raw mode turns Ctrl-C into a key.
-            let (tx, rx) = watch::channel(None);
-            opts.stop = Some(rx);
-            let mut screen = Screen::enter()?;
-            let show = |f: &Folds, now: Instant, screen: &mut Screen| {
-                let _ = screen.draw(f, opts.pid, start, now);
-            };
-            rt.block_on(screen_loop(&opts, &folds, sink, tx, &mut screen, show))?
         }
-        Display::Lines => rt.block_on(timed_loop(&opts, &folds, sink, REFRESH, |f, now| {
-            let (window, run, window_s) = snapshots(f, now);
-            let v = LiveView {
-                pid: opts.pid,
-                elapsed_s: now.duration_since(start).as_secs_f64(),
-                attached: f.attached,
-                window_s,
-                window: &window,
-                run: &run,
-            };
-            let mut out = io::stdout().lock();
-            let _ = writeln!(out, "{}", plain_line(&v)).and_then(|_| out.flush());
-        })),
-        Display::Liveness => {
+    }
+
+    fn rotate(&mut self, run: &Collector, now: Instant) {
+        if now.duration_since(self.newer_since) >= WINDOW / 2 {
+            self.older = std::mem::replace(&mut self.newer, run.fresh_window());
+            self.older_since = std::mem::replace(&mut self.newer_since, now);
+        }
+    }
+}
+
+/// Where the view goes.
+enum Shown {
+    Screen(Rc<RefCell<Screen>>),
+    Lines,
+    Liveness(LivenessLine),
+}
+
+/// The display as a sink of the target's task.
+struct View {
+    pid: u32,
+    start: Instant,
+    windows: Option<Windows>,
+    shown: Shown,
+    last: Instant,
+}
+
+impl View {
+    fn show(&mut self, f: &Folds, now: Instant) {
+        let elapsed_s = now.duration_since(self.start).as_secs_f64();
+        if let Shown::Liveness(line) = &mut self.shown {
+            let text = liveness_line(
+                self.pid,
+                elapsed_s,
+                f.attached,
+                &f.run.snapshot(),
+                columns(),
+            );
+            line.show(&text);
+            return;
+        }
+        let run = f.run.snapshot();
+        let (window, window_s) = match &self.windows {
+            Some(w) => (
+                w.older.snapshot(),
+                now.duration_since(w.older_since).as_secs_f64(),
+            ),
+            None => (run.clone(), 0.0),
+        };
+        let v = LiveView {
+            pid: self.pid,
+            elapsed_s,
+            attached: f.attached,
+            window_s,
+            window: &window,
+            run: &run,
+        };
+        match &self.shown {
+            Shown::Screen(screen) => {
+                let _ = screen.borrow_mut().draw(&v);
+            }
+            Shown::Lines => {
+                let mut out = io::stdout().lock();
+                let _ = writeln!(out, "{}", plain_line(&v)).and_then(|_| out.flush());
+            }
+            Shown::Liveness(_) => {}
+        }
+    }
+}
+
+impl Sink for View {
+    fn item(&mut self, item: &StreamItem, _: &Folds) -> Result<(), String> {
+        if let Some(w) = &mut self.windows {
+            w.older.push(item);
+            w.newer.push(item);
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self, f: &mut Folds, now: Instant) {
+        let every = match self.shown {
+            Shown::Liveness(_) => LIVENESS_REFRESH,
+            _ => task::TICK,
+        };
+        if now < self.last + every {
+            return;
+        }
+        self.last = now;
+        if let Some(w) = &mut self.windows {
+            w.rotate(&f.run, now);
+        }
+        self.show(f, now);
+    }
+
+    fn end(&mut self, _: Option<&Ended<'_>>) -> Result<(), String> {
+        // The liveness line is cleared before the caller prints anything.
+        if let Shown::Liveness(line) = &mut self.shown {
+            line.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Attaches with `opts` and runs until the target ends, or the user or a signal stops it; every
+/// item also goes to `sinks` (a recording, an exporter). Fails only when the terminal cannot be
+/// set up.
+pub fn run(
+    mut opts: Options,
+    display: Display,
+    mut sinks: Vec<Box<dyn Sink>>,
+) -> io::Result<Outcome> {
+    let start = Instant::now();
+    let screen = match display {
+        Display::Screen => Some(Rc::new(RefCell::new(Screen::enter()?))),
+        _ => None,
+    };
+    let shown = match (display, &screen) {
+        (Display::Screen, Some(s)) => Some(Shown::Screen(s.clone())),
+        (Display::Lines, _) => Some(Shown::Lines),
+        (Display::Liveness, _) => {
             let mut line = LivenessLine::default();
             line.show(&liveness_line(
                 opts.pid,
@@ -151,110 +195,60 @@ pub fn run(
                 &Collector::new().snapshot(),
                 columns(),
             ));
-            let pid = opts.pid;
-            rt.block_on(timed_loop(
-                &opts,
-                &folds,
-                sink,
-                LIVENESS_REFRESH,
-                |f, now| {
-                    line.show(&liveness_line(
-                        pid,
-                        now.duration_since(start).as_secs_f64(),
-                        f.attached,
-                        &f.run.snapshot(),
-                        columns(),
-                    ))
-                },
-            ))
-            // `line` is cleared when dropped, before the caller prints anything.
+            Some(Shown::Liveness(line))
         }
-        Display::Silent => rt.block_on(timed_loop(&opts, &folds, sink, REFRESH, |_, _| {})),
+        _ => None,
     };
-    let Ok(folds) = Rc::try_unwrap(folds).map(RefCell::into_inner) else {
-        unreachable!("the run and its sink are gone");
-    };
-    Ok(Outcome {
-        result,
-        collector: folds.run,
-    })
-}
-
-/// The window's and the run's summaries now, and how far back the window reaches.
-fn snapshots(f: &Folds, now: Instant) -> (crate::summary::Summary, crate::summary::Summary, f64) {
-    let run = f.run.snapshot();
-    match &f.windows {
-        Some(w) => (
-            w.older.snapshot(),
-            run,
-            now.duration_since(w.older_since).as_secs_f64(),
-        ),
-        None => (run.clone(), run, 0.0),
+    if let Some(shown) = shown {
+        sinks.push(Box::new(View {
+            pid: opts.pid,
+            start,
+            windows: matches!(display, Display::Screen | Display::Lines)
+                .then(|| Windows::new(start)),
+            shown,
+            last: start,
+        }));
     }
-}
-
-/// The sink of the live run: folds each item, then hands it on.
-fn folding(
-    folds: &Rc<RefCell<Folds>>,
-    mut sink: impl FnMut(&StreamItem, &Collector) -> Result<(), String>,
-) -> impl FnMut(&StreamItem) -> Result<(), String> {
-    let folds = folds.clone();
-    move |item| {
-        let mut f = folds.borrow_mut();
-        f.push(item);
-        sink(item, &f.run)
-    }
-}
-
-/// The run with a timer: `show` every `every` until the run ends (signals are the run's own).
-async fn timed_loop(
-    opts: &live::Options,
-    folds: &Rc<RefCell<Folds>>,
-    sink: impl FnMut(&StreamItem, &Collector) -> Result<(), String>,
-    every: Duration,
-    mut show: impl FnMut(&Folds, Instant),
-) -> Result<EndReason, LiveError> {
-    let run = live::run(opts, folding(folds, sink));
-    tokio::pin!(run);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            r = &mut run => return r,
-            _ = tick.tick() => {
-                let now = Instant::now();
-                let mut f = folds.borrow_mut();
-                f.rotate(now);
-                show(&f, now);
-            }
+    let folds = Rc::new(RefCell::new(Folds::default()));
+    let sinks: Sinks = Rc::new(RefCell::new(sinks));
+    let outcome = match screen {
+        Some(screen) => {
+            // The run leaves the signals to us: raw mode turns Ctrl-C into a key.
+            let (tx, rx) = watch::channel(None);
+            opts.stop = Some(rx);
+            crate::runtime::task::block_on(screen_loop(&opts, folds, sinks, tx, screen))??
         }
-    }
+        None => crate::runtime::task::block_on(task::drive(&opts, folds, sinks))?,
+    };
+    Ok(outcome)
 }
 
-/// The run under the full-screen view: redraws every second and on resize, reads keys, and
-/// turns `q`/Esc/Ctrl-C and signals into a stop.
+/// The run under the full-screen view: redraws on resize, reads keys, and turns `q`/Esc/Ctrl-C
+/// and signals into a stop.
 async fn screen_loop(
-    opts: &live::Options,
-    folds: &Rc<RefCell<Folds>>,
-    sink: impl FnMut(&StreamItem, &Collector) -> Result<(), String>,
+    opts: &Options,
+    folds: Rc<RefCell<Folds>>,
+    sinks: Sinks,
     stop: watch::Sender<Option<EndReason>>,
-    screen: &mut Screen,
-    mut show: impl FnMut(&Folds, Instant, &mut Screen),
-) -> io::Result<Result<EndReason, LiveError>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (mut int, mut term, mut hup) = (
-        signal(SignalKind::interrupt())?,
-        signal(SignalKind::terminate())?,
-        signal(SignalKind::hangup())?,
-    );
-    show(&folds.borrow(), Instant::now(), screen);
-    let run = live::run(opts, folding(folds, sink));
+    screen: Rc<RefCell<Screen>>,
+) -> io::Result<Outcome> {
+    let crate::runtime::task::Signals {
+        mut int,
+        mut term,
+        mut hup,
+    } = crate::runtime::task::Signals::new()?;
+    let redraw = |sinks: &Sinks, folds: &Rc<RefCell<Folds>>| {
+        // The view is the last sink: a forced tick redraws at once.
+        if let Some(view) = sinks.borrow_mut().last_mut() {
+            let mut f = folds.borrow_mut();
+            view.tick(&mut f, Instant::now() + task::TICK);
+        }
+    };
+    redraw(&sinks, &folds);
+    let run = task::drive(opts, folds.clone(), sinks.clone());
     tokio::pin!(run);
-    let mut refresh = tokio::time::interval(REFRESH);
     let mut keys = tokio::time::interval(KEY_POLL);
-    for t in [&mut refresh, &mut keys] {
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    }
+    keys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let request = |reason| {
         stop.send_if_modified(|r| {
             let first = r.is_none();
@@ -264,16 +258,13 @@ async fn screen_loop(
     };
     loop {
         tokio::select! {
-            r = &mut run => return Ok(r),
-            _ = refresh.tick() => {
-                let now = Instant::now();
-                let mut f = folds.borrow_mut();
-                f.rotate(now);
-                show(&f, now, screen);
+            r = &mut run => {
+                drop(screen);
+                return Ok(r);
             }
             _ = keys.tick() => match read_keys() {
                 Keys::Quit => request(EndReason::Interrupted),
-                Keys::Redraw => show(&folds.borrow(), Instant::now(), screen),
+                Keys::Redraw => redraw(&sinks, &folds),
                 Keys::None => {}
             },
             _ = int.recv() => request(EndReason::Interrupted),
@@ -338,17 +329,8 @@ impl Screen {
         Ok(s)
     }
 
-    fn draw(&mut self, f: &Folds, pid: u32, start: Instant, now: Instant) -> io::Result<()> {
-        let (window, run, window_s) = snapshots(f, now);
-        let v = LiveView {
-            pid,
-            elapsed_s: now.duration_since(start).as_secs_f64(),
-            attached: f.attached,
-            window_s,
-            window: &window,
-            run: &run,
-        };
-        self.terminal.draw(|frame| draw(frame, &v))?;
+    fn draw(&mut self, v: &LiveView<'_>) -> io::Result<()> {
+        self.terminal.draw(|frame| draw(frame, v))?;
         Ok(())
     }
 }
@@ -425,33 +407,24 @@ impl LivenessLine {
         let _ = write!(err, "\r\x1b[2K{text}").and_then(|_| err.flush());
         self.shown = true;
     }
-}
 
-impl Drop for LivenessLine {
-    fn drop(&mut self) {
-        if self.shown {
+    fn clear(&mut self) {
+        if std::mem::take(&mut self.shown) {
             let mut err = io::stderr().lock();
             let _ = write!(err, "\r\x1b[2K").and_then(|_| err.flush());
         }
     }
 }
 
-/// Columns of the terminal on stderr (80 when unknown), less one so the line never wraps.
+impl Drop for LivenessLine {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// Columns of the terminal (80 when unknown), less one so the line never wraps.
 fn columns() -> usize {
-    let mut ws = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ only writes one `winsize` through the pointer, which points to `ws`;
-    // on a non-terminal it fails with ENOTTY and writes nothing.
-    let rc = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) };
-    let cols = if rc == 0 && ws.ws_col > 0 {
-        usize::from(ws.ws_col)
-    } else {
-        80
-    };
+    let cols = terminal::size().map_or(80, |(c, _)| usize::from(c));
     cols.saturating_sub(1).max(20)
 }
 

@@ -11,7 +11,7 @@
 //! a Kubernetes pod). An empty include list includes everything; an exclude always wins.
 //!
 //! User names are resolved to uids by the system's name service when the policy is compiled
-//! (serve passes [`crate::users::uid_of`]) and matched against a process's uid or its name (also
+//! (serve passes [`crate::host::users::uid_of`]) and matched against a process's uid or its name (also
 //! from the name service). An excluded name the name service does not know cannot be told apart
 //! from the process's user when that user has no name either: such a process is excluded (an
 //! exclude always wins, also when the directory is down).

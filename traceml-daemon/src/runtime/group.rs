@@ -1,0 +1,392 @@
+//! The ranks of one multi-rank job on this node, as one group: each rank runs its own target
+//! task ([`task::drive`]: summaries under `rank-<r>/`, its series under the job's label), and
+//! the group holds what only the job can say: a HANG as soon as a rank completes no step for
+//! `max(10 × its mean step, hang_after)` (written to the job's `final_summary.json` at once,
+//! with every running rank's stack), the job's verdict on `/metrics` from every rank, and once
+//! no rank runs the job's summary ([`crate::ranks::combine`]: STRAGGLER and the ranks table).
+//! `--pid` on a launcher or rank ([`super::supervisor`]) and `serve` ([`super::serve`]) hold
+//! their jobs in this same group.
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::event::EndReason;
+use crate::host::jobs::{JobSpec, RankProc};
+use crate::host::output::Owner;
+use crate::metrics::{self, Verdict};
+use crate::ranks::{RankRun, Stuck};
+use crate::render::files::{self, Stem};
+use crate::runtime::sinks::{self, Recording, SummaryFiles};
+use crate::runtime::target::Options;
+use crate::runtime::task::{self, Folds, Sink, Sinks};
+use crate::summary::{JobInfo, Summary};
+
+/// The job as the summary describes it.
+pub fn job_info(job: &JobSpec) -> JobInfo {
+    JobInfo {
+        launcher_pid: job.launcher,
+        world_size: job.ranks.iter().find_map(|r| r.world_size),
+        run_id: job.run_id.clone(),
+        master: job.master.clone(),
+        ranks_measured: 0,
+    }
+}
+
+/// How the group's ranks are run and where their results go.
+#[derive(Clone)]
+pub struct GroupConfig {
+    /// The job's name: its `job` label on `/metrics` and its directory's name.
+    pub name: String,
+    /// The job's directory: its summary at the top, each rank's under `rank-<r>/`.
+    pub dir: PathBuf,
+    /// Who owns what is written (`--pid` under `sudo`: the user).
+    pub owner: Option<Owner>,
+    /// The floor of the hang threshold.
+    pub hang_after: Duration,
+    /// Each rank's window summaries (`serve`'s `--window`).
+    pub window: Option<Duration>,
+    /// `/metrics`, when served.
+    pub metrics: Option<metrics::http::Shared>,
+    /// `--record FILE`: each rank's stream to `FILE` with `.rank<r>` before its extension
+    /// ([`crate::record::rank_path`]).
+    pub record: Option<PathBuf>,
+}
+
+struct Rank {
+    proc: RankProc,
+    folds: Rc<RefCell<Folds>>,
+    stop: watch::Sender<Option<EndReason>>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Rank {
+    fn running(&self) -> bool {
+        !self.done.is_finished()
+    }
+
+    /// The rank as the rules take it, with its current stack when asked.
+    fn run(&self, stack: bool) -> RankRun {
+        let f = self.folds.borrow();
+        RankRun {
+            rank: self.proc.rank,
+            local_rank: self.proc.local_rank,
+            pid: self.proc.pid,
+            summary: f.run.snapshot(),
+            stack: if stack {
+                f.run.last_stack()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// One job's ranks on this node.
+pub struct Group {
+    pub cfg: GroupConfig,
+    pub info: JobInfo,
+    ranks: Vec<Rank>,
+    /// Final summaries of the ranks that ended (pushed by their tasks).
+    finished: Rc<RefCell<Vec<RankRun>>>,
+    /// Rank summaries the job's summary was last written from.
+    written: usize,
+    /// The ranks stuck at the last check, and every rank's stack then (for the HANG).
+    hung: Vec<Stuck>,
+    hang_stacks: HashMap<u32, Vec<String>>,
+    last_verdict: Option<Instant>,
+}
+
+impl Group {
+    pub fn new(cfg: GroupConfig, info: JobInfo) -> Group {
+        Group {
+            cfg,
+            info,
+            ranks: Vec::new(),
+            finished: Rc::default(),
+            written: 0,
+            hung: Vec::new(),
+            hang_stacks: HashMap::new(),
+            last_verdict: None,
+        }
+    }
+
+    /// Whether rank process `pid` is in the group.
+    pub fn has(&self, pid: u32) -> bool {
+        self.ranks.iter().any(|r| r.proc.pid == pid)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranks.is_empty()
+    }
+
+    /// A rank of the group still runs.
+    pub fn running(&self) -> bool {
+        self.ranks.iter().any(Rank::running)
+    }
+
+    /// Every rank is attached (or its run is over).
+    pub fn attached(&self) -> bool {
+        self.ranks
+            .iter()
+            .all(|r| !r.running() || r.folds.borrow().attached)
+    }
+
+    /// Attaches to rank `p` with `opts` (its pid replaced): its own task and sinks.
+    pub fn add(&mut self, p: RankProc, opts: &Options) {
+        let mut o = opts.clone();
+        o.pid = p.pid;
+        o.ready_file = None;
+        o.duration = None;
+        let (tx, rx) = watch::channel(None);
+        o.stop = Some(rx);
+        let rank_dir = self.cfg.dir.join(format!("rank-{}", p.rank));
+        let mut list: Vec<Box<dyn Sink>> = Vec::new();
+        if let Some(path) = &self.cfg.record {
+            let path = crate::record::rank_path(path, p.rank);
+            match Recording::create(&path) {
+                Ok(r) => {
+                    tracing::info!("rank {}: recording to {}", p.rank, path.display());
+                    list.push(Box::new(r));
+                }
+                // The other ranks and the summaries go on.
+                Err(e) => tracing::warn!("rank {}: {e}", p.rank),
+            }
+        }
+        if let Some(exporter) = &self.cfg.metrics {
+            let m = sinks::Metrics::attach(exporter.clone(), &self.cfg.name, p.rank, p.pid, false);
+            list.push(Box::new(m));
+        }
+        list.push(Box::new(SummaryFiles::new(
+            rank_dir,
+            self.cfg.owner,
+            p.pid,
+            self.cfg.window,
+        )));
+        let sinks: Sinks = Rc::new(RefCell::new(list));
+        let folds = Rc::new(RefCell::new(Folds::default()));
+        let (task_folds, finished, proc) = (folds.clone(), self.finished.clone(), p.clone());
+        let done = tokio::task::spawn_local(async move {
+            let out = task::drive(&o, task_folds, sinks).await;
+            for e in out.sink_errors {
+                tracing::warn!("rank {} (pid {}): {e}", proc.rank, proc.pid);
+            }
+            if let Some((summary, _)) = out.summary {
+                finished.borrow_mut().push(RankRun {
+                    rank: proc.rank,
+                    local_rank: proc.local_rank,
+                    pid: proc.pid,
+                    summary,
+                    stack: Vec::new(),
+                });
+            }
+        });
+        tracing::info!(
+            "job {}: attaching to rank {} (pid {})",
+            self.cfg.name,
+            p.rank,
+            p.pid
+        );
+        self.ranks.push(Rank {
+            proc: p,
+            folds,
+            stop: tx,
+            done,
+        });
+    }
+
+    /// Ranks that completed no step for max(10 × their mean step, the floor).
+    fn stuck(&self, now: Instant) -> Vec<Stuck> {
+        let floor = self.cfg.hang_after;
+        self.ranks
+            .iter()
+            .filter(|r| r.running())
+            .filter_map(|r| {
+                let idle = r.folds.borrow_mut().observe(now).hung(now, floor)?;
+                Some(Stuck {
+                    rank: r.proc.rank,
+                    idle_s: idle.as_secs_f64(),
+                })
+            })
+            .collect()
+    }
+
+    /// Once a second while ranks run: the hang check (a HANG is written to the job's
+    /// `final_summary.json` at once and logged at warning, once per hang: again after the job
+    /// made progress), and every [`metrics::REFRESH`] the job's verdict on `/metrics`.
+    pub fn tick(&mut self, now: Instant) {
+        let stuck = self.stuck(now);
+        if stuck.is_empty() {
+            self.hung.clear();
+        } else {
+            let reported = !self.hung.is_empty();
+            self.hung = stuck;
+            if !reported {
+                self.report_hang();
+            }
+        }
+        if self.cfg.metrics.is_some()
+            && self
+                .last_verdict
+                .is_none_or(|t| now >= t + metrics::REFRESH)
+        {
+            self.last_verdict = Some(now);
+            let runs = self
+                .ranks
+                .iter()
+                .filter(|r| r.running())
+                .map(|r| r.run(false));
+            if let Some(s) = crate::ranks::combine(runs.collect(), self.info.clone(), &self.hung) {
+                self.set_verdict(&s);
+            }
+        }
+    }
+
+    /// Every running rank's stack, kept for the job's summary while it is hung.
+    fn read_stacks(&mut self) -> Vec<RankRun> {
+        let runs: Vec<RankRun> = self
+            .ranks
+            .iter()
+            .filter(|r| r.running())
+            .map(|r| r.run(true))
+            .collect();
+        self.hang_stacks = runs.iter().map(|r| (r.rank, r.stack.clone())).collect();
+        runs
+    }
+
+    fn report_hang(&mut self) {
+        let runs = self.read_stacks();
+        if let Some(sum) = crate::ranks::combine(runs, self.info.clone(), &self.hung) {
+            tracing::warn!("job {}: HANG: {}", self.cfg.name, sum.primary_diagnosis.why);
+            // Only the JSON: a job in trouble is read by tools at once; the card comes at the end.
+            let out = crate::host::output::OutDir::create(&self.cfg.dir, self.cfg.owner);
+            let mut json = Vec::new();
+            if let Err(e) = crate::render::render_json(&sum, &mut json)
+                .and(out)
+                .and_then(|out| out.write("final_summary.json", &json))
+            {
+                tracing::warn!("job {}: cannot write the HANG summary: {e}", self.cfg.name);
+            }
+        }
+    }
+
+    fn set_verdict(&self, s: &Summary) {
+        if let Some(exporter) = &self.cfg.metrics {
+            let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
+            e.set_verdict(&self.cfg.name, Verdict::of(s));
+        }
+    }
+
+    /// Asks every running rank to end (`reason`), reading their stacks first when the job is
+    /// hung (the summary shows where each rank waits).
+    pub fn stop(&mut self, reason: EndReason) {
+        self.hung = self.stuck(Instant::now());
+        if !self.hung.is_empty() {
+            self.read_stacks();
+        }
+        for r in &self.ranks {
+            let _ = r.stop.send(Some(reason));
+        }
+    }
+
+    /// Waits for every rank's task, until `deadline` at most.
+    pub async fn finished_by(&mut self, deadline: tokio::time::Instant) {
+        for r in &mut self.ranks {
+            if tokio::time::timeout_at(deadline, &mut r.done)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "job {}: rank {} did not finish its summary in time",
+                    self.cfg.name,
+                    r.proc.rank
+                );
+            }
+        }
+    }
+
+    /// The job's summary once no rank runs, when a rank ended since the last one (a job that
+    /// ended hung says so, with the stacks read while it hung): on `/metrics` and, with
+    /// `write`, in the job's directory. `None` when nothing is new or no rank was measured.
+    pub fn settle(&mut self, write: bool) -> Option<Summary> {
+        if self.running() {
+            return None;
+        }
+        let mut runs = self.finished.borrow().clone();
+        if runs.len() <= self.written {
+            return None;
+        }
+        self.written = runs.len();
+        if !self.hung.is_empty() {
+            for r in &mut runs {
+                r.stack = self.hang_stacks.get(&r.rank).cloned().unwrap_or_default();
+            }
+        }
+        let n = runs.len();
+        let Some(sum) = crate::ranks::combine(runs, self.info.clone(), &self.hung) else {
+            tracing::warn!("job {}: no rank could be measured", self.cfg.name);
+            return None;
+        };
+        self.set_verdict(&sum);
+        if write {
+            let file = self.cfg.dir.join("final_summary.json");
+            match files::write_summary_in(&self.cfg.dir, self.cfg.owner, Stem::Final, &sum) {
+                Ok(()) => tracing::info!(
+                    "job {} ({n} ranks): {} → {}",
+                    self.cfg.name,
+                    files::verdict_line(&sum),
+                    file.display()
+                ),
+                Err(e) => tracing::warn!("job {}: cannot write its summary: {e}", self.cfg.name),
+            }
+        }
+        Some(sum)
+    }
+
+    /// The job's directory.
+    pub fn dir(&self) -> &Path {
+        &self.cfg.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::task::Progress;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_hung_rank_stays_hung_when_its_folds_are_handed_back_empty() {
+        let t0 = Instant::now();
+        let floor = Duration::from_secs(5);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut p = Progress::new();
+        let observe = |p: &mut Progress, steps: u64, total: u64, now| {
+            p.update(steps, total, now);
+            p.hung(now, floor)
+        };
+        assert_eq!(observe(&mut p, 0, 0, at(0)), None, "no step yet");
+        assert_eq!(observe(&mut p, 0, 0, at(100)), None, "no step is no hang");
+        assert_eq!(observe(&mut p, 10, 1_000_000_000, at(100)), None);
+        assert_eq!(
+            observe(&mut p, 10, 1_000_000_000, at(104)),
+            None,
+            "under the floor"
+        );
+        assert_eq!(
+            observe(&mut p, 10, 1_000_000_000, at(106)),
+            Some(Duration::from_secs(6))
+        );
+        // The run ended: its folds are new (no step), the rank is still hung.
+        assert_eq!(observe(&mut p, 0, 0, at(107)), Some(Duration::from_secs(7)));
+        // A new step is progress.
+        assert_eq!(observe(&mut p, 11, 1_100_000_000, at(108)), None);
+        // 10 × a long mean step is the threshold when over the floor: 10 × 2 s.
+        let mut p = Progress::new();
+        observe(&mut p, 3, 6_000_000_000, at(0));
+        assert_eq!(observe(&mut p, 3, 6_000_000_000, at(19)), None);
+        assert!(observe(&mut p, 3, 6_000_000_000, at(20)).is_some());
+    }
+}

@@ -1,0 +1,13 @@
+//! The runtime: targets run as tasks on one thread. Each target is one task
+//! ([`task::drive`]: the live attach and event loop of [`target`], folded into bounded folds)
+//! with its [`sinks`] behind one trait (a recording, `/metrics`, summary files, the live
+//! [`view`]); the ranks of a multi-rank job are one [`group`] with one hang check; a
+//! [`supervisor`] holds a fixed set of targets (`--pid`), and [`serve`] adds a /proc scanner.
+
+pub mod group;
+pub mod serve;
+pub mod sinks;
+pub mod supervisor;
+pub mod target;
+pub mod task;
+pub mod view;

@@ -1,0 +1,247 @@
+//! The sinks a target's task hands its run to ([`Sink`]): its recording, its series on
+//! `/metrics`, and its summary files (window summaries and the final one). Each exists once,
+//! whichever mode runs the target (`--pid`, a rank of a job, a target of `serve`).
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::analysis::Collector;
+use crate::event::StreamItem;
+use crate::host::output::Owner;
+use crate::metrics::{self, JobInfo, RankValues, Verdict};
+use crate::render::files::{Stem, verdict_line, write_summary_in};
+use crate::runtime::task::{Ended, Folds, Sink};
+use crate::summary::{DiagnosisKind, Summary};
+
+/// The target's stream, written as it arrives (`--record`); replayable with `replay`.
+pub struct Recording {
+    writer: crate::record::Writer,
+}
+
+impl Recording {
+    /// Creates the file (no planted link followed; under `sudo`, owned by the user).
+    pub fn create(path: &Path) -> Result<Recording, String> {
+        let file = crate::host::output::create_file(path, Owner::from_sudo())
+            .map_err(|e| format!("cannot open recording {}: {e}", path.display()))?;
+        let writer = crate::record::Writer::from_file(file, path).map_err(|e| e.to_string())?;
+        Ok(Recording { writer })
+    }
+}
+
+impl Sink for Recording {
+    fn item(&mut self, item: &StreamItem, _: &Folds) -> Result<(), String> {
+        self.writer.write_live(item).map_err(|e| e.to_string())
+    }
+
+    fn end(&mut self, _: Option<&Ended<'_>>) -> Result<(), String> {
+        self.writer
+            .flush()
+            .map_err(|e| format!("cannot finish the recording: {e}"))
+    }
+}
+
+/// Who process `pid` is, as `traceml_job_info` shows it: read from the host here, so the
+/// exporter only formats.
+pub fn job_info(pid: u32) -> JobInfo {
+    use crate::host::{jobs, procinfo};
+    let env = procinfo::environ(pid).unwrap_or_default();
+    let get = |k: &str| {
+        env.get(std::ffi::OsStr::new(k))
+            .map(|v| v.to_string_lossy().into_owned())
+    };
+    let num = |k: &str| get(k).and_then(|v| v.trim().parse().ok());
+    let info = JobInfo::with_identity(
+        pid,
+        procinfo::comm(pid)
+            .map(|b| crate::sanitize::comm(&b))
+            .unwrap_or_default(),
+        procinfo::cmdline(pid)
+            .map(|b| crate::sanitize::cmdline(&b).join(" "))
+            .unwrap_or_default(),
+        &crate::host::identity::of(pid),
+    );
+    JobInfo {
+        job_id: jobs::job_identity(get, &procinfo::hostname()),
+        local_rank: num("LOCAL_RANK"),
+        world_size: num("WORLD_SIZE"),
+        node: jobs::node_name(),
+        ..info
+    }
+}
+
+/// A target's series on `/metrics`: the shared exporter, the job and rank labels. Refreshed from
+/// the folds every [`metrics::REFRESH`]; the rank's liveness (its last step's end, whether it
+/// waits in a collective: what the cross-node hang rule reads) while it runs.
+pub struct Metrics {
+    exporter: metrics::http::Shared,
+    job: String,
+    rank: String,
+    /// This target's verdict is its job's (a job of one process); a multi-rank job's verdict is
+    /// set by its group from every rank.
+    sets_verdict: bool,
+    last: Option<Instant>,
+}
+
+impl Metrics {
+    /// Announces the target (`traceml_job_info`) under `job` and `rank`.
+    pub fn attach(
+        exporter: metrics::http::Shared,
+        job: &str,
+        rank: u32,
+        pid: u32,
+        sets_verdict: bool,
+    ) -> Metrics {
+        let m = Metrics {
+            exporter,
+            job: job.to_owned(),
+            rank: rank.to_string(),
+            sets_verdict,
+            last: None,
+        };
+        m.with(|e| e.attached(&m.job, &m.rank, job_info(pid)));
+        m
+    }
+
+    fn with(&self, f: impl FnOnce(&mut metrics::Exporter)) {
+        f(&mut self.exporter.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn update(&self, s: &Summary, values: RankValues, verdict: Verdict) {
+        self.with(|e| {
+            e.update(&self.job, &self.rank, values);
+            if self.sets_verdict {
+                e.set_verdict(&self.job, verdict);
+            }
+        });
+        let _ = s;
+    }
+}
+
+impl Sink for Metrics {
+    fn tick(&mut self, folds: &mut Folds, now: Instant) {
+        if folds.run.events() == 0 || self.last.is_some_and(|t| now < t + metrics::REFRESH) {
+            return;
+        }
+        self.last = Some(now);
+        let last_step = folds.observe(now).last_step_unix();
+        let (s, t) = folds.run.snapshot_with_totals();
+        let mut values = RankValues::from_summary(&s, &t, folds.gpu_utilization);
+        values.last_step_end_unix = last_step;
+        values.in_collective = Some(folds.in_collective());
+        // The verdict shown: the last window's, the run so far's before the first window.
+        let verdict = Verdict::of(folds.last_window.as_ref().unwrap_or(&s));
+        self.update(&s, values, verdict);
+    }
+
+    fn end(&mut self, ended: Option<&Ended<'_>>) -> Result<(), String> {
+        let Some(end) = ended else {
+            self.with(|e| e.forget(&self.job, &self.rank));
+            return Ok(());
+        };
+        // Ended: no liveness series (a finished rank never looks hung).
+        let values = RankValues::from_summary(end.summary, end.totals, end.folds.gpu_utilization);
+        let verdict = Verdict::of(end.folds.last_window.as_ref().unwrap_or(end.summary));
+        self.update(end.summary, values, verdict);
+        self.with(|e| e.ended(&self.job, &self.rank, Instant::now()));
+        Ok(())
+    }
+}
+
+/// A target's summary files in its directory: with a window, `summary-<n>.json` every window
+/// (and one log line: the window's verdict and the run's so far, at warning when the verdict
+/// changed); at the end `final_summary.*`.
+pub struct SummaryFiles {
+    dir: PathBuf,
+    owner: Option<Owner>,
+    pid: u32,
+    window: Option<Windowed>,
+}
+
+struct Windowed {
+    every: Duration,
+    fold: Collector,
+    next: Instant,
+    n: u32,
+    last_kind: Option<DiagnosisKind>,
+}
+
+impl SummaryFiles {
+    pub fn new(dir: PathBuf, owner: Option<Owner>, pid: u32, window: Option<Duration>) -> Self {
+        SummaryFiles {
+            dir,
+            owner,
+            pid,
+            window: window.map(|every| Windowed {
+                every,
+                fold: Collector::new(),
+                next: Instant::now() + every,
+                n: 0,
+                last_kind: None,
+            }),
+        }
+    }
+}
+
+impl Sink for SummaryFiles {
+    fn item(&mut self, item: &StreamItem, _: &Folds) -> Result<(), String> {
+        if let Some(w) = &mut self.window {
+            w.fold.push(item);
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self, folds: &mut Folds, now: Instant) {
+        let Some(w) = &mut self.window else { return };
+        if now < w.next {
+            return;
+        }
+        w.next = now + w.every;
+        w.n += 1;
+        let n = w.n;
+        let win = std::mem::replace(&mut w.fold, folds.run.fresh_window()).finish();
+        let so_far = folds.run.snapshot();
+        let pid = self.pid;
+        if let Err(e) = write_summary_in(&self.dir, self.owner, Stem::Window(n), &win) {
+            tracing::warn!("pid {pid}: cannot write window summary {n}: {e}");
+        }
+        let line = format!(
+            "pid {pid} window {n}: {} · run so far: {}",
+            verdict_line(&win),
+            verdict_line(&so_far)
+        );
+        let kind = win.primary_diagnosis.kind;
+        match w.last_kind.replace(kind) {
+            // From or to "no verdict yet" is no change of verdict.
+            Some(k)
+                if k != kind
+                    && ![DiagnosisKind::InsufficientData, DiagnosisKind::NotTraining]
+                        .iter()
+                        .any(|&n| n == kind || n == k) =>
+            {
+                tracing::warn!("{line} (verdict changed from {})", k.headline())
+            }
+            _ => tracing::info!("{line}"),
+        }
+        folds.last_window = Some(win);
+    }
+
+    fn end(&mut self, ended: Option<&Ended<'_>>) -> Result<(), String> {
+        let pid = self.pid;
+        let Some(end) = ended else {
+            // Never attached: the directory made for it goes (when still empty).
+            let _ = std::fs::remove_dir(&self.dir);
+            return Ok(());
+        };
+        let file = self.dir.join("final_summary.json");
+        match write_summary_in(&self.dir, self.owner, Stem::Final, end.summary) {
+            Ok(()) => {
+                tracing::info!(
+                    "pid {pid}: {} → {}",
+                    verdict_line(end.summary),
+                    file.display()
+                );
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot write {}: {e}", file.display())),
+        }
+    }
+}
