@@ -171,8 +171,11 @@ impl Group {
         let (task_folds, finished, proc) = (folds.clone(), self.finished.clone(), p.clone());
         let done = tokio::task::spawn_local(async move {
             let out = task::drive(&o, task_folds, sinks).await;
-            for e in out.sink_errors {
+            for e in &out.sink_errors {
                 tracing::warn!("rank {} (pid {}): {e}", proc.rank, proc.pid);
+            }
+            if let (Err(e), None) = (&out.result, &out.summary) {
+                tracing::warn!("rank {} (pid {}): not attached: {e}", proc.rank, proc.pid);
             }
             if let Some((summary, _)) = out.summary {
                 finished.borrow_mut().push(RankRun {

@@ -521,8 +521,11 @@ impl Scan<'_> {
         let done = tokio::task::spawn_local(async move {
             let folds = Rc::new(RefCell::new(Folds::default()));
             let out = task::drive(&opts, folds, Rc::new(RefCell::new(sinks))).await;
-            for e in out.sink_errors {
+            for e in &out.sink_errors {
                 tracing::warn!("pid {pid}: {e}");
+            }
+            if let (Err(e), None) = (&out.result, &out.summary) {
+                tracing::warn!("pid {pid}: not attached: {e}");
             }
             if out
                 .summary

@@ -463,40 +463,42 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
 
     /// Attaches to every interesting file mapped since the last scan.
     fn rescan(&mut self, k: &mut Kernel, mappings: &[maps::Mapping]) -> Result<(), LiveError> {
-        for path in maps::files(mappings) {
-            let Some(role) = maps::role_of(&path) else {
-                continue;
-            };
-            if role == maps::Role::Python || k.attacher.has_file(&path) {
-                continue;
-            }
-            if k.held_back && role != maps::Role::Torch {
-                continue;
-            }
+        for (path, role) in to_probe(&k.attacher, mappings, k.held_back) {
             let report = k.attacher.attach_file(&path, role)?;
-            for f in report.failures {
-                tracing::warn!(
-                    "probe {} in {} not attached: {}",
-                    f.probe,
-                    terminal(&f.file),
-                    terminal(&f.reason)
-                );
-                self.emit(StreamItem::ProbeFailed(Box::new(f)))?;
-            }
-            if !report.attached.is_empty() || role != maps::Role::Torch {
-                tracing::info!(
-                    "probing {} ({}): {} probes",
-                    terminal(&path.display().to_string()),
-                    role.name(),
-                    report.attached.len()
-                );
-                self.emit(StreamItem::Library(Box::new(LibraryInfo {
-                    path: path.display().to_string(),
-                    role: role.name().into(),
-                    probes: report.attached,
-                    ts: monotonic_ns(),
-                })))?;
-            }
+            self.probed(Probed {
+                path,
+                role,
+                report,
+                ts: monotonic_ns(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Puts a probed file in the stream: its failed probes, and the library with its probes.
+    fn probed(&mut self, p: Probed) -> Result<(), LiveError> {
+        for f in p.report.failures {
+            tracing::warn!(
+                "probe {} in {} not attached: {}",
+                f.probe,
+                terminal(&f.file),
+                terminal(&f.reason)
+            );
+            self.emit(StreamItem::ProbeFailed(Box::new(f)))?;
+        }
+        if !p.report.attached.is_empty() || p.role != maps::Role::Torch {
+            tracing::info!(
+                "probing {} ({}): {} probes",
+                terminal(&p.path.display().to_string()),
+                p.role.name(),
+                p.report.attached.len()
+            );
+            self.emit(StreamItem::Library(Box::new(LibraryInfo {
+                path: p.path.display().to_string(),
+                role: p.role.name().into(),
+                probes: p.report.attached,
+                ts: p.ts,
+            })))?;
         }
         Ok(())
     }
@@ -578,22 +580,49 @@ fn launch_totals(attacher: &Attacher) -> LaunchTotals {
     }
 }
 
-/// Attaches to `opts.pid` and streams until the run ends; every item goes to `sink`.
-pub async fn run(
-    opts: &Options,
-    sink: impl FnMut(&StreamItem) -> Result<(), String>,
-) -> Result<EndReason, LiveError> {
-    preflight(opts.pid)?;
-    let pid = opts.pid;
-    let start = procinfo::start_state(pid).map(|(s, _)| s);
-    let mappings = maps::read(pid).map_err(|_| LiveError::NoSuchProcess(pid))?;
-    let py = python::find(pid, &mappings)?;
-    tracing::info!(
-        "target {pid}: Python {} in {}",
-        py.version,
-        terminal(&py.path.display().to_string())
-    );
+/// A file probed, as the stream reports it.
+struct Probed {
+    path: PathBuf,
+    role: maps::Role,
+    report: attach::FileReport,
+    ts: u64,
+}
 
+/// The files of `mappings` to probe now: those with a role, not Python's (probed first, on its
+/// own), not probed yet, and only torch's while the other libraries are held back.
+fn to_probe(
+    attacher: &Attacher,
+    mappings: &[maps::Mapping],
+    held_back: bool,
+) -> Vec<(PathBuf, maps::Role)> {
+    maps::files(mappings)
+        .into_iter()
+        .filter_map(|path| Some((maps::role_of(&path)?, path)))
+        .filter(|(role, path)| *role != maps::Role::Python && !attacher.has_file(path))
+        .filter(|(role, _)| !held_back || *role == maps::Role::Torch)
+        .map(|(role, path)| (path, role))
+        .collect()
+}
+
+/// The kernel side of a target, attached: its programs loaded and its probes placed in Python
+/// and the libraries mapped now; what was placed, and when the first probe went in.
+struct Loaded {
+    kernel: Kernel,
+    mem: TargetMemory,
+    reader: CodeReader,
+    probed: Vec<Probed>,
+    attach_ts: u64,
+}
+
+/// Reads the target's code object layout, loads the eBPF programs for it and places the probes,
+/// on a blocking thread: the verifier and the uprobe registrations are the long part of an
+/// attach, and the ranks of a job (the targets of a node) go through them in parallel.
+async fn load(
+    opts: &Options,
+    py: &python::PythonTarget,
+    mappings: &[maps::Mapping],
+) -> Result<Loaded, LiveError> {
+    let pid = opts.pid;
     // The code object layout is read from the target first: the kernel side needs co_name's
     // offset for code identities.
     let mem = TargetMemory::new(pid);
@@ -612,13 +641,40 @@ pub async fn run(
         ring_bytes: opts.ring_bytes,
     };
     let pid_nz = NonZeroU32::new(pid).ok_or(LiveError::NoSuchProcess(pid))?;
-    // Loading runs the kernel's verifier over every program (the longest part of an attach
-    // after the symbol tables): on a blocking thread, so the ranks of a job load together.
-    let loaded = tokio::task::spawn_blocking(move || Attacher::load(pid_nz, cfg))
-        .await
-        .map_err(|e| LiveError::Kernel(format!("loading the eBPF programs: {e}")))?;
-    let mut attacher = match loaded {
-        Ok(a) => a,
+    // Armed at attach only where the governor starts with it (`--probe-set full`).
+    let arm = Governor::initial(opts.policy, opts.watch_first);
+    let held_back = Governor::defers_libraries(opts.policy, opts.watch_first);
+    let (py_path, mappings) = (py.path.clone(), mappings.to_vec());
+    let loaded = tokio::task::spawn_blocking(move || {
+        let mut a = Attacher::load(pid_nz, cfg)?;
+        a.set_arm_python_at_attach(arm);
+        let attach_ts = monotonic_ns();
+        let report = a.attach_file(&py_path, maps::Role::Python)?;
+        let python_took = !report.attached.is_empty();
+        let mut probed = vec![Probed {
+            path: py_path,
+            role: maps::Role::Python,
+            report,
+            ts: monotonic_ns(),
+        }];
+        // Without Python's probe the attach fails (the caller says why): nothing more placed.
+        if python_took {
+            for (path, role) in to_probe(&a, &mappings, held_back) {
+                let report = a.attach_file(&path, role)?;
+                probed.push(Probed {
+                    path,
+                    role,
+                    report,
+                    ts: monotonic_ns(),
+                });
+            }
+        }
+        Ok::<_, AttachError>((a, probed, attach_ts))
+    })
+    .await
+    .map_err(|e| LiveError::Kernel(format!("loading the eBPF programs: {e}")))?;
+    let (mut attacher, probed, attach_ts) = match loaded {
+        Ok(l) => l,
         Err(e) => {
             let msg = attach::error_chain(&e);
             if msg.contains("Operation not permitted") {
@@ -629,7 +685,6 @@ pub async fn run(
             return Err(e.into());
         }
     };
-
     let log = ebpf_log(&mut attacher.ebpf);
     let take = |a: &mut Attacher, name: &str| {
         a.ebpf
@@ -644,7 +699,7 @@ pub async fn run(
         .map_err(|e| LiveError::Kernel(e.to_string()))?;
     let pending = BpfHashMap::try_from(take(&mut attacher, "PENDING")?)
         .map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let mut k = Kernel {
+    let kernel = Kernel {
         attacher,
         detaching: None,
         ring,
@@ -654,14 +709,38 @@ pub async fn run(
         log,
         held_back: Governor::defers_libraries(opts.policy, opts.watch_first),
     };
+    Ok(Loaded {
+        kernel,
+        mem,
+        reader,
+        probed,
+        attach_ts,
+    })
+}
 
-    // Chosen by the target: lossy UTF-8, bounded.
-    let comm = procinfo::comm(pid)
-        .map(|b| sanitize::comm(&b))
-        .unwrap_or_default();
-    let cmdline = procinfo::cmdline(pid)
-        .map(|b| sanitize::cmdline(&b))
-        .unwrap_or_default();
+/// Attaches to `opts.pid` and streams until the run ends; every item goes to `sink`.
+pub async fn run(
+    opts: &Options,
+    sink: impl FnMut(&StreamItem) -> Result<(), String>,
+) -> Result<EndReason, LiveError> {
+    preflight(opts.pid)?;
+    let pid = opts.pid;
+    let start = procinfo::start_state(pid).map(|(s, _)| s);
+    let mappings = maps::read(pid).map_err(|_| LiveError::NoSuchProcess(pid))?;
+    let py = python::find(pid, &mappings)?;
+    tracing::info!(
+        "target {pid}: Python {} in {}",
+        py.version,
+        terminal(&py.path.display().to_string())
+    );
+    let t0 = std::time::Instant::now();
+    let Loaded {
+        kernel: mut k,
+        mem,
+        reader,
+        probed,
+        attach_ts,
+    } = load(opts, &py, &mappings).await?;
     let mut run = Run {
         opts,
         sink,
@@ -691,11 +770,14 @@ pub async fn run(
             Err(e) => tracing::warn!("no Python stack samples: {e}"),
         }
     }
-    let attach_ts = monotonic_ns();
     run.emit(StreamItem::Target(Box::new(TargetInfo {
         pid,
-        comm,
-        cmdline,
+        comm: procinfo::comm(pid)
+            .map(|b| sanitize::comm(&b))
+            .unwrap_or_default(),
+        cmdline: procinfo::cmdline(pid)
+            .map(|b| sanitize::cmdline(&b))
+            .unwrap_or_default(),
         python_version: Some(py.version.to_string()),
         python_elf: Some(py.path.display().to_string()),
         attach_ts_ns: attach_ts,
@@ -714,10 +796,7 @@ pub async fn run(
         identity: Some(crate::host::identity::of(pid)),
     })))?;
 
-    // Armed at attach only where the governor starts with it (`--probe-set full`).
-    k.attacher
-        .set_arm_python_at_attach(Governor::initial(opts.policy, opts.watch_first));
-    let report = k.attacher.attach_file(&py.path, maps::Role::Python)?;
+    let report = &probed[0].report;
     if report.attached.is_empty() {
         let reason = report
             .failures
@@ -738,29 +817,35 @@ pub async fn run(
             py.path.display()
         )));
     }
-    run.emit(StreamItem::Library(Box::new(LibraryInfo {
-        path: py.path.display().to_string(),
-        role: "python".into(),
-        probes: report.attached,
-        ts: monotonic_ns(),
-    })))?;
-    run.rescan(&mut k, &mappings)?;
+    for p in probed {
+        run.probed(p)?;
+    }
     if let Some(f) = &opts.ready_file {
         std::fs::write(f, "attached\n")
             .map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
     }
-    tracing::info!(
-        "attached to {pid} in {:.0} ms",
-        (monotonic_ns() - attach_ts) as f64 / 1e6
-    );
+    tracing::info!("attached to {pid} in {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
+    let (mut sampler, mut governor) = start_governing(&mut run, &mut k)?;
+    // Subscribed before the loop: the target's exit or exec is reported while it happens.
+    let mut watch = ending::Watch::new(pid, start, run.python_base);
+    let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, &mut watch).await?;
+    finish(run, k, watch, reason)
+}
 
+/// The samplers and the governor, started; the first counters and probe set in the stream.
+fn start_governing<F: FnMut(&StreamItem) -> Result<(), String>>(
+    run: &mut Run<'_, F>,
+    k: &mut Kernel,
+) -> Result<(Sampler, Governor), LiveError> {
+    let opts = run.opts;
+    let pid = opts.pid;
     let mut sampler = Sampler::new(pid);
     if let Some(why) = sampler.gpu_unavailable() {
         tracing::info!("GPU metrics unavailable: {why}");
     }
     let _ = sampler.tick(monotonic_ns());
     let python = Governor::initial(opts.policy, opts.watch_first);
-    let mut governor = Governor::new(
+    let governor = Governor::new(
         GovernorConfig::new(opts.policy, opts.overhead_budget),
         monotonic_ns(),
         opts.launch_events,
@@ -783,9 +868,18 @@ pub async fn run(
         },
         watching: k.held_back,
     })))?;
-    // Subscribed before the loop: the target's exit or exec is reported while it happens.
-    let mut watch = ending::Watch::new(pid, start, run.python_base);
-    let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, &mut watch).await?;
+    Ok((sampler, governor))
+}
+
+/// The run's end: the last events drained, the final counters and the end in the stream, and
+/// the probes taken out off the path to the verdict.
+fn finish<F: FnMut(&StreamItem) -> Result<(), String>>(
+    mut run: Run<'_, F>,
+    mut k: Kernel,
+    mut watch: ending::Watch,
+    reason: EndReason,
+) -> Result<EndReason, LiveError> {
+    let pid = run.opts.pid;
     // Final drain: what the kernel wrote before we stopped.
     run.drain(&mut k);
     run.process(None)?;

@@ -182,7 +182,8 @@ pub async fn drive(opts: &Options, folds: Rc<RefCell<Folds>>, sinks: Sinks) -> O
     match &result {
         Ok(reason) => tracing::info!("pid {pid}: run ended ({reason:?})"),
         Err(e) if run.events() == 0 => {
-            tracing::warn!("pid {pid}: not attached: {e}");
+            // Said by the caller: `--pid` in one sentence, `serve` in its log.
+            tracing::debug!("pid {pid}: not attached: {e}");
             for sink in sinks.borrow_mut().iter_mut() {
                 if let Err(e) = sink.end(None) {
                     sink_errors.push(e);
