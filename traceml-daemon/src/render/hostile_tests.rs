@@ -90,11 +90,8 @@ fn unpaint(text: &str) -> String {
 fn check_lines(text: &str) {
     assert_terminal_safe(text);
     for line in text.lines() {
-        assert!(
-            line.chars().count() <= WIDTH,
-            "{} columns: {line:.120}",
-            line.chars().count()
-        );
+        let columns = crate::text::width(line);
+        assert!(columns <= WIDTH, "{columns} columns: {line:.120}");
     }
 }
 
