@@ -13,8 +13,9 @@ use crate::diagnosis::COMPUTE_PHASES;
 use crate::sanitize::{cut_marker, terminal};
 use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
-use crate::text::wrap;
+use crate::text::{self, wrap};
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
+use unicode_width::UnicodeWidthChar;
 
 pub mod compare;
 pub mod files;
@@ -178,15 +179,16 @@ pub(crate) fn wrap_safe(text: &str, width: usize) -> Vec<String> {
 
 /// `line` cut to `width` columns, ending in `…[cut N chars]` when cut.
 fn fit(line: String, width: usize) -> String {
-    let n = line.chars().count();
-    if n <= width {
+    if text::width(&line) <= width {
         return line;
     }
+    let chars = line.chars().count();
     let mut keep = width.saturating_sub(12);
     loop {
-        let marker = cut_marker(n - keep, "chars");
-        if keep == 0 || keep + marker.chars().count() <= width {
-            return format!("{}{marker}", line.chars().take(keep).collect::<String>());
+        let kept = text::head(&line, keep);
+        let marker = cut_marker(chars - kept.chars().count(), "chars");
+        if keep == 0 || text::width(kept) + text::width(&marker) <= width {
+            return format!("{kept}{marker}");
         }
         keep -= 1;
     }
@@ -201,7 +203,7 @@ fn visible_len(s: &str) -> usize {
             (false, '\x1b') => esc = true,
             (true, 'm') => esc = false,
             (true, _) => {}
-            (false, _) => n += 1,
+            (false, c) => n += c.width().unwrap_or(0),
         }
     }
     n
@@ -213,10 +215,10 @@ fn pad(s: &str, width: usize) -> String {
 }
 
 fn cut(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
+    if text::width(s) <= max {
         s.to_owned()
     } else {
-        format!("{}…", s.chars().take(max - 1).collect::<String>())
+        format!("{}…", text::head(s, max - 1))
     }
 }
 
@@ -892,11 +894,8 @@ mod tests {
 
     fn check_width(text: &str) {
         for line in text.lines() {
-            assert!(
-                line.chars().count() <= WIDTH,
-                "{} columns: {line}",
-                line.chars().count()
-            );
+            let columns = crate::text::width(line);
+            assert!(columns <= WIDTH, "{columns} columns: {line}");
         }
     }
 
@@ -964,17 +963,45 @@ mod tests {
     }
 
     #[test]
+    fn wide_names_fit_the_card_by_columns() {
+        // Four CJK characters, eight columns, 30 times: 240 columns in 120 characters.
+        let name = "训练循环".repeat(30);
+        let mut s = fixtures::summary(&Scenario {
+            phase_ms: [3.0, 1.0, 20.0, 25.0, 4.0, 0.5, 60.0],
+            ..fixtures::input_bound()
+        });
+        s.target.comm = Some(name.clone());
+        s.target.cmdline = vec!["python".into(), name.clone()];
+        for p in Phase::ALL {
+            s.phases[p].top_functions = vec![crate::profile::TopFunction {
+                function: format!("训练 {name}"),
+                file: format!("/src/{name}.py"),
+                line: 1,
+                share: 0.5,
+                samples: 3,
+            }];
+        }
+        let (primary, findings) = crate::diagnosis::diagnose(&s);
+        s.primary_diagnosis = primary;
+        s.findings = findings;
+        let text = card(&s, false);
+        check_width(&text);
+        assert!(text.contains("训练循环训练循环"), "{text}");
+        assert!(text.contains("chars]"), "a cut marker:\n{text}");
+    }
+
+    #[test]
     fn card_follows_the_width_it_is_given() {
         let s = fixtures::summary(&fixtures::input_bound());
         for (asked, want) in [(40, MIN_WIDTH), (80, 80), (91, 91), (200, WIDTH)] {
             let mut v = Vec::new();
             render_card_width(&s, &mut v, false, asked).unwrap();
             let text = String::from_utf8(v).unwrap();
-            let widest = text.lines().map(|l| l.chars().count()).max().unwrap();
+            let widest = text.lines().map(crate::text::width).max().unwrap();
             assert!(widest <= want, "{asked}: {widest} columns\n{text}");
             // The header's second line wraps when narrow (how the run ended comes last).
             let rule = text.lines().find(|l| l.starts_with('═')).unwrap();
-            assert_eq!(rule.chars().count(), want, "the rule");
+            assert_eq!(crate::text::width(rule), want, "the rule");
             assert!(text.contains("VERDICT   INPUT-BOUND"));
         }
     }

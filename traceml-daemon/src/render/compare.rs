@@ -198,7 +198,7 @@ mod tests {
         let b = fixtures::summary(&fixtures::input_fixed());
         let t = text(&compare(&a, &b));
         for line in t.lines() {
-            assert!(line.chars().count() <= WIDTH, "{line}");
+            assert!(crate::text::width(line) <= WIDTH, "{line}");
         }
         insta::assert_snapshot!("compare_input_fix", t);
     }
@@ -224,7 +224,7 @@ mod tests {
         ];
         let t = text(&compare(&a, &b));
         for line in t.lines() {
-            assert!(line.chars().count() <= WIDTH, "{line}");
+            assert!(crate::text::width(line) <= WIDTH, "{line}");
         }
         let row = |r: &str| t.lines().find(|l| l.starts_with(r)).unwrap_or_default();
         assert!(t.contains("RANKS"), "{t}");

@@ -1,7 +1,7 @@
-//! Hostile names from a target in every renderer: the card (with and without color), the JSON and
-//! the comparison. Every string of the model that can come from a target holds ANSI CSI and OSC
-//! sequences, an 8-bit CSI, NUL and line breaks, HTML/JS, a bidi override, invalid UTF-8 (as the
-//! readers convert it) and a 100 000-character name.
+//! Hostile names from a target in every renderer: the card (with and without color), the JSON, the
+//! HTML report and the comparison. Every string of the model that can come from a target holds
+//! ANSI CSI and OSC sequences, an 8-bit CSI, NUL and line breaks, HTML/JS, a bidi override,
+//! invalid UTF-8 (as the readers convert it) and a 100 000-character name.
 use super::*;
 use crate::analysis::fixtures::{self, Scenario};
 use crate::profile::TopFunction;
@@ -90,11 +90,8 @@ fn unpaint(text: &str) -> String {
 fn check_lines(text: &str) {
     assert_terminal_safe(text);
     for line in text.lines() {
-        assert!(
-            line.chars().count() <= WIDTH,
-            "{} columns: {line:.120}",
-            line.chars().count()
-        );
+        let columns = crate::text::width(line);
+        assert!(columns <= WIDTH, "{columns} columns: {line:.120}");
     }
 }
 
@@ -156,4 +153,20 @@ fn comparison_of_hostile_runs_is_escaped() {
     let mut v = Vec::new();
     render_compare_json(&cmp, &mut v).unwrap();
     assert!(!v.iter().any(|&b| b < 0x20 && b != b'\n'));
+}
+
+#[test]
+fn html_report_of_hostile_names_is_escaped() {
+    let h = to_html(&hostile_summary());
+    // Every name is text of the page: no element, no raw control or bidi character.
+    for bad in [
+        "<script", "<img", "\x1b", "\u{9b}", "\u{202e}", "\0", "\r", "\t",
+    ] {
+        assert!(!h.contains(bad), "{bad:?} in the report");
+    }
+    assert_terminal_safe(&h.replace("\n", ""));
+    assert!(h.contains("&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;"));
+    assert!(h.contains("&quot;quote&quot; back\\slash &#39;single&#39;"));
+    assert!(h.contains("\\x1b[2J"), "escapes written visibly");
+    assert!(h.contains("rtl\\u{202e}gnp.exe"));
 }

@@ -5,16 +5,16 @@
 //!
 //! Self-contained: inline CSS, inline SVG, no script, no external resource, and a
 //! Content-Security-Policy that forbids loading any (`default-src 'none'`), so opening it makes no
-//! network request. Every string reaches the page through [`crate::sanitize::html`]: names from
-//! the target (functions, files, comm, command line, library paths, probe failures) are hostile
-//! input. The page is a `format!`-built string rather than a template engine: it has one layout
-//! and no loops a template would make clearer, and a dependency-free writer keeps the report
-//! byte-for-byte reproducible from the summary.
-use std::fmt::Write as _;
+//! network request. The page is a [`maud`] template: every value spliced into it is HTML-escaped
+//! unless marked otherwise (only the constant stylesheet and the charts [`super::svg`] wrote are).
+//! Text of the model goes in as [`Text`], which also writes control and formatting characters
+//! visibly ([`crate::sanitize::html`]): names from the target (functions, files, comm, command
+//! line, library paths, probe failures) are hostile input.
 use std::io::{self, Write};
 
+use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
+
 use super::svg::{self, Axis, Band, Frame, Group, Series};
-use crate::sanitize::html;
 use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
@@ -51,6 +51,22 @@ tr.culprit td{background:#fdecea;font-weight:600}\
 pre{background:#fff;border-radius:6px;padding:8px 12px;font-size:12px;overflow-x:auto;margin:4px 0 12px}\
 footer{color:#8a919c;font-size:12px;margin:32px 0 0}";
 
+/// Text of the model in the page: `& < > " '` as entities and control and formatting
+/// characters written visibly, as [`crate::sanitize::html`] does. (A plain `(value)` is escaped
+/// too, by maud; this also keeps a target's escape sequences out of the page.)
+struct Text<'a>(&'a str);
+
+impl Render for Text<'_> {
+    fn render_to(&self, out: &mut String) {
+        out.push_str(&crate::sanitize::html(self.0));
+    }
+}
+
+/// A chart [`super::svg`] wrote (its labels escaped there) or the constant stylesheet.
+fn trusted(markup: String) -> PreEscaped<String> {
+    PreEscaped(markup)
+}
+
 /// Writes the report.
 pub fn render_html(s: &Summary, w: &mut impl Write) -> io::Result<()> {
     w.write_all(to_html(s).as_bytes())
@@ -59,41 +75,51 @@ pub fn render_html(s: &Summary, w: &mut impl Write) -> io::Result<()> {
 /// The report as a string.
 pub fn to_html(s: &Summary) -> String {
     let d = &s.primary_diagnosis;
-    let mut out = String::with_capacity(64 * 1024);
     let title = format!(
         "traceml-daemon · {} · {}",
         d.kind.headline(),
         s.target.comm.as_deref().unwrap_or("run")
     );
-    let _ = write!(
-        out,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{}</title><style>{CSS}</style></head><body><main>\n",
-        html(&title)
-    );
-    header(s, &mut out);
-    verdict(s, &mut out);
-    timing(s, &mut out);
-    ranks(s, &mut out);
-    charts(s, &mut out);
-    code(s, &mut out);
-    findings(s, &mut out);
-    system(s, &mut out);
-    data_quality(s, &mut out);
-    overhead(s, &mut out);
-    let _ = write!(
-        out,
-        "<footer>Written by traceml-daemon {} from final_summary.json (schema {}). \
-         Self-contained: no script, no network resource.</footer>\n</main></body></html>\n",
-        html(s.daemon_version.as_deref().unwrap_or("(unknown version)")),
-        s.schema_version
-    );
-    out
+    let version = s.daemon_version.as_deref().unwrap_or("(unknown version)");
+    let page = html! {
+        (DOCTYPE) "\n"
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta http-equiv="Content-Security-Policy"
+                    content="default-src 'none'; style-src 'unsafe-inline'";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (Text(&title)) }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                main {
+                    "\n"
+                    (header(s))
+                    (verdict(s))
+                    (timing(s))
+                    (ranks(s))
+                    (charts(s))
+                    (code(s))
+                    (findings(s))
+                    (system(s))
+                    (data_quality(s))
+                    (overhead(s))
+                    footer {
+                        "Written by traceml-daemon " (Text(version)) " from final_summary.json \
+                         (schema " (s.schema_version) "). Self-contained: no script, no network \
+                         resource."
+                    }
+                    "\n"
+                }
+            }
+        }
+        "\n"
+    };
+    page.into_string()
 }
 
-fn header(s: &Summary, out: &mut String) {
+fn header(s: &Summary) -> Markup {
     let t = &s.target;
     let mut first = vec!["traceml-daemon".to_owned()];
     if let Some(pid) = t.pid {
@@ -101,14 +127,6 @@ fn header(s: &Summary, out: &mut String) {
     }
     if let Some(c) = &t.comm {
         first.push(c.clone());
-    }
-    let _ = write!(out, "<h1>{}</h1>", html(&first.join(" · ")));
-    if !t.cmdline.is_empty() {
-        let _ = write!(
-            out,
-            "<div class=\"meta\"><code>{}</code></div>",
-            html(&t.cmdline.join(" "))
-        );
     }
     let mut meta = Vec::new();
     if let Some(py) = &t.python {
@@ -127,7 +145,14 @@ fn header(s: &Summary, out: &mut String) {
         meta.push(format!("attached {}", duration(d)));
     }
     meta.push(format!("ended: {}", super::end_reason(s)));
-    let _ = writeln!(out, "<div class=\"meta\">{}</div>", html(&meta.join(" · ")));
+    html! {
+        h1 { (Text(&first.join(" · "))) }
+        @if !t.cmdline.is_empty() {
+            div class="meta" { code { (Text(&t.cmdline.join(" "))) } }
+        }
+        div class="meta" { (Text(&meta.join(" · "))) }
+        "\n"
+    }
 }
 
 fn severity_class(sev: Severity) -> &'static str {
@@ -138,73 +163,71 @@ fn severity_class(sev: Severity) -> &'static str {
     }
 }
 
-fn verdict(s: &Summary, out: &mut String) {
+fn verdict(s: &Summary) -> Markup {
     let d = &s.primary_diagnosis;
-    let _ = writeln!(
-        out,
-        "<section id=\"verdict\" class=\"card {}\"><span class=\"verdict\">{}</span>\
-         <span class=\"sev\">{} · confidence {}</span><dl><dt>Why</dt><dd>{}</dd>\
-         <dt>Next</dt><dd>{}</dd></dl></section>",
-        severity_class(d.severity),
-        html(&d.kind.headline()),
-        d.severity.as_str(),
-        d.confidence.as_str(),
-        html(&d.why),
-        html(&d.next)
-    );
+    html! {
+        section id="verdict" class={ "card " (severity_class(d.severity)) } {
+            span class="verdict" { (Text(&d.kind.headline())) }
+            span class="sev" { (d.severity.as_str()) " · confidence " (d.confidence.as_str()) }
+            dl {
+                dt { "Why" } dd { (Text(&d.why)) }
+                dt { "Next" } dd { (Text(&d.next)) }
+            }
+        }
+        "\n"
+    }
 }
 
-fn timing(s: &Summary, out: &mut String) {
-    out.push_str(
-        "<h2>Step timing</h2><table id=\"timing\"><tr><th></th><th class=\"n\">median</th>\
-         <th class=\"n\">mean</th><th class=\"n\">share</th><th></th></tr>",
-    );
+fn timing(s: &Summary) -> Markup {
     let p90 = s
         .step_ms
         .p90
         .map(|v| format!("p90 {}", ms(Some(v))))
         .unwrap_or_default();
-    let _ = write!(
-        out,
-        "<tr><th>step</th><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
-        ms(s.step_ms.median),
-        ms(s.step_ms.mean),
-        if s.step_ms.median.is_some() {
-            "100%"
-        } else {
-            "—"
-        },
-        html(&p90)
-    );
-    for (i, phase) in Phase::ALL.into_iter().enumerate() {
-        let st = &s.phases[phase];
-        let cause = if s.primary_diagnosis.phase == Some(phase) {
-            " ◀ cause"
-        } else {
-            ""
-        };
-        let bar = st
-            .share
-            .map(|sh| {
-                format!(
-                    "<span class=\"bar\" style=\"width:{:.1}px;background:{}\"></span>",
-                    (sh * 240.0).clamp(0.0, 240.0),
-                    PHASE_COLORS[i]
-                )
-            })
-            .unwrap_or_default();
-        let _ = write!(
-            out,
-            "<tr><td>{}{cause}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{bar}</td></tr>",
-            phase.name(),
-            ms(st.median_ms),
-            ms(st.mean_ms),
-            st.share.map(pct).unwrap_or_else(|| "—".to_owned())
-        );
-    }
-    out.push_str("</table>\n");
-    if let Some(cuda) = super::cuda_text(s) {
-        let _ = writeln!(out, "<p class=\"note\">CUDA: {}</p>", html(&cuda));
+    html! {
+        h2 { "Step timing" }
+        table id="timing" {
+            tr {
+                th {}
+                th class="n" { "median" }
+                th class="n" { "mean" }
+                th class="n" { "share" }
+                th {}
+            }
+            tr {
+                th { "step" }
+                td class="n" { (ms(s.step_ms.median)) }
+                td class="n" { (ms(s.step_ms.mean)) }
+                td class="n" { @if s.step_ms.median.is_some() { "100%" } @else { "—" } }
+                td { (Text(&p90)) }
+            }
+            @for (phase, color) in Phase::ALL.into_iter().zip(PHASE_COLORS) {
+                @let st = &s.phases[phase];
+                tr {
+                    td {
+                        (phase.name())
+                        @if s.primary_diagnosis.phase == Some(phase) { " ◀ cause" }
+                    }
+                    td class="n" { (ms(st.median_ms)) }
+                    td class="n" { (ms(st.mean_ms)) }
+                    td class="n" { (st.share.map(pct).unwrap_or_else(|| "—".to_owned())) }
+                    td {
+                        @if let Some(sh) = st.share {
+                            span class="bar"
+                                style=(format!(
+                                    "width:{:.1}px;background:{color}",
+                                    (sh * 240.0).clamp(0.0, 240.0)
+                                )) {}
+                        }
+                    }
+                }
+            }
+        }
+        "\n"
+        @if let Some(cuda) = super::cuda_text(s) {
+            p class="note" { "CUDA: " (Text(&cuda)) }
+            "\n"
+        }
     }
 }
 
@@ -226,18 +249,18 @@ fn culprit_rank(s: &Summary) -> Option<u32> {
 
 /// A multi-rank job: one row per rank, the culprit marked; each rank's own work against its
 /// collective wait; each rank's stack when the job hung. Nothing for a single process.
-fn ranks(s: &Summary, out: &mut String) {
+fn ranks(s: &Summary) -> Markup {
     if s.ranks.is_empty() {
-        return;
+        return html! {};
     }
     let culprit = culprit_rank(s);
-    let phases: Vec<Phase> = s
+    let columns: Vec<Phase> = s
         .shown_phases()
         .into_iter()
         .filter(|&p| p != Phase::CollectiveWait)
+        .chain([Phase::CollectiveWait])
         .collect();
-    out.push_str("<h2>Ranks</h2>");
-    if let Some(j) = &s.job {
+    let job = s.job.as_ref().map(|j| {
         let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
         if let Some(w) = j.world_size {
             parts.push(format!("world size {w}"));
@@ -251,53 +274,80 @@ fn ranks(s: &Summary, out: &mut String) {
         if let Some(r) = &j.run_id {
             parts.push(format!("run id {r}"));
         }
-        let _ = write!(
-            out,
-            "<div class=\"meta\">{}</div>",
-            html(&parts.join(" · "))
-        );
-    }
-    out.push_str(
-        "<table id=\"ranks\"><tr><th>rank</th><th class=\"n\">pid</th><th class=\"n\">steps</th>\
-         <th class=\"n\">median step</th>",
-    );
-    for p in phases.iter().copied().chain([Phase::CollectiveWait]) {
-        let _ = write!(out, "<th class=\"n\">{}</th>", html(p.name()));
-    }
-    out.push_str("<th>own verdict</th><th></th></tr>");
-    for r in &s.ranks {
-        let is_culprit = culprit == Some(r.rank);
-        let local = r
-            .local_rank
-            .map(|l| format!(" (local {l})"))
-            .unwrap_or_default();
-        let _ = write!(
-            out,
-            "<tr{}><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>",
-            if is_culprit { " class=\"culprit\"" } else { "" },
-            html(&format!("{}{local}", r.rank)),
-            r.pid,
-            r.steps,
-            html(&ms(r.step_ms.median))
-        );
-        for p in phases.iter().copied().chain([Phase::CollectiveWait]) {
-            let _ = write!(
-                out,
-                "<td class=\"n\">{}</td>",
-                html(&ms(r.phases[p].median_ms))
-            );
+        parts.join(" · ")
+    });
+    let hung = s.primary_diagnosis.kind == DiagnosisKind::Hang
+        || s.findings.iter().any(|f| f.kind == DiagnosisKind::Hang);
+    html! {
+        h2 { "Ranks" }
+        @if let Some(job) = &job {
+            div class="meta" { (Text(job)) }
         }
-        let _ = write!(
-            out,
-            "<td>{}</td><td>{}</td></tr>",
-            html(&r.verdict.headline()),
-            if is_culprit { "◀ culprit" } else { "" }
-        );
+        table id="ranks" {
+            tr {
+                th { "rank" }
+                th class="n" { "pid" }
+                th class="n" { "steps" }
+                th class="n" { "median step" }
+                @for p in &columns {
+                    th class="n" { (Text(p.name())) }
+                }
+                th { "own verdict" }
+                th {}
+            }
+            @for r in &s.ranks {
+                @let is_culprit = culprit == Some(r.rank);
+                @let local = r.local_rank.map(|l| format!(" (local {l})")).unwrap_or_default();
+                tr class=[is_culprit.then_some("culprit")] {
+                    td { (Text(&format!("{}{local}", r.rank))) }
+                    td class="n" { (r.pid) }
+                    td class="n" { (r.steps) }
+                    td class="n" { (Text(&ms(r.step_ms.median))) }
+                    @for &p in &columns {
+                        td class="n" { (Text(&ms(r.phases[p].median_ms))) }
+                    }
+                    td { (Text(&r.verdict.headline())) }
+                    td { @if is_culprit { "◀ culprit" } }
+                }
+            }
+        }
+        p class="note" {
+            "Medians over each rank's complete steps, ms. The own verdict is the rank's as if it \
+             ran alone; ◀ culprit marks the rank the others wait for."
+        }
+        "\n"
+        (trusted(ranks_chart(s)))
+        p class="note" {
+            "Own work: median step − median collective_wait. The rank with the most own work is \
+             the one the others wait for at the collectives."
+        }
+        "\n"
+        @if hung {
+            h2 { "Stacks at the hang" }
+            div id="rank-stacks" {
+                p class="note" {
+                    "Each rank's Python stack when the hang was found, outermost frame first, \
+                     innermost last."
+                }
+                @for r in &s.ranks {
+                    p class="note" {
+                        (Text(&format!("rank {} · pid {}", r.rank, r.pid)))
+                        @if culprit == Some(r.rank) { " ◀ culprit" }
+                    }
+                    @if r.stack.is_empty() {
+                        pre { "(stack unknown)" }
+                    } @else {
+                        pre { (stack_text(&r.stack)) }
+                    }
+                }
+            }
+            "\n"
+        }
     }
-    out.push_str(
-        "</table><p class=\"note\">Medians over each rank's complete steps, ms. The own verdict \
-         is the rank's as if it ran alone; ◀ culprit marks the rank the others wait for.</p>\n",
-    );
+}
+
+/// Own work and collective wait per rank, as grouped bars.
+fn ranks_chart(s: &Summary) -> String {
     let groups: Vec<Group> = s
         .ranks
         .iter()
@@ -320,7 +370,7 @@ fn ranks(s: &Summary, out: &mut String) {
         },
     ];
     let ms_fmt = svg::num;
-    out.push_str(&svg::grouped_bars(
+    svg::grouped_bars(
         "chart-ranks",
         "Own work and collective wait per rank",
         "rank",
@@ -330,110 +380,97 @@ fn ranks(s: &Summary, out: &mut String) {
         },
         &bands,
         &groups,
-    ));
-    out.push_str(
-        "<p class=\"note\">Own work: median step − median collective_wait. The rank with the \
-         most own work is the one the others wait for at the collectives.</p>\n",
-    );
-    let hung = s.primary_diagnosis.kind == DiagnosisKind::Hang
-        || s.findings.iter().any(|f| f.kind == DiagnosisKind::Hang);
-    if !hung {
-        return;
-    }
-    out.push_str(
-        "<h2>Stacks at the hang</h2><div id=\"rank-stacks\"><p class=\"note\">Each rank's \
-         Python stack when the hang was found, outermost frame first, innermost last.</p>",
-    );
-    for r in &s.ranks {
-        let _ = write!(
-            out,
-            "<p class=\"note\">{}{}</p>",
-            html(&format!("rank {} · pid {}", r.rank, r.pid)),
-            if culprit == Some(r.rank) {
-                " ◀ culprit"
-            } else {
-                ""
-            }
-        );
-        if r.stack.is_empty() {
-            out.push_str("<pre>(stack unknown)</pre>");
-            continue;
-        }
-        let skip = r.stack.len().saturating_sub(MAX_STACK_FRAMES);
-        let mut text = String::new();
-        if skip > 0 {
-            let _ = writeln!(text, "… {skip} outer frames");
-        }
-        for f in &r.stack[skip..] {
-            text.push_str(&html(f));
-            text.push('\n');
-        }
-        let _ = write!(out, "<pre>{}</pre>", text.trim_end_matches('\n'));
-    }
-    out.push_str("</div>\n");
+    )
 }
 
-fn charts(s: &Summary, out: &mut String) {
+/// One rank's stack, one frame a line, outermost first: its innermost [`MAX_STACK_FRAMES`]
+/// frames, after a line counting the outer ones left out.
+fn stack_text(stack: &[String]) -> Markup {
+    let skip = stack.len().saturating_sub(MAX_STACK_FRAMES);
+    let mut frames: Vec<&str> = stack[skip..].iter().map(String::as_str).collect();
+    // No blank lines at the end of the block.
+    while frames.last().is_some_and(|f| f.is_empty()) {
+        frames.pop();
+    }
+    html! {
+        @if skip > 0 {
+            "… " (skip) " outer frames"
+            @if !frames.is_empty() { "\n" }
+        }
+        @for (i, f) in frames.iter().enumerate() {
+            @if i > 0 { "\n" }
+            (Text(f))
+        }
+    }
+}
+
+fn charts(s: &Summary) -> Markup {
+    let ss = &s.step_samples;
+    let n = ss.step_ms.len();
+    html! {
+        h2 { "Step time over the run" }
+        @if n == 0 {
+            p class="note" { "No complete steps: nothing to chart." }
+            "\n"
+        } @else {
+            (trusted(step_time(s)))
+            @if ss.stride > 1 {
+                p class="note" { "Every " (ss.stride) "th of " (s.steps.count) " steps." }
+            }
+            "\n"
+            h2 { "Phase shares over the run" }
+            (trusted(phase_shares(s)))
+            "\n"
+        }
+        h2 { "Memory over the run" }
+        (memory(s))
+        "\n"
+    }
+}
+
+/// Step time over the sampled steps, with the median as a dashed line.
+fn step_time(s: &Summary) -> String {
     let ss = &s.step_samples;
     let n = ss.step_ms.len();
     let stride = f64::from(ss.stride.max(1));
-    out.push_str("<h2>Step time over the run</h2>");
-    if n == 0 {
-        out.push_str("<p class=\"note\">No complete steps: nothing to chart.</p>\n");
-    } else {
-        let x_max = ((n - 1) as f64 * stride).max(1.0);
-        let mut series = vec![Series {
-            name: "step",
-            color: "#4c78a8",
-            points: ss
-                .step_ms
-                .iter()
-                .enumerate()
-                .map(|(k, &v)| (k as f64 * stride, Some(v)))
-                .collect(),
-            dashed: false,
-        }];
-        if let Some(m) = s.step_ms.median {
-            series.push(Series {
-                name: "median",
-                color: "#1d2330",
-                points: vec![(0.0, Some(m)), (x_max, Some(m))],
-                dashed: true,
-            });
-        }
-        let ms_fmt = svg::num;
-        let step_fmt = svg::num;
-        out.push_str(&svg::line_chart(
-            &Frame {
-                id: "chart-step-time",
-                title: "Step time over the run",
-                x: Axis {
-                    label: "step",
-                    fmt: &step_fmt,
-                },
-                y: Axis {
-                    label: "ms",
-                    fmt: &ms_fmt,
-                },
-                x_max,
-            },
-            &series,
-        ));
-        if ss.stride > 1 {
-            let _ = write!(
-                out,
-                "<p class=\"note\">Every {}th of {} steps.</p>",
-                ss.stride, s.steps.count
-            );
-        }
-        out.push('\n');
-        out.push_str("<h2>Phase shares over the run</h2>");
-        out.push_str(&phase_shares(s));
-        out.push('\n');
+    let x_max = (n.saturating_sub(1) as f64 * stride).max(1.0);
+    let mut series = vec![Series {
+        name: "step",
+        color: "#4c78a8",
+        points: ss
+            .step_ms
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| (k as f64 * stride, Some(v)))
+            .collect(),
+        dashed: false,
+    }];
+    if let Some(m) = s.step_ms.median {
+        series.push(Series {
+            name: "median",
+            color: "#1d2330",
+            points: vec![(0.0, Some(m)), (x_max, Some(m))],
+            dashed: true,
+        });
     }
-    out.push_str("<h2>Memory over the run</h2>");
-    out.push_str(&memory(s));
-    out.push('\n');
+    let ms_fmt = svg::num;
+    let step_fmt = svg::num;
+    svg::line_chart(
+        &Frame {
+            id: "chart-step-time",
+            title: "Step time over the run",
+            x: Axis {
+                label: "step",
+                fmt: &step_fmt,
+            },
+            y: Axis {
+                label: "ms",
+                fmt: &ms_fmt,
+            },
+            x_max,
+        },
+        &series,
+    )
 }
 
 /// Stacked bars of each phase's share of step time, per window of consecutive sampled steps.
@@ -493,12 +530,24 @@ fn phase_shares(s: &Summary) -> String {
     )
 }
 
-fn memory(s: &Summary) -> String {
+fn memory(s: &Summary) -> Markup {
     let Some(m) = &s.memory.series else {
-        return "<p class=\"note\">Memory was not sampled (or the summary predates the memory \
-                series).</p>"
-            .to_owned();
+        return html! {
+            p class="note" {
+                "Memory was not sampled (or the summary predates the memory series)."
+            }
+        };
     };
+    html! {
+        (trusted(memory_chart(m)))
+        @if s.gpu.is_none() {
+            p class="note" { "GPU metrics unavailable." }
+        }
+    }
+}
+
+/// Host RSS and GPU memory of the target over the run, in MiB or GiB.
+fn memory_chart(m: &crate::summary::MemorySeries) -> String {
     let top = m
         .rss_bytes
         .iter()
@@ -536,7 +585,7 @@ fn memory(s: &Summary) -> String {
     let y_fmt = svg::num;
     let x_fmt = svg::num;
     let y_label = format!("{unit} (target process)");
-    let mut out = svg::line_chart(
+    svg::line_chart(
         &Frame {
             id: "chart-memory",
             title: "Memory over the run",
@@ -551,54 +600,53 @@ fn memory(s: &Summary) -> String {
             x_max: m.t_s.last().copied().unwrap_or(1.0),
         },
         &series,
-    );
-    if s.gpu.is_none() {
-        out.push_str("<p class=\"note\">GPU metrics unavailable.</p>");
-    }
-    out
+    )
 }
 
 /// The functions inside the residual (and the primary finding's phase), from stack samples.
-fn code(s: &Summary, out: &mut String) {
+fn code(s: &Summary) -> Markup {
     let mut phases = vec![Phase::Residual];
     if let Some(p) = s.primary_diagnosis.phase
         && p != Phase::Residual
     {
         phases.insert(0, p);
     }
-    out.push_str("<h2>Code inside the phases</h2>");
     let rows: Vec<(Phase, &crate::profile::TopFunction)> = phases
         .iter()
         .flat_map(|&p| s.phases[p].top_functions.iter().map(move |t| (p, t)))
         .collect();
-    if rows.is_empty() {
-        out.push_str(
-            "<p class=\"note\" id=\"top-functions\">No Python stack samples: the functions \
-             inside the residual are not known (sampling off, or too few samples).</p>\n",
-        );
-        return;
+    html! {
+        h2 { "Code inside the phases" }
+        @if rows.is_empty() {
+            p class="note" id="top-functions" {
+                "No Python stack samples: the functions inside the residual are not known \
+                 (sampling off, or too few samples)."
+            }
+        } @else {
+            table id="top-functions" {
+                tr {
+                    th { "phase" }
+                    th { "function" }
+                    th { "file" }
+                    th class="n" { "share of phase samples" }
+                    th class="n" { "samples" }
+                }
+                @for (p, t) in &rows {
+                    tr {
+                        td { (p.name()) }
+                        td { code { (Text(&t.function)) } }
+                        td { code { (Text(&t.file)) ":" (t.line) } }
+                        td class="n" { (pct(t.share)) }
+                        td class="n" { (t.samples) }
+                    }
+                }
+            }
+        }
+        "\n"
     }
-    out.push_str(
-        "<table id=\"top-functions\"><tr><th>phase</th><th>function</th><th>file</th>\
-         <th class=\"n\">share of phase samples</th><th class=\"n\">samples</th></tr>",
-    );
-    for (p, t) in rows {
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td><code>{}</code></td><td><code>{}:{}</code></td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
-            p.name(),
-            html(&t.function),
-            html(&t.file),
-            t.line,
-            pct(t.share),
-            t.samples
-        );
-    }
-    out.push_str("</table>\n");
 }
 
-fn findings(s: &Summary, out: &mut String) {
+fn findings(s: &Summary) -> Markup {
     let primary = &s.primary_diagnosis;
     let others: Vec<_> = s
         .findings
@@ -606,25 +654,36 @@ fn findings(s: &Summary, out: &mut String) {
         .filter(|f| !(f.kind == primary.kind && f.phase == primary.phase))
         .collect();
     if others.is_empty() {
-        return;
+        return html! {};
     }
-    out.push_str("<h2>Other findings</h2>");
-    for f in others {
-        let _ = write!(
-            out,
-            "<section class=\"card {}\"><b>{}</b><span class=\"sev\">{}</span><dl>\
-             <dt>Why</dt><dd>{}</dd><dt>Next</dt><dd>{}</dd></dl></section>",
-            severity_class(f.severity),
-            html(&f.kind.headline()),
-            f.severity.as_str(),
-            html(&f.why),
-            html(&f.next)
-        );
+    html! {
+        h2 { "Other findings" }
+        @for f in others {
+            section class={ "card " (severity_class(f.severity)) } {
+                b { (Text(&f.kind.headline())) }
+                span class="sev" { (f.severity.as_str()) }
+                dl {
+                    dt { "Why" } dd { (Text(&f.why)) }
+                    dt { "Next" } dd { (Text(&f.next)) }
+                }
+            }
+        }
+        "\n"
     }
-    out.push('\n');
 }
 
-fn system(s: &Summary, out: &mut String) {
+/// A two-column table: a fixed name, then text of the model.
+fn rows_table(id: &str, rows: &[(&str, String)]) -> Markup {
+    html! {
+        table id=(id) {
+            @for (k, v) in rows {
+                tr { th { (k) } td { (Text(v)) } }
+            }
+        }
+    }
+}
+
+fn system(s: &Summary) -> Markup {
     let mut rows: Vec<(&str, String)> = Vec::new();
     let opt_pct = |x: Option<f64>| x.map_or("—".to_owned(), |v| format!("{v:.0}%"));
     rows.push((
@@ -669,14 +728,14 @@ fn system(s: &Summary, out: &mut String) {
             }
         }
     }
-    out.push_str("<h2>System and process</h2><table id=\"system\">");
-    for (k, v) in rows {
-        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", html(&v));
+    html! {
+        h2 { "System and process" }
+        (rows_table("system", &rows))
+        "\n"
     }
-    out.push_str("</table>\n");
 }
 
-fn data_quality(s: &Summary, out: &mut String) {
+fn data_quality(s: &Summary) -> Markup {
     let q = &s.data_quality;
     let lost = match (&q.events_lost, q.lost_ratio) {
         (Some(l), Some(r)) if l.total + l.seq_gaps > 0 => {
@@ -714,21 +773,22 @@ fn data_quality(s: &Summary, out: &mut String) {
     for n in &q.notes {
         rows.push(("note", n.clone()));
     }
-    out.push_str("<h2>Data quality</h2><table id=\"data-quality\">");
-    for (k, v) in rows {
-        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", html(&v));
+    html! {
+        h2 { "Data quality" }
+        (rows_table("data-quality", &rows))
+        "\n"
     }
-    out.push_str("</table>\n");
 }
 
-fn overhead(s: &Summary, out: &mut String) {
-    out.push_str("<h2>Daemon cost</h2>");
+fn overhead(s: &Summary) -> Markup {
     let Some(o) = &s.daemon_overhead else {
-        out.push_str(
-            "<p class=\"note\" id=\"daemon-cost\">Not in this summary (a stream recorded \
-             before the daemon counted its probe hits).</p>\n",
-        );
-        return;
+        return html! {
+            h2 { "Daemon cost" }
+            p class="note" id="daemon-cost" {
+                "Not in this summary (a stream recorded before the daemon counted its probe hits)."
+            }
+            "\n"
+        };
     };
     let f2 = |x: Option<f64>, unit: &str| x.map_or("—".to_owned(), |v| format!("{v:.2}{unit}"));
     let mut rows: Vec<(&str, String)> = vec![
@@ -770,14 +830,15 @@ fn overhead(s: &Summary, out: &mut String) {
             ),
         ));
     }
-    out.push_str("<table id=\"daemon-cost\">");
-    for (k, v) in rows {
-        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", html(&v));
+    html! {
+        h2 { "Daemon cost" }
+        (rows_table("daemon-cost", &rows))
+        p class="note" {
+            "An estimate: probe hits × measured per-hit cost (docs/overhead.md), not a \
+             measurement of the target."
+        }
+        "\n"
     }
-    out.push_str(
-        "</table><p class=\"note\">An estimate: probe hits × measured per-hit cost \
-         (docs/overhead.md), not a measurement of the target.</p>\n",
-    );
 }
 
 #[cfg(test)]
@@ -785,6 +846,7 @@ mod tests {
     use super::*;
     use crate::analysis::fixtures::{self, Scenario};
     use crate::profile::TopFunction;
+    use crate::sanitize::html;
 
     fn report(s: &Summary) -> String {
         let mut v = Vec::new();

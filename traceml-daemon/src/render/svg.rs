@@ -308,7 +308,7 @@ fn close(mut out: String, legend: &[(&str, &str)]) -> String {
     // The legend, right-aligned on the top margin.
     let mut x = W - RIGHT;
     for (name, color) in legend.iter().rev() {
-        let w = 16.0 + 7.0 * name.chars().count() as f64;
+        let w = 16.0 + 7.0 * crate::text::width(name) as f64;
         x -= w + 10.0;
         let _ = write!(
             out,

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use super::Painter;
 use crate::compare::Change;
 use crate::sweep::{JobRow, JobVerdict, Side, Sweep};
+use crate::text::{self, width};
 use crate::units::{ms, p_value};
 
 /// Widest job name shown; longer ones keep their start and end.
@@ -34,10 +35,10 @@ pub fn render_sweep(s: &Sweep, w: &mut impl Write, color: bool) -> io::Result<()
         "DIAGNOSIS",
     ];
     let rows: Vec<[String; 7]> = s.jobs.iter().map(cells).collect();
-    let mut widths = head.map(|h| h.chars().count());
+    let mut widths = head.map(width);
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
+            *w = (*w).max(width(c));
         }
     }
     // Right-aligned: the numbers.
@@ -45,7 +46,7 @@ pub fn render_sweep(s: &Sweep, w: &mut impl Write, color: bool) -> io::Result<()
     let line = |cells: [String; 7], verdict: Option<JobVerdict>| {
         let mut out = String::new();
         for (i, c) in cells.iter().enumerate() {
-            let n = c.chars().count();
+            let n = width(c);
             let padded = if right[i] {
                 format!("{}{c}", " ".repeat(widths[i] - n))
             } else {
@@ -167,15 +168,12 @@ fn cells(j: &JobRow) -> [String; 7] {
 
 /// `s` cut to `max` columns by replacing its middle with `…`.
 fn cut_middle(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
+    if width(s) <= max {
         return s.to_owned();
     }
     let keep = max - 1;
-    let (head, tail) = (keep / 2, keep - keep / 2);
-    let start: String = s.chars().take(head).collect();
-    let end: String = s.chars().skip(n - tail).collect();
-    format!("{start}…{end}")
+    let (start, end) = (keep / 2, keep - keep / 2);
+    format!("{}…{}", text::head(s, start), text::tail(s, end))
 }
 
 #[cfg(test)]
@@ -236,7 +234,7 @@ mod tests {
         );
         assert!(t.contains("regression: team/resnet/rank0\n"), "{t}");
         // The columns line up: each verdict starts where the header's VERDICT does.
-        let col = |l: &str, word: &str| l[..l.find(word).unwrap()].chars().count();
+        let col = |l: &str, word: &str| width(&l[..l.find(word).unwrap()]);
         let header = t.lines().nth(1).unwrap();
         assert_eq!(col(header, "VERDICT"), JOB_MAX + 2, "{t}");
         for (l, j) in t.lines().skip(2).zip(&s.jobs) {
@@ -244,6 +242,36 @@ mod tests {
         }
         let colored = text(&s, true);
         assert!(colored.contains("\x1b[1;31mREGRESSION"), "{colored}");
+    }
+
+    #[test]
+    fn wide_job_names_line_up_by_columns() {
+        let fixed = fixtures::summary(&fixtures::input_fixed());
+        let bound = fixtures::summary(&fixtures::input_bound());
+        // CJK characters take two columns each, a combining accent none.
+        let s = Sweep {
+            baseline: PathBuf::from("a"),
+            candidate: PathBuf::from("b"),
+            jobs: vec![
+                row("训练/模型", &fixed, &bound),
+                row("cafe\u{301}/rank0", &fixed, &fixed),
+                row(&"数".repeat(30), &bound, &fixed),
+            ],
+        };
+        let t = text(&s, false);
+        let col = |l: &str, word: &str| width(&l[..l.find(word).unwrap()]);
+        let header = t.lines().nth(1).unwrap();
+        // The widest name is the cut one, 39 columns (a CJK character does not split).
+        let verdict = col(header, "VERDICT");
+        assert_eq!(verdict, JOB_MAX - 1 + 2, "{t}");
+        for (l, j) in t.lines().skip(2).zip(&s.jobs) {
+            assert_eq!(col(l, j.verdict.as_str()), verdict, "{t}");
+        }
+        // 60 columns cut to 40 in the middle: 19 on the left (9 characters), 20 on the right.
+        assert!(
+            t.contains(&format!("{}…{}", "数".repeat(9), "数".repeat(10))),
+            "{t}"
+        );
     }
 
     #[test]

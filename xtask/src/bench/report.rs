@@ -25,6 +25,41 @@ const PHASES: [&str; 7] = [
 pub const INPROCESS_HEADING: &str =
     "## 6. In-process overhead: the daemon attached and detached in windows of one run";
 
+/// The report's prose, in markdown beside this file, with `{name}` where [`fill`] puts a value:
+/// how the numbers are measured (section "Method"), how the in-process section measures, and the
+/// notes that end the report.
+const METHOD: &str = include_str!("report/method.md");
+const INPROCESS: &str = include_str!("report/inprocess.md");
+const NOTES: &str = include_str!("report/notes.md");
+
+/// `template` with each `{name}` replaced by its value in `values`. Every placeholder must have
+/// a value and every value a placeholder (a mismatch is a bug in this file: it panics).
+fn fill(template: &str, values: &[(&str, String)]) -> String {
+    let mut out = String::with_capacity(template.len() + 256);
+    let mut used = vec![false; values.len()];
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .map(|c| open + c)
+            .unwrap_or_else(|| panic!("an unclosed {{ in a report template"));
+        let name = &rest[open + 1..close];
+        let i = values
+            .iter()
+            .position(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("no value for {{{name}}} in a report template"));
+        used[i] = true;
+        out.push_str(&rest[..open]);
+        out.push_str(&values[i].1);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    if let Some(i) = used.iter().position(|u| !u) {
+        panic!("{{{}}} is in no report template", values[i].0);
+    }
+    out
+}
+
 fn pass(ok: bool) -> &'static str {
     if ok { "pass" } else { "**FAIL**" }
 }
@@ -61,6 +96,7 @@ pub fn full(
         .strip_prefix(crate::root())
         .unwrap_or(&ctx.daemon);
     md.push_str(&inprocess(inproc, schedule, &daemon.to_string_lossy()));
+    md.push('\n');
     md.push_str(NOTES);
     md
 }
@@ -114,28 +150,14 @@ fn header(md: &mut String, ctx: &Ctx, h: &Header) {
     );
 
     let _ = writeln!(md, "\n## Method\n");
-    let _ = writeln!(
-        md,
-        "- Every comparison runs the same workload as a fresh process, alternately **A** (no daemon) \
-         and **B** (daemon attached), A B A B …, {} pairs. Each workload prints its pid, waits for a \
-         ready file, then trains; in B the daemon writes the ready file once its probes are live \
-         (`--ready-file`), in A the bench writes it. The daemon is the release build run as a user \
-         would: `traceml-daemon --pid PID --quiet --output DIR` (+ `--record FILE` except in the \
-         storms).\n\
-         - Step time comes from the workload's own clocks (its truth file: median over steps). \
-         Overhead = median over pairs of (B median step / A median step); min and max over pairs \
-         show the noise. Per-hit cost = B − A in ns per call of a storm loop (median of {} \
-         repetitions of {} calls within a run, a fifth of that for launches, then median/min/max over pairs).\n\
-         - Footprint: `/proc/<daemon>/stat` (utime+stime) sampled every 20 ms, from probes live to \
-         target exit, as % of one core; peak RSS = `VmHWM`.\n\
-         - Time to attach: daemon start → ready file written (probes live). Time to verdict: the \
-         target's exit (reaped by the bench) → `final_summary.json` exists. Polled every 3 ms.\n\
-         - Accuracy: each ground-truth scenario once with the daemon; per-phase error = daemon's \
-         median − truth's median (ms); verdict against the scenario's expected one.\n\
-         - Workloads: `tests/workloads/bench/` (`realistic.py`, `storm.py`, `real_torch_loop.py`), \
-         `tests/workloads/*.py`.",
-        h.plan.pairs, h.plan.storm_reps, h.plan.storm_n
-    );
+    md.push_str(&fill(
+        METHOD,
+        &[
+            ("pairs", h.plan.pairs.to_string()),
+            ("storm_reps", h.plan.storm_reps.to_string()),
+            ("storm_n", h.plan.storm_n.to_string()),
+        ],
+    ));
 }
 
 fn overhead_row(o: &Overhead) -> String {
@@ -643,44 +665,23 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "\n{INPROCESS_HEADING}\n");
     let (windows, secs) = (2 * s.on + 1, s.window_s);
-    let _ = writeln!(
-        md,
-        "Written by `cargo xtask bench` (this section alone: `cargo xtask bench --inprocess-only`, \
-         {}; load average at start / end {} / {}). One long run of each workload; after a warm-up, \
-         {windows} windows of {secs:.0} s alternate off / on / off …, starting and ending off. In an \
-         on window the daemon (`{daemon}`) runs as `traceml-daemon --pid P --duration {secs:.0} \
-         --output DIR --quiet --ready-file F`; the window is the {secs:.0} s from its ready file \
-         (probes live) on, so its attach and teardown fall outside every window. Off windows start \
-         {:.0} s after the daemon exited. Per on window, ratio = its value / the mean of the values \
-         of the off windows on both sides; rows give the median over on windows (min–max beside \
-         it) and added = on − that off mean.\n\n\
-         - **Wall clock**: step times from the workload's `--steps-log` (CLOCK_MONOTONIC at each \
-         step's end; a step counts in a window when it starts and ends inside it), median per \
-         window. Off spread = (largest − smallest off-window median) / smallest: the noise floor \
-         of the row (other jobs on this shared machine stretch steps; the real-torch and fake \
-         loops also sleep, and their wake-ups vary with load).\n\
-         - **CPU**: the training thread's CPU time (`/proc/P/schedstat`, sampled every 20 ms) per \
-         step ended in the window. Uprobe handlers run in the thread's context and count; time \
-         spent waiting for a core does not, so this is the steadier measure of what the probes add \
-         on a loaded machine. It still includes what the daemon's own CPU use costs the target \
-         (two vCPUs that may share a physical core and its caches): the daemon's CPU, % of one \
-         core over the on windows (utime + stime at 100 Hz), is in the last column. The fake \
-         loops' host work busy-waits for a set wall time, so their CPU per step falls when they \
-         are preempted: on a loaded machine neither measure is clean for them.\n\
-         - **Estimated**: the daemon's own `daemon_overhead` from each on window's \
-         `final_summary.json` (median over windows): `estimated_us_per_step` over the whole \
-         attachment and `steady_us_per_step`; \"—\" where the summary has no such field.\n\
-         - The daemon may change its probe set while attached (`daemon_overhead.probe_sets`: \
-         every probe while it learns the loop, then a cheaper set): the \"after the last change\" \
-         columns use only the part of each on window after it (when ≥ 1 s is left), to compare with \
-         the steady estimate.\n",
-        sh("date -u '+%Y-%m-%d %H:%M'"),
-        runs.first()
-            .map(|r| first3(&r.load_start))
-            .unwrap_or_default(),
-        first3(&sh("cat /proc/loadavg")),
-        s.guard_s
-    );
+    md.push_str(&fill(
+        INPROCESS,
+        &[
+            ("date", sh("date -u '+%Y-%m-%d %H:%M'")),
+            (
+                "load_start",
+                runs.first()
+                    .map(|r| first3(&r.load_start))
+                    .unwrap_or_default(),
+            ),
+            ("load_end", first3(&sh("cat /proc/loadavg"))),
+            ("windows", windows.to_string()),
+            ("secs", format!("{secs:.0}")),
+            ("daemon", daemon.to_owned()),
+            ("guard_s", format!("{:.0}", s.guard_s)),
+        ],
+    ));
     let _ = writeln!(
         md,
         "| workload | steps off / on | wall ms/step off | on | ratio median (min–max) | added | off spread | after the last change: ratio / added µs | daemon verdict | attach s |"
@@ -857,29 +858,6 @@ pub fn splice_inprocess(old: &str, section: &str) -> String {
     format!("{}\n\n{section}\n", old.trim_end())
 }
 
-/// Facts behind the numbers that do not change from run to run.
-const NOTES: &str = "
-## Reading the numbers
-
-- A uprobe whose first instruction the kernel can emulate (`push`) costs about 0.6–0.8 µs on \
-  this VM; a uretprobe adds about 0.45 µs; an instruction the kernel must single-step out of \
-  line costs about 10 µs (`../shared/TOOLCHAIN.md`). \"Enter + return\" storms are two hits per \
-  call, so their per-hit column is half the per-call cost.
-- The stand-in launch storm also wakes the simulated device thread for each launch; on 2 busy \
-  cores that makes its A/B difference noisy (see min/max).
-- Peak RSS (`VmHWM`) counts file-backed pages the daemon maps or reads (ELF symbol tables of \
-  `libtorch_cpu.so` are hundreds of MB); the anon column is its own heap.
-- The daemon keeps every stream item (56 bytes each) in memory until the target exits (`items` in \
-  `traceml-daemon/src/main.rs`), so its heap grows with the run: compare the long run's anon RSS \
-  with the short runs'. ELF files are memory-mapped (`attach/elf.rs`): the pages of \
-  `libtorch_cpu.so`'s symbol tables it reads count in VmHWM as file-backed, not in the anon column.
-- Time to verdict: the probes are detached on a background thread after the stream's last item, \
-  so the summary no longer waits for the kernel's teardown of hundreds of uprobes (~2 s).
-- TraceML runs the script under `torch.distributed.run` with an aggregator process, so its \
-  process wall time includes that start-up; step times are from the script's own clocks in all \
-  three columns.
-";
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -900,5 +878,43 @@ mod tests {
         assert_eq!(twice.matches(INPROCESS_HEADING).count(), 1);
         let bare = splice_inprocess("# B\n", &sec);
         assert!(bare.ends_with("first\n"));
+    }
+
+    #[test]
+    fn templates_are_filled_whole() {
+        let filled = fill("a {x} b {y}{x}", &[("x", "1".into()), ("y", "2".into())]);
+        assert_eq!(filled, "a 1 b 21");
+        // Each template's placeholders are the ones its caller fills.
+        let names = |t: &str| {
+            let mut v: Vec<String> = t
+                .split('{')
+                .skip(1)
+                .map(|p| p.split('}').next().unwrap().to_owned())
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        assert_eq!(names(METHOD), ["pairs", "storm_n", "storm_reps"]);
+        assert_eq!(
+            names(INPROCESS),
+            [
+                "daemon",
+                "date",
+                "guard_s",
+                "load_end",
+                "load_start",
+                "secs",
+                "windows"
+            ]
+        );
+        assert!(names(NOTES).is_empty());
+        assert!(NOTES.starts_with("## Reading the numbers\n"));
+    }
+
+    #[test]
+    #[should_panic(expected = "no value for {y}")]
+    fn a_placeholder_without_a_value_panics() {
+        fill("{y}", &[]);
     }
 }
