@@ -503,6 +503,54 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         Ok(())
     }
 
+    /// The rescan: the maps first, then the process's state (see [`crate::host::ending`]: a
+    /// process tearing down its memory on exit is not an exec); libraries mapped since the
+    /// last look are probed and changed loss counters reported. `Some` when the run is over.
+    fn look(
+        &mut self,
+        k: &mut Kernel,
+        watch: &mut ending::Watch,
+        last_lost: &mut Lost,
+    ) -> Result<Option<EndReason>, LiveError> {
+        let mappings = maps::read(self.opts.pid).ok();
+        let base = mappings
+            .as_ref()
+            .map(|m| maps::base_of(m, &self.python_path));
+        if let Some(reason) = watch.check(base) {
+            return Ok(Some(reason));
+        }
+        if let Some(mappings) = mappings {
+            self.rescan(k, &mappings)?;
+        }
+        let lost = self.lost(k);
+        if lost != *last_lost {
+            self.emit(StreamItem::Lost(lost.clone()))?;
+            *last_lost = lost;
+        }
+        Ok(None)
+    }
+
+    /// The governor's look: markers brought up to date (they are counted as events are
+    /// processed), the counters in the stream, and its decision carried out.
+    fn govern(&mut self, k: &mut Kernel, governor: &mut Governor) -> Result<(), LiveError> {
+        self.drain(k);
+        self.process(Some(Duration::from_millis(20)))?;
+        let stats = k.probe_stats();
+        self.emit(StreamItem::ProbeStats(stats))?;
+        let tick = Tick {
+            now: stats.ts,
+            stats,
+            markers: std::mem::take(&mut self.markers),
+            stacks_ready: self.stacks.is_none()
+                || self.training_thread().is_some_and(|(_, t)| t.is_some()),
+            cpu_ns: procinfo::cpu_ns(self.opts.pid),
+        };
+        if let Some(d) = governor.tick(tick) {
+            apply(self, k, d)?;
+        }
+        Ok(())
+    }
+
     fn lost(&self, k: &Kernel) -> Lost {
         let count = |r: LossReason| percpu_sum(&k.loss, r as u32);
         let ring_full = count(LossReason::RingFull);
@@ -824,7 +872,10 @@ pub async fn run(
         std::fs::write(f, "attached\n")
             .map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
     }
-    tracing::info!("attached to {pid} in {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
+    tracing::info!(
+        "attached to {pid} in {:.0} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     let (mut sampler, mut governor) = start_governing(&mut run, &mut k)?;
     // Subscribed before the loop: the target's exit or exec is reported while it happens.
     let mut watch = ending::Watch::new(pid, start, run.python_base);
@@ -1141,20 +1192,8 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                     rescan = interval_at(tokio::time::Instant::now() + every, every);
                     rescan.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 }
-                // Maps first, then the process's state (see crate::host::ending: a process tearing
-                // down its memory on exit is not an exec).
-                let mappings = maps::read(pid).ok();
-                let base = mappings.as_ref().map(|m| maps::base_of(m, &run.python_path));
-                if let Some(reason) = watch.check(base) {
+                if let Some(reason) = run.look(k, watch, &mut last_lost)? {
                     return Ok(reason);
-                }
-                if let Some(mappings) = mappings {
-                    run.rescan(k, &mappings)?;
-                }
-                let lost = run.lost(k);
-                if lost != last_lost {
-                    run.emit(StreamItem::Lost(lost.clone()))?;
-                    last_lost = lost;
                 }
             }
             _ = sample.tick() => {
@@ -1166,22 +1205,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 run.sample_stack()?;
             }
             _ = govern.tick() => {
-                // Markers are counted as events are processed: bring them up to date first.
-                run.drain(k);
-                run.process(Some(Duration::from_millis(20)))?;
-                let stats = k.probe_stats();
-                run.emit(StreamItem::ProbeStats(stats))?;
-                let tick = Tick {
-                    now: stats.ts,
-                    stats,
-                    markers: std::mem::take(&mut run.markers),
-                    stacks_ready: run.stacks.is_none()
-                        || run.training_thread().is_some_and(|(_, t)| t.is_some()),
-                    cpu_ns: procinfo::cpu_ns(pid),
-                };
-                if let Some(d) = governor.tick(tick) {
-                    apply(run, k, d)?;
-                }
+                run.govern(k, governor)?;
                 if govern_fast(governor) != govern_learning {
                     govern_learning = govern_fast(governor);
                     let every = govern_every(govern_learning);
