@@ -184,7 +184,7 @@ impl Drop for Workload {
 }
 
 fn demo(real: bool) -> anyhow::Result<()> {
-    let env = setup::all(real).and_then(|_| setup::test_env())?;
+    let env = setup::demo(real).and_then(|_| setup::test_env())?;
     let root = root();
     // The dev profile shares its build with `cargo xtask test` and builds in about half the time;
     // the eBPF object is always built optimised.
