@@ -1111,11 +1111,53 @@ pub(crate) mod fixtures {
         }
     }
 
+    /// When the synthetic daemon attaches; the first step starts 500 ms later.
+    const ATTACH_NS: u64 = 1_000_000_000;
+    const PID: u32 = 4242;
+
     /// The engine output and the stream of a scenario.
     pub fn build(sc: &Scenario) -> (EngineOutput, Vec<StreamItem>) {
         let mut rng = Lcg(sc.seed);
-        let attach = 1_000_000_000u64;
-        let mut t = attach + 500_000_000;
+        let start = ATTACH_NS + 500_000_000;
+        let steps = synthetic_steps(sc, &mut rng, start);
+        let end = steps.last().map_or(start, |s| s.end_ns) + 100_000_000;
+        let mut items = target_and_libraries(sc);
+        items.extend(samples(sc, &mut rng, end));
+        items.push(StreamItem::Lost(Lost {
+            ring_full: sc.lost,
+            ..Lost::default()
+        }));
+        // Each step has at least a few events.
+        for s in &steps {
+            for _ in 0..10 {
+                items.push(StreamItem::Event(crate::event::Event {
+                    ts: s.start_ns,
+                    tgid: PID,
+                    tid: PID,
+                    kind: crate::event::Kind::RecordExit,
+                }));
+            }
+        }
+        items.push(StreamItem::End(End {
+            ts: end,
+            reason: EndReason::TargetExited,
+            target: None,
+        }));
+        let engine = EngineOutput {
+            steps,
+            boundary: Some(Boundary::DataloaderNext),
+            training_tid: Some(PID),
+            unmatched_events: 0,
+            reordered_events: 0,
+            partial_steps_dropped: 1,
+            ..EngineOutput::default()
+        };
+        (engine, items)
+    }
+
+    /// `sc.steps` back-to-back steps from `start`, each phase jittered around its mean.
+    fn synthetic_steps(sc: &Scenario, rng: &mut Lcg, start: u64) -> Vec<Step> {
+        let mut t = start;
         let mut steps = Vec::new();
         for i in 0..sc.steps {
             // Scenarios list the single-process phases (no collective wait): residual last.
@@ -1155,9 +1197,13 @@ pub(crate) mod fixtures {
             });
             t += dur;
         }
-        let end = t + 100_000_000;
+        steps
+    }
+
+    /// The stream's opening: the target, and the CUDA libraries when the scenario has CUDA.
+    fn target_and_libraries(sc: &Scenario) -> Vec<StreamItem> {
         let mut items = vec![StreamItem::Target(Box::new(TargetInfo {
-            pid: 4242,
+            pid: PID,
             comm: "python".into(),
             cmdline: vec![
                 "python".into(),
@@ -1167,7 +1213,7 @@ pub(crate) mod fixtures {
             ],
             python_version: Some("3.11.7".into()),
             python_elf: Some("/usr/lib/libpython3.11.so.1.0".into()),
-            attach_ts_ns: attach,
+            attach_ts_ns: ATTACH_NS,
             attach_unix_s: 1_767_225_600.0,
             num_cpus: 16,
             mem_total_bytes: Some(64 << 30),
@@ -1186,88 +1232,70 @@ pub(crate) mod fixtures {
                     path: path.into(),
                     role: role.into(),
                     probes: vec![],
-                    ts: attach,
+                    ts: ATTACH_NS,
                 })));
             }
         }
-        // One sample every 500 ms.
-        let mut ts = attach;
+        items
+    }
+
+    /// One sample every 500 ms from the attach to `end`; RSS grows with the steps done.
+    fn samples(sc: &Scenario, rng: &mut Lcg, end: u64) -> Vec<StreamItem> {
+        let mut items = Vec::new();
+        let mut ts = ATTACH_NS;
         let mut k = 0u64;
         while ts <= end {
-            let frac = (ts - attach) as f64 / (end - attach) as f64;
+            let frac = (ts - ATTACH_NS) as f64 / (end - ATTACH_NS) as f64;
             let steps_done = (frac * sc.steps as f64) as u64;
-            let rss = (2u64 << 30) + steps_done * sc.rss_growth;
-            items.push(StreamItem::Sample(Box::new(Sample {
-                ts,
-                system: SystemSample {
-                    cpu_pct: Some(40.0 + 10.0 * rng.next()),
-                    mem_used_bytes: Some(20 << 30),
-                    mem_total_bytes: Some(64 << 30),
-                },
-                process: Some(ProcessSample {
-                    pid: 4242,
-                    cpu_pct_one_core: Some(100.0 + 5.0 * rng.next()),
-                    rss_bytes: Some(rss),
-                    threads: Some(37),
-                    cpu_seconds: Some(k as f64 * 0.5),
-                }),
-                workers: (0..sc.workers)
-                    .map(|w| ProcessSample {
-                        pid: 5000 + w as u32,
-                        cpu_pct_one_core: Some(sc.worker_cpu),
-                        rss_bytes: Some(300 << 20),
-                        threads: Some(3),
-                        cpu_seconds: None,
-                    })
-                    .collect(),
-                gpus: sc.gpu.then(|| {
-                    vec![GpuSample {
-                        index: 0,
-                        name: Some("NVIDIA H200".into()),
-                        util_pct: Some(sc.gpu_util),
-                        mem_used_bytes: Some(20 << 30),
-                        mem_total_bytes: Some(143_771_000_832),
-                        temp_c: Some(61.0),
-                        power_w: Some(420.0),
-                        power_limit_w: Some(700.0),
-                        process_mem_bytes: Some((18u64 << 30) + steps_done * sc.rss_growth),
-                        process_util_pct: None,
-                    }]
-                }),
-            })));
+            let s = sample(sc, rng, ts, k, steps_done);
+            items.push(StreamItem::Sample(Box::new(s)));
             ts += 500_000_000;
             k += 1;
         }
-        items.push(StreamItem::Lost(Lost {
-            ring_full: sc.lost,
-            ..Lost::default()
-        }));
-        // Each step has at least a few events.
-        for s in &steps {
-            for _ in 0..10 {
-                items.push(StreamItem::Event(crate::event::Event {
-                    ts: s.start_ns,
-                    tgid: 4242,
-                    tid: 4242,
-                    kind: crate::event::Kind::RecordExit,
-                }));
-            }
+        items
+    }
+
+    /// The `k`-th sample, at `ts`, after `steps_done` steps.
+    fn sample(sc: &Scenario, rng: &mut Lcg, ts: u64, k: u64, steps_done: u64) -> Sample {
+        let rss = (2u64 << 30) + steps_done * sc.rss_growth;
+        Sample {
+            ts,
+            system: SystemSample {
+                cpu_pct: Some(40.0 + 10.0 * rng.next()),
+                mem_used_bytes: Some(20 << 30),
+                mem_total_bytes: Some(64 << 30),
+            },
+            process: Some(ProcessSample {
+                pid: PID,
+                cpu_pct_one_core: Some(100.0 + 5.0 * rng.next()),
+                rss_bytes: Some(rss),
+                threads: Some(37),
+                cpu_seconds: Some(k as f64 * 0.5),
+            }),
+            workers: (0..sc.workers)
+                .map(|w| ProcessSample {
+                    pid: 5000 + w as u32,
+                    cpu_pct_one_core: Some(sc.worker_cpu),
+                    rss_bytes: Some(300 << 20),
+                    threads: Some(3),
+                    cpu_seconds: None,
+                })
+                .collect(),
+            gpus: sc.gpu.then(|| {
+                vec![GpuSample {
+                    index: 0,
+                    name: Some("NVIDIA H200".into()),
+                    util_pct: Some(sc.gpu_util),
+                    mem_used_bytes: Some(20 << 30),
+                    mem_total_bytes: Some(143_771_000_832),
+                    temp_c: Some(61.0),
+                    power_w: Some(420.0),
+                    power_limit_w: Some(700.0),
+                    process_mem_bytes: Some((18u64 << 30) + steps_done * sc.rss_growth),
+                    process_util_pct: None,
+                }]
+            }),
         }
-        items.push(StreamItem::End(End {
-            ts: end,
-            reason: EndReason::TargetExited,
-            target: None,
-        }));
-        let engine = EngineOutput {
-            steps,
-            boundary: Some(Boundary::DataloaderNext),
-            training_tid: Some(4242),
-            unmatched_events: 0,
-            reordered_events: 0,
-            partial_steps_dropped: 1,
-            ..EngineOutput::default()
-        };
-        (engine, items)
     }
 
     pub fn summary(sc: &Scenario) -> Summary {

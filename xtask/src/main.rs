@@ -184,14 +184,16 @@ impl Drop for Workload {
 }
 
 fn demo(real: bool) -> anyhow::Result<()> {
-    let env = setup::all(real).and_then(|_| setup::test_env())?;
+    let env = setup::demo(real).and_then(|_| setup::test_env())?;
     let root = root();
-    // The dev profile shares its build with `cargo xtask test` and builds in about half the time;
-    // the eBPF object is always built optimised.
+    // Only the binary, in the `quick` profile (Cargo.toml: dev without optimised dependencies or
+    // debug info), the quickest cold build on a fresh machine, sharing its dependencies with
+    // this xtask's build; the eBPF object is always built optimised.
     run(Command::new("cargo")
-        .args(["build", "-p", "traceml-daemon"])
+        .args(["build", "-p", "traceml-daemon", "--bin", "traceml-daemon"])
+        .args(["--profile", "quick"])
         .current_dir(&root))?;
-    let daemon = root.join("target/debug/traceml-daemon");
+    let daemon = root.join("target/quick/traceml-daemon");
     let ready = std::env::temp_dir().join(format!("traceml-demo-ready-{}", std::process::id()));
     let _ = std::fs::remove_file(&ready);
     let mut cmd = if real {

@@ -176,6 +176,27 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
             )
         }
     })?;
+    native_helpers()?;
+    step("real libcudart from PyPI (nvidia-cuda-runtime)", || {
+        venv("cudart", &[CUDART_PIN]).map(|_| ())
+    })?;
+    if torch {
+        torch_venv()?;
+    }
+    Ok(())
+}
+
+/// What `demo` needs and nothing more: the eBPF toolchain, pyenv's CPython 3.11, the stand-in
+/// CUDA runtime and fake torch (the plain demo), or the real-PyTorch virtualenv (`--real`). Not
+/// the browser, Prometheus, the packaging tools, the other CPythons nor the real libcudart,
+/// which only the tests use.
+pub fn demo(real: bool) -> anyhow::Result<()> {
+    toolchain()?;
+    step("pyenv CPython 3.11", || pyenv_python("3.11").map(|_| ()))?;
+    if real { torch_venv() } else { native_helpers() }
+}
+
+fn native_helpers() -> anyhow::Result<()> {
     step(
         "stand-in CUDA runtime and fake torch native library (tests/build.sh)",
         || {
@@ -183,21 +204,18 @@ pub fn all(torch: bool) -> anyhow::Result<()> {
                 .arg(root().join("tests/build.sh"))
                 .current_dir(root()))
         },
-    )?;
-    step("real libcudart from PyPI (nvidia-cuda-runtime)", || {
-        venv("cudart", &[CUDART_PIN]).map(|_| ())
-    })?;
-    if torch {
-        step(
-            "real PyTorch on CPU with transformers, accelerate and Lightning (virtualenv, cached)",
-            || {
-                let mut pins = vec![TORCH_PIN, NUMPY_PIN];
-                pins.extend(FRAMEWORK_PINS);
-                venv("torch", &pins).map(|_| ())
-            },
-        )?;
-    }
-    Ok(())
+    )
+}
+
+fn torch_venv() -> anyhow::Result<()> {
+    step(
+        "real PyTorch on CPU with transformers, accelerate and Lightning (virtualenv, cached)",
+        || {
+            let mut pins = vec![TORCH_PIN, NUMPY_PIN];
+            pins.extend(FRAMEWORK_PINS);
+            venv("torch", &pins).map(|_| ())
+        },
+    )
 }
 
 /// `~/.pyenv/versions/<X.Y.*>/bin/python<X.Y>`.

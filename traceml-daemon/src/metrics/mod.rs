@@ -479,213 +479,246 @@ fn gauges<'a, F: Fn(&'a RankValues) -> Option<f64>>(
 impl Collector for Exposition {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let e = &self.0;
-        family(
-            &mut enc,
-            "traceml_steps",
-            "Complete training steps measured.",
-            MetricType::Counter,
-            counters(e, |v| Some(v.steps)),
-        )?;
-        family(
-            &mut enc,
-            "traceml_micro_batches",
-            "Micro-batches (fetch, forward, backward) of the complete steps: more than the steps \
-             under gradient accumulation (absent where no backward was seen).",
-            MetricType::Counter,
-            counters(e, |v| v.micro_batches),
-        )?;
-        family(
-            &mut enc,
-            "traceml_evaluation_seconds",
-            "Wall time of the evaluation segments between optimizer steps (fetches and forwards \
-             no backward followed): not in the steps.",
-            MetricType::Counter,
-            counters(e, |v| Some(v.evaluation_seconds)),
-        )?;
-        family(
-            &mut enc,
-            "traceml_evaluation_batches",
-            "Batches fetched in the evaluation segments.",
-            MetricType::Counter,
-            counters(e, |v| Some(v.evaluation_batches)),
-        )?;
-        {
-            let mut m = enc.encode_descriptor(
-                "traceml_step_duration_seconds",
-                "Duration of the complete training steps.",
-                None,
-                MetricType::Histogram,
-            )?;
-            for (labels, v) in e.values() {
-                let bounds = STEP_BUCKETS_NS
-                    .iter()
-                    .map(|&ns| ns as f64 / 1e9)
-                    .chain([f64::INFINITY]);
-                let buckets: Vec<(f64, u64)> = bounds.zip(v.step_buckets.iter().copied()).collect();
-                let count = v.step_buckets.iter().sum();
-                m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
-                    v.step_seconds_sum,
-                    count,
-                    &buckets,
-                    None,
-                )?;
-            }
-        }
-        let phases: Vec<(Labels, ConstCounter<f64>)> = e
-            .values()
-            .flat_map(|(l, v)| {
-                v.phase_seconds.iter().map(move |(p, s)| {
-                    let mut l = l.clone();
-                    l.insert(2, ("phase", p.name().to_owned()));
-                    (l, ConstCounter::new(*s))
-                })
-            })
-            .collect();
-        family(
-            &mut enc,
-            "traceml_phase_seconds",
-            "Time of the complete steps spent in each phase (exclusive; the phases add up to the \
-             step time).",
-            MetricType::Counter,
-            phases,
-        )?;
-        let verdicts: Vec<(Labels, ConstGauge<i64>)> = e
-            .jobs
-            .iter()
-            .filter_map(|(j, job)| {
-                let v = job.verdict?;
-                let info = job.ranks.values().next().map(|r| r.info.clone());
-                let mut l = job_labels(j, &info.unwrap_or_default());
-                l.push(("kind", v.kind.as_str().to_owned()));
-                l.push(("severity", v.severity.as_str().to_owned()));
-                Some((l, ConstGauge::new(1)))
-            })
-            .collect();
-        family(
-            &mut enc,
-            "traceml_verdict",
-            "1 for the job's current primary verdict (the last window's in serve, the run so far \
-             before it).",
-            MetricType::Gauge,
-            verdicts,
-        )?;
-        family(
-            &mut enc,
-            "traceml_own_work_seconds",
-            "Own work of the complete steps: step time less collective wait (the slowest rank's \
-             is what the others wait for).",
-            MetricType::Counter,
-            counters(e, |v| Some(v.own_work_seconds)),
-        )?;
-        family(
-            &mut enc,
-            "traceml_step_median_seconds",
-            "Median duration of the rank's recent steps (the hang threshold is 10 times it).",
-            MetricType::Gauge,
-            gauges(e, |v| v.step_median_seconds),
-        )?;
-        family(
-            &mut enc,
-            "traceml_last_step_end_timestamp_seconds",
-            "When the rank last completed a step (unix time, to within 1 s); absent before its \
-             first step and once its run ended.",
-            MetricType::Gauge,
-            gauges(e, |v| v.last_step_end_unix),
-        )?;
-        family(
-            &mut enc,
-            "traceml_in_collective",
-            "1 when the rank's latest Python stack is inside a collective (all_reduce, barrier, \
-             DDP's backward...), 0 when not; absent without a stack.",
-            MetricType::Gauge,
-            gauges(e, |v| v.in_collective.map(|b| if b { 1.0 } else { 0.0 })),
-        )?;
-        family(
-            &mut enc,
-            "traceml_h2d_bytes",
-            "Bytes copied host to device in the complete steps (absent when no CUDA library was \
-             probed).",
-            MetricType::Counter,
-            counters(e, |v| v.h2d_bytes),
-        )?;
-        family(
-            &mut enc,
-            "traceml_kernel_launches",
-            "CUDA kernel launches (absent when no CUDA library was probed).",
-            MetricType::Counter,
-            counters(e, |v| v.kernel_launches),
-        )?;
-        family(
-            &mut enc,
-            "traceml_gpu_utilization_ratio",
-            "Utilization (0-1) of the GPUs the target uses, at the latest NVML sample (absent \
-             without NVML).",
-            MetricType::Gauge,
-            gauges(e, |v| v.gpu_utilization),
-        )?;
-        family(
-            &mut enc,
-            "traceml_events_lost",
-            "Probe events lost (ring buffer full, read failures, undecodable).",
-            MetricType::Counter,
-            counters(e, |v| v.events_lost),
-        )?;
-        family(
-            &mut enc,
-            "traceml_probe_failures",
-            "Probes that could not be attached.",
-            MetricType::Counter,
-            counters(e, |v| Some(v.probe_failures)),
-        )?;
-        family(
-            &mut enc,
-            "traceml_daemon_overhead_ratio",
-            "The daemon's estimated added time on the target, as a share of step time, since the \
-             last probe-set change.",
-            MetricType::Gauge,
-            gauges(e, |v| v.overhead_ratio),
-        )?;
-        family(
-            &mut enc,
-            "traceml_attached_jobs",
-            "Jobs the daemon is attached to.",
-            MetricType::Gauge,
-            vec![(Vec::new(), ConstGauge::new(e.attached_jobs() as i64))],
-        )?;
-        {
-            let mut m = enc.encode_descriptor(
-                "traceml_job",
-                "Who each job's rank is.",
-                None,
-                MetricType::Info,
-            )?;
-            for (j, job) in &e.jobs {
-                for (r, rank) in &job.ranks {
-                    let pid = rank.info.pid.to_string();
-                    let (comm, command) = (label(&rank.info.comm), label(&rank.info.command));
-                    let opt = |v: &Option<String>| label(v.as_deref().unwrap_or(""));
-                    let user = opt(&rank.info.user);
-                    let (container, pod, unit) = (
-                        opt(&rank.info.container),
-                        opt(&rank.info.pod),
-                        opt(&rank.info.unit),
-                    );
-                    let mut labels = rank_labels(j, r, &rank.info);
-                    labels.extend([
-                        ("pid", pid),
-                        ("comm", comm),
-                        ("command", command),
-                        ("user", user),
-                        ("container", container),
-                        ("pod", pod),
-                        ("unit", unit),
-                    ]);
-                    m.encode_info(&labels)?;
-                }
-            }
-        }
-        Ok(())
+        step_families(&mut enc, e)?;
+        step_histogram(&mut enc, e)?;
+        phase_and_verdict_families(&mut enc, e)?;
+        rank_state_families(&mut enc, e)?;
+        cuda_and_cost_families(&mut enc, e)?;
+        job_info(&mut enc, e)
     }
+}
+
+/// Steps, micro-batches and the evaluation segments: counters per rank.
+fn step_families(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+    family(
+        enc,
+        "traceml_steps",
+        "Complete training steps measured.",
+        MetricType::Counter,
+        counters(e, |v| Some(v.steps)),
+    )?;
+    family(
+        enc,
+        "traceml_micro_batches",
+        "Micro-batches (fetch, forward, backward) of the complete steps: more than the steps \
+         under gradient accumulation (absent where no backward was seen).",
+        MetricType::Counter,
+        counters(e, |v| v.micro_batches),
+    )?;
+    family(
+        enc,
+        "traceml_evaluation_seconds",
+        "Wall time of the evaluation segments between optimizer steps (fetches and forwards \
+         no backward followed): not in the steps.",
+        MetricType::Counter,
+        counters(e, |v| Some(v.evaluation_seconds)),
+    )?;
+    family(
+        enc,
+        "traceml_evaluation_batches",
+        "Batches fetched in the evaluation segments.",
+        MetricType::Counter,
+        counters(e, |v| Some(v.evaluation_batches)),
+    )?;
+    Ok(())
+}
+
+/// `traceml_step_duration_seconds`: the step-time histogram per rank.
+fn step_histogram(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(
+        "traceml_step_duration_seconds",
+        "Duration of the complete training steps.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for (labels, v) in e.values() {
+        let bounds = STEP_BUCKETS_NS
+            .iter()
+            .map(|&ns| ns as f64 / 1e9)
+            .chain([f64::INFINITY]);
+        let buckets: Vec<(f64, u64)> = bounds.zip(v.step_buckets.iter().copied()).collect();
+        let count = v.step_buckets.iter().sum();
+        m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+            v.step_seconds_sum,
+            count,
+            &buckets,
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+/// Time per phase (a `phase` label on each rank's series) and each job's primary verdict.
+fn phase_and_verdict_families(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+    let phases: Vec<(Labels, ConstCounter<f64>)> = e
+        .values()
+        .flat_map(|(l, v)| {
+            v.phase_seconds.iter().map(move |(p, s)| {
+                let mut l = l.clone();
+                l.insert(2, ("phase", p.name().to_owned()));
+                (l, ConstCounter::new(*s))
+            })
+        })
+        .collect();
+    family(
+        enc,
+        "traceml_phase_seconds",
+        "Time of the complete steps spent in each phase (exclusive; the phases add up to the \
+         step time).",
+        MetricType::Counter,
+        phases,
+    )?;
+    let verdicts: Vec<(Labels, ConstGauge<i64>)> = e
+        .jobs
+        .iter()
+        .filter_map(|(j, job)| {
+            let v = job.verdict?;
+            let info = job.ranks.values().next().map(|r| r.info.clone());
+            let mut l = job_labels(j, &info.unwrap_or_default());
+            l.push(("kind", v.kind.as_str().to_owned()));
+            l.push(("severity", v.severity.as_str().to_owned()));
+            Some((l, ConstGauge::new(1)))
+        })
+        .collect();
+    family(
+        enc,
+        "traceml_verdict",
+        "1 for the job's current primary verdict (the last window's in serve, the run so far \
+         before it).",
+        MetricType::Gauge,
+        verdicts,
+    )?;
+    Ok(())
+}
+
+/// What the hang and straggler rules read: own work, the recent median, the last step end, in a
+/// collective.
+fn rank_state_families(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+    family(
+        enc,
+        "traceml_own_work_seconds",
+        "Own work of the complete steps: step time less collective wait (the slowest rank's \
+         is what the others wait for).",
+        MetricType::Counter,
+        counters(e, |v| Some(v.own_work_seconds)),
+    )?;
+    family(
+        enc,
+        "traceml_step_median_seconds",
+        "Median duration of the rank's recent steps (the hang threshold is 10 times it).",
+        MetricType::Gauge,
+        gauges(e, |v| v.step_median_seconds),
+    )?;
+    family(
+        enc,
+        "traceml_last_step_end_timestamp_seconds",
+        "When the rank last completed a step (unix time, to within 1 s); absent before its \
+         first step and once its run ended.",
+        MetricType::Gauge,
+        gauges(e, |v| v.last_step_end_unix),
+    )?;
+    family(
+        enc,
+        "traceml_in_collective",
+        "1 when the rank's latest Python stack is inside a collective (all_reduce, barrier, \
+         DDP's backward...), 0 when not; absent without a stack.",
+        MetricType::Gauge,
+        gauges(e, |v| v.in_collective.map(|b| if b { 1.0 } else { 0.0 })),
+    )?;
+    Ok(())
+}
+
+/// CUDA activity, GPU utilization and the daemon's own cost (lost events, failed probes, overhead)
+/// per rank; the attached jobs.
+fn cuda_and_cost_families(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+    family(
+        enc,
+        "traceml_h2d_bytes",
+        "Bytes copied host to device in the complete steps (absent when no CUDA library was \
+         probed).",
+        MetricType::Counter,
+        counters(e, |v| v.h2d_bytes),
+    )?;
+    family(
+        enc,
+        "traceml_kernel_launches",
+        "CUDA kernel launches (absent when no CUDA library was probed).",
+        MetricType::Counter,
+        counters(e, |v| v.kernel_launches),
+    )?;
+    family(
+        enc,
+        "traceml_gpu_utilization_ratio",
+        "Utilization (0-1) of the GPUs the target uses, at the latest NVML sample (absent \
+         without NVML).",
+        MetricType::Gauge,
+        gauges(e, |v| v.gpu_utilization),
+    )?;
+    family(
+        enc,
+        "traceml_events_lost",
+        "Probe events lost (ring buffer full, read failures, undecodable).",
+        MetricType::Counter,
+        counters(e, |v| v.events_lost),
+    )?;
+    family(
+        enc,
+        "traceml_probe_failures",
+        "Probes that could not be attached.",
+        MetricType::Counter,
+        counters(e, |v| Some(v.probe_failures)),
+    )?;
+    family(
+        enc,
+        "traceml_daemon_overhead_ratio",
+        "The daemon's estimated added time on the target, as a share of step time, since the \
+         last probe-set change.",
+        MetricType::Gauge,
+        gauges(e, |v| v.overhead_ratio),
+    )?;
+    family(
+        enc,
+        "traceml_attached_jobs",
+        "Jobs the daemon is attached to.",
+        MetricType::Gauge,
+        vec![(Vec::new(), ConstGauge::new(e.attached_jobs() as i64))],
+    )?;
+    Ok(())
+}
+
+/// `traceml_job_info`: who each job's rank is (pids only here).
+fn job_info(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(
+        "traceml_job",
+        "Who each job's rank is.",
+        None,
+        MetricType::Info,
+    )?;
+    for (j, job) in &e.jobs {
+        for (r, rank) in &job.ranks {
+            let pid = rank.info.pid.to_string();
+            let (comm, command) = (label(&rank.info.comm), label(&rank.info.command));
+            let opt = |v: &Option<String>| label(v.as_deref().unwrap_or(""));
+            let user = opt(&rank.info.user);
+            let (container, pod, unit) = (
+                opt(&rank.info.container),
+                opt(&rank.info.pod),
+                opt(&rank.info.unit),
+            );
+            let mut labels = rank_labels(j, r, &rank.info);
+            labels.extend([
+                ("pid", pid),
+                ("comm", comm),
+                ("command", command),
+                ("user", user),
+                ("container", container),
+                ("pod", pod),
+                ("unit", unit),
+            ]);
+            m.encode_info(&labels)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
