@@ -22,6 +22,9 @@ pub enum Stem {
     Final,
     /// `summary-<n>.json`: the n-th window's summary alone (readable by `compare`).
     Window(u32),
+    /// `final_summary.json` alone: a job in trouble (a HANG while its ranks still run), read by
+    /// tools at once; the card and the report come with the final summary.
+    FinalJson,
 }
 
 /// Writes a summary's files into `out`, each atomically ([`OutDir::write`]).
@@ -37,6 +40,7 @@ pub fn write_summary(out: &OutDir, stem: Stem, s: &Summary) -> std::io::Result<(
             out.write(FINAL_FILES[2], &json)
         }
         Stem::Window(n) => out.write(&format!("summary-{n}.json"), &json),
+        Stem::FinalJson => out.write(FINAL_FILES[2], &json),
     }
 }
 

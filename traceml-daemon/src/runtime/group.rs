@@ -264,12 +264,8 @@ impl Group {
         let runs = self.read_stacks();
         if let Some(sum) = crate::ranks::combine(runs, self.info.clone(), &self.hung) {
             tracing::warn!("job {}: HANG: {}", self.cfg.name, sum.primary_diagnosis.why);
-            // Only the JSON: a job in trouble is read by tools at once; the card comes at the end.
-            let out = crate::host::output::OutDir::create(&self.cfg.dir, self.cfg.owner);
-            let mut json = Vec::new();
-            if let Err(e) = crate::render::render_json(&sum, &mut json)
-                .and(out)
-                .and_then(|out| out.write("final_summary.json", &json))
+            if let Err(e) =
+                files::write_summary_in(&self.cfg.dir, self.cfg.owner, Stem::FinalJson, &sum)
             {
                 tracing::warn!("job {}: cannot write the HANG summary: {e}", self.cfg.name);
             }

@@ -144,7 +144,7 @@ struct Target {
 
 /// A multi-rank job: its ranks' group, and its launcher, whose exit (with no rank running) ends
 /// the job.
-struct Job {
+struct HeldJob {
     group: Group,
     launcher: Option<(u32, u64)>,
 }
@@ -164,7 +164,7 @@ struct Node {
     /// By name, with the pid they were made for (forgotten once it is gone).
     dirs: HashMap<String, u32>,
     /// Multi-rank jobs by key (the launcher's pid and start time, or the ranks' rendezvous).
-    jobs: HashMap<String, Job>,
+    jobs: HashMap<String, HeldJob>,
     /// Processes that run no Python, by (pid, start time): their program (exe), and the scan
     /// after which they are looked at again (a Python process is looked at every scan until it
     /// maps libtorch; one that execs another program is looked at at once).
@@ -462,7 +462,7 @@ impl Scan<'_> {
                 metrics: self.metrics.clone(),
                 record: None,
             };
-            Job {
+            HeldJob {
                 group: Group::new(cfg, job_info),
                 launcher,
             }
