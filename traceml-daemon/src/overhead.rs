@@ -273,82 +273,11 @@ impl Governor {
         };
         let mut reasons = Vec::new();
         match self.stage {
-            Stage::Watching if t.markers.any() => {
-                want.attach_all = true;
-                want.python = true;
-                reasons.push(format!(
-                    "training markers ({} DataLoader iterations, {} optimizer steps, {} backward \
-                     passes): CUDA probes placed, frame-evaluator probe armed to learn the loop",
-                    t.markers.dataloader, t.markers.optimizer, t.markers.backward
-                ));
-                self.start_learning(t.now);
-            }
+            Stage::Watching if t.markers.any() => self.end_watching(&t, &mut want, &mut reasons),
             Stage::Watching => {}
-            Stage::Learning => {
-                if t.markers.any()
-                    && self.learn_steps + self.learn_backward == 0
-                    && steps + t.markers.backward > 0
-                {
-                    // The loop starts while the probe is armed (a job still setting up when
-                    // the daemon attached, slower on a busy machine): the bound counts from its
-                    // first marker, so its first steps are learned.
-                    self.learning_since = self.learning_since.max(t.now);
-                }
-                self.learn_steps += steps;
-                self.learn_backward += t.markers.backward;
-                let elapsed = t.now.saturating_sub(self.learning_since);
-                // Learned once the steps train (a backward among them): a validation pass
-                // before training (Lightning's sanity check) delimits steps of its own and
-                // would end the learning before the first training window is seen.
-                let learned = t.now.saturating_sub(self.learn_min_from) >= self.cfg.learn_min_ns
-                    && self.learn_steps >= self.cfg.learn_steps
-                    && self.learn_backward > 0;
-                let waited = elapsed >= self.cfg.learn_max_ns;
-                if learned && (t.stacks_ready || waited) {
-                    want.python = false;
-                    reasons.push(format!(
-                        "torch's markers delimit the steps ({} steps, {} backward passes while \
-                         learning): frame-evaluator probe detached",
-                        self.learn_steps, self.learn_backward
-                    ));
-                    self.relearn_after_ns = self.cfg.relearn_after_ns;
-                    self.stage = Stage::Steady;
-                } else if waited {
-                    want.python = false;
-                    self.relearn_after_ns =
-                        (self.relearn_after_ns * 2).min(self.cfg.relearn_max_ns);
-                    reasons.push(format!(
-                        "no loop learned in {:.0} s ({} steps, {} backward passes): \
-                         frame-evaluator probe detached; learned again only after {:.0} s \
-                         without a marker",
-                        elapsed as f64 / 1e9,
-                        self.learn_steps,
-                        self.learn_backward,
-                        self.relearn_after_ns as f64 / 1e9
-                    ));
-                    self.stage = Stage::Steady;
-                }
-            }
+            Stage::Learning => self.tick_learning(&t, steps, &mut want, &mut reasons),
             Stage::Steady => {
-                if self.cfg.policy == Policy::Auto
-                    && !self.python
-                    && t.markers.any()
-                    && (first_markers || paused_ns >= self.relearn_after_ns)
-                {
-                    want.python = true;
-                    reasons.push(if first_markers {
-                        "training markers, the first: frame-evaluator probe re-armed to learn \
-                         the loop"
-                            .to_owned()
-                    } else {
-                        format!(
-                            "training markers again after {:.0} s without: a new loop; \
-                             frame-evaluator probe re-armed to learn it",
-                            paused_ns as f64 / 1e9
-                        )
-                    });
-                    self.start_learning(t.now);
-                }
+                self.tick_steady(&t, first_markers, paused_ns, &mut want, &mut reasons)
             }
         }
         // The budget, whatever the stage but learning (bounded in time): the added time
@@ -363,26 +292,9 @@ impl Governor {
                     .zip(prev_cpu)
                     .map_or(0, |(c, p)| c.saturating_sub(p))
             };
-            let launch_cost = d.launch as f64 * COSTS.launch_event_ns;
-            if base > 0 && launch_cost > base as f64 * self.cfg.budget / 2.0 {
+            if let Some(reason) = self.launch_budget(&d, steps, interval, base) {
                 want.launch_events = false;
-                let per = if steps > 0 {
-                    format!(
-                        "{:.0} kernel launches per step would cost {:.2} % of the step",
-                        d.launch as f64 / steps as f64,
-                        launch_cost / base as f64 * 100.0
-                    )
-                } else {
-                    format!(
-                        "{} kernel launches in {:.1} s would cost {:.2} % of the target's CPU time",
-                        d.launch,
-                        interval as f64 / 1e9,
-                        launch_cost / base as f64 * 100.0
-                    )
-                };
-                reasons.push(format!(
-                    "{per} as events: launches are counted in the kernel from now on"
-                ));
+                reasons.push(reason);
             }
         }
         if want.python == self.python
@@ -395,6 +307,135 @@ impl Governor {
         self.launch_events = want.launch_events;
         want.reason = reasons.join("; ");
         Some(want)
+    }
+
+    /// Watching, and training markers came: every probe placed, the loop learned.
+    fn end_watching(&mut self, t: &Tick, want: &mut Decision, reasons: &mut Vec<String>) {
+        want.attach_all = true;
+        want.python = true;
+        reasons.push(format!(
+            "training markers ({} DataLoader iterations, {} optimizer steps, {} backward \
+             passes): CUDA probes placed, frame-evaluator probe armed to learn the loop",
+            t.markers.dataloader, t.markers.optimizer, t.markers.backward
+        ));
+        self.start_learning(t.now);
+    }
+
+    /// Learning: count the markers; detach the frame-evaluator probe once the loop is learned
+    /// or the learning ran out of time.
+    fn tick_learning(
+        &mut self,
+        t: &Tick,
+        steps: u64,
+        want: &mut Decision,
+        reasons: &mut Vec<String>,
+    ) {
+        if t.markers.any()
+            && self.learn_steps + self.learn_backward == 0
+            && steps + t.markers.backward > 0
+        {
+            // The loop starts while the probe is armed (a job still setting up when
+            // the daemon attached, slower on a busy machine): the bound counts from its
+            // first marker, so its first steps are learned.
+            self.learning_since = self.learning_since.max(t.now);
+        }
+        self.learn_steps += steps;
+        self.learn_backward += t.markers.backward;
+        let elapsed = t.now.saturating_sub(self.learning_since);
+        // Learned once the steps train (a backward among them): a validation pass
+        // before training (Lightning's sanity check) delimits steps of its own and
+        // would end the learning before the first training window is seen.
+        let learned = t.now.saturating_sub(self.learn_min_from) >= self.cfg.learn_min_ns
+            && self.learn_steps >= self.cfg.learn_steps
+            && self.learn_backward > 0;
+        let waited = elapsed >= self.cfg.learn_max_ns;
+        if learned && (t.stacks_ready || waited) {
+            want.python = false;
+            reasons.push(format!(
+                "torch's markers delimit the steps ({} steps, {} backward passes while \
+                 learning): frame-evaluator probe detached",
+                self.learn_steps, self.learn_backward
+            ));
+            self.relearn_after_ns = self.cfg.relearn_after_ns;
+            self.stage = Stage::Steady;
+        } else if waited {
+            want.python = false;
+            self.relearn_after_ns = (self.relearn_after_ns * 2).min(self.cfg.relearn_max_ns);
+            reasons.push(format!(
+                "no loop learned in {:.0} s ({} steps, {} backward passes): \
+                 frame-evaluator probe detached; learned again only after {:.0} s \
+                 without a marker",
+                elapsed as f64 / 1e9,
+                self.learn_steps,
+                self.learn_backward,
+                self.relearn_after_ns as f64 / 1e9
+            ));
+            self.stage = Stage::Steady;
+        }
+    }
+
+    /// Steady: under `auto`, markers that are the first or come back after a long pause are a
+    /// new loop, learned again.
+    fn tick_steady(
+        &mut self,
+        t: &Tick,
+        first_markers: bool,
+        paused_ns: u64,
+        want: &mut Decision,
+        reasons: &mut Vec<String>,
+    ) {
+        if self.cfg.policy == Policy::Auto
+            && !self.python
+            && t.markers.any()
+            && (first_markers || paused_ns >= self.relearn_after_ns)
+        {
+            want.python = true;
+            reasons.push(if first_markers {
+                "training markers, the first: frame-evaluator probe re-armed to learn \
+                 the loop"
+                    .to_owned()
+            } else {
+                format!(
+                    "training markers again after {:.0} s without: a new loop; \
+                     frame-evaluator probe re-armed to learn it",
+                    paused_ns as f64 / 1e9
+                )
+            });
+            self.start_learning(t.now);
+        }
+    }
+
+    /// Why launches should be counted in the kernel rather than sent as events, when their
+    /// cost over `base` ns (the steps' wall time, or the target's CPU time) exceeds half the
+    /// budget; `None` when it does not.
+    fn launch_budget(
+        &self,
+        d: &ProbeStats,
+        steps: u64,
+        interval: u64,
+        base: u64,
+    ) -> Option<String> {
+        let launch_cost = d.launch as f64 * COSTS.launch_event_ns;
+        if !(base > 0 && launch_cost > base as f64 * self.cfg.budget / 2.0) {
+            return None;
+        }
+        let per = if steps > 0 {
+            format!(
+                "{:.0} kernel launches per step would cost {:.2} % of the step",
+                d.launch as f64 / steps as f64,
+                launch_cost / base as f64 * 100.0
+            )
+        } else {
+            format!(
+                "{} kernel launches in {:.1} s would cost {:.2} % of the target's CPU time",
+                d.launch,
+                interval as f64 / 1e9,
+                launch_cost / base as f64 * 100.0
+            )
+        };
+        Some(format!(
+            "{per} as events: launches are counted in the kernel from now on"
+        ))
     }
 
     fn start_learning(&mut self, now: u64) {

@@ -221,72 +221,14 @@ impl ThreadFold {
         self.close_stale_leaves(ts, kind);
         let issued = self.issued.take();
         match *kind {
-            Kind::PyEnter { code, .. } => {
-                let class = class(code);
-                let dl = class == Class::DataLoaderNext;
-                if dl {
-                    self.close_innermost(Key::DlFrame, ts);
-                }
-                let phase = match class {
-                    Class::DataLoaderNext => Some(Phase::InputWait),
-                    Class::ModuleCall => Some(Phase::Forward),
-                    Class::OptimizerStep => Some(Phase::Optimizer),
-                    Class::Backward => Some(Phase::Backward),
-                    Class::Pending | Class::Ignore => None,
-                };
-                self.open(
-                    What::Py,
-                    [Some(Key::Code(code)), dl.then_some(Key::DlFrame)],
-                    ts,
-                    phase,
-                );
-            }
+            Kind::PyEnter { code, .. } => self.py_enter(ts, code, class(code)),
             Kind::PyExit { code, raised } => self.close_matching(Key::Code(code), ts, raised),
             Kind::CallEnter { api, bytes, .. } if api.is_collective() => {
                 // An entry marker: nothing opens.
                 self.out.collectives.push((ts, bytes));
                 self.issued = Some(ts);
             }
-            Kind::CallEnter { api, bytes, copy } => {
-                let phase = if api.is_sync() {
-                    Some(Phase::GpuWait)
-                } else if api.is_copy() {
-                    match Dir::of(api, copy) {
-                        Dir::D2h => Some(Phase::GpuWait),
-                        Dir::H2d => Some(Phase::H2d),
-                        Dir::Other => None,
-                    }
-                } else if api == Api::TorchBackward {
-                    Some(Phase::Backward)
-                } else if api == Api::CollectiveWait {
-                    Some(Phase::CollectiveWait)
-                } else {
-                    None
-                };
-                // A thread that issues a collective and then waits for it, with nothing in
-                // between (a synchronous `dist.all_reduce`, DDP's last bucket at the end of
-                // backward), is blocked from the issue on: the issue's own work (dispatch,
-                // enqueue to the backend's threads) is the collective's too.
-                let start = match issued {
-                    Some(at) if api == Api::CollectiveWait => at,
-                    _ => ts,
-                };
-                let idx = self.open(
-                    What::Call { api },
-                    [Some(Key::Api(api)), None],
-                    start,
-                    phase,
-                );
-                if api.is_copy() && self.copy_depth == 1 {
-                    self.out.copies.push(Copy {
-                        start: ts,
-                        end: None,
-                        dir: Dir::of(api, copy),
-                        bytes: bytes.unwrap_or(0),
-                    });
-                    self.stack[idx].copy = Some(self.out.copies_base + self.out.copies.len() - 1);
-                }
-            }
+            Kind::CallEnter { api, bytes, copy } => self.call_enter(ts, api, bytes, copy, issued),
             // The end marker of a collective wait also runs where no wait is open (at launch,
             // on other threads): only an open wait is closed.
             Kind::CallExit {
@@ -302,40 +244,120 @@ impl ThreadFold {
                 self.issued = issued;
             }
             Kind::CallExit { api, .. } => self.close_matching(Key::Api(api), ts, false),
-            Kind::Launch { api } => {
-                if api.is_driver() {
-                    match self.runtime_launch.take() {
-                        Some(rt) if ts.saturating_sub(rt) <= LAUNCH_DEDUP_NS => {}
-                        _ => self.out.launches.push(ts),
-                    }
-                } else {
-                    self.runtime_launch = Some(ts);
-                    self.out.launches.push(ts);
-                }
-            }
-            Kind::RecordEnter { ref name } => {
-                let class = classify_record(name);
-                let dl = class == Some(RecordClass::DataLoaderNext);
-                if dl {
-                    self.close_innermost(Key::DlRecord, ts);
-                }
-                let phase = match class {
-                    Some(RecordClass::DataLoaderNext) => Some(Phase::InputWait),
-                    Some(RecordClass::OptimizerStep) => Some(Phase::Optimizer),
-                    Some(RecordClass::ZeroGrad) => Some(Phase::Residual),
-                    None => None,
-                };
-                self.open(
-                    What::Record,
-                    [Some(Key::Record), dl.then_some(Key::DlRecord)],
-                    ts,
-                    phase,
-                );
-            }
+            Kind::Launch { api } => self.launch(ts, api),
+            Kind::RecordEnter { ref name } => self.record_enter(ts, name),
             Kind::RecordExit => self.close_matching(Key::Record, ts, false),
             // The engine ends the process's trace there; nothing opens or closes.
             Kind::Exec => {}
         }
+    }
+
+    /// A tracked Python frame entered, of class `class`: opened with its phase (a DataLoader
+    /// `__next__` closes a stale one first).
+    fn py_enter(&mut self, ts: u64, code: u64, class: Class) {
+        let dl = class == Class::DataLoaderNext;
+        if dl {
+            self.close_innermost(Key::DlFrame, ts);
+        }
+        let phase = match class {
+            Class::DataLoaderNext => Some(Phase::InputWait),
+            Class::ModuleCall => Some(Phase::Forward),
+            Class::OptimizerStep => Some(Phase::Optimizer),
+            Class::Backward => Some(Phase::Backward),
+            Class::Pending | Class::Ignore => None,
+        };
+        self.open(
+            What::Py,
+            [Some(Key::Code(code)), dl.then_some(Key::DlFrame)],
+            ts,
+            phase,
+        );
+    }
+
+    /// A native call with an exit probe entered (not a collective's issue): opened with its
+    /// phase; an outermost copy is also recorded. `issued`: the thread's previous event was a
+    /// collective's issue, at that time.
+    fn call_enter(
+        &mut self,
+        ts: u64,
+        api: Api,
+        bytes: Option<u64>,
+        copy: Option<CopyKind>,
+        issued: Option<u64>,
+    ) {
+        let phase = if api.is_sync() {
+            Some(Phase::GpuWait)
+        } else if api.is_copy() {
+            match Dir::of(api, copy) {
+                Dir::D2h => Some(Phase::GpuWait),
+                Dir::H2d => Some(Phase::H2d),
+                Dir::Other => None,
+            }
+        } else if api == Api::TorchBackward {
+            Some(Phase::Backward)
+        } else if api == Api::CollectiveWait {
+            Some(Phase::CollectiveWait)
+        } else {
+            None
+        };
+        // A thread that issues a collective and then waits for it, with nothing in
+        // between (a synchronous `dist.all_reduce`, DDP's last bucket at the end of
+        // backward), is blocked from the issue on: the issue's own work (dispatch,
+        // enqueue to the backend's threads) is the collective's too.
+        let start = match issued {
+            Some(at) if api == Api::CollectiveWait => at,
+            _ => ts,
+        };
+        let idx = self.open(
+            What::Call { api },
+            [Some(Key::Api(api)), None],
+            start,
+            phase,
+        );
+        if api.is_copy() && self.copy_depth == 1 {
+            self.out.copies.push(Copy {
+                start: ts,
+                end: None,
+                dir: Dir::of(api, copy),
+                bytes: bytes.unwrap_or(0),
+            });
+            self.stack[idx].copy = Some(self.out.copies_base + self.out.copies.len() - 1);
+        }
+    }
+
+    /// A kernel launch: a driver launch right after a runtime launch is the same one.
+    fn launch(&mut self, ts: u64, api: Api) {
+        if api.is_driver() {
+            match self.runtime_launch.take() {
+                Some(rt) if ts.saturating_sub(rt) <= LAUNCH_DEDUP_NS => {}
+                _ => self.out.launches.push(ts),
+            }
+        } else {
+            self.runtime_launch = Some(ts);
+            self.out.launches.push(ts);
+        }
+    }
+
+    /// A `record_function` opened: opened with its phase (a DataLoader record closes a stale
+    /// one first).
+    fn record_enter(&mut self, ts: u64, name: &str) {
+        let class = classify_record(name);
+        let dl = class == Some(RecordClass::DataLoaderNext);
+        if dl {
+            self.close_innermost(Key::DlRecord, ts);
+        }
+        let phase = match class {
+            Some(RecordClass::DataLoaderNext) => Some(Phase::InputWait),
+            Some(RecordClass::OptimizerStep) => Some(Phase::Optimizer),
+            Some(RecordClass::ZeroGrad) => Some(Phase::Residual),
+            None => None,
+        };
+        self.open(
+            What::Record,
+            [Some(Key::Record), dl.then_some(Key::DlRecord)],
+            ts,
+            phase,
+        );
     }
 
     /// A fold whose events are all in: its reduction, nothing open.

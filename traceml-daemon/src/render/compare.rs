@@ -15,6 +15,23 @@ pub fn render_compare_text(c: &Comparison, w: &mut impl Write) -> io::Result<()>
 pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Result<()> {
     let p = Painter(color);
     let mut out: Vec<String> = Vec::new();
+    heading(c, &p, &mut out);
+    time_rows(c, &mut out);
+    rank_rows(c, &mut out);
+    value_rows(c, &mut out);
+    for n in &c.notes {
+        for line in wrap_safe(&format!("note: {n}"), WIDTH) {
+            out.push(p.dim(&line));
+        }
+    }
+    for line in out {
+        writeln!(w, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// The title, one line per run, the verdict and its reason.
+fn heading(c: &Comparison, p: &Painter, out: &mut Vec<String>) {
     out.push(p.bold("traceml-daemon compare"));
     for (name, r) in [("A", &c.a), ("B", &c.b)] {
         let pid = r.pid.map(|p| format!("pid {p} · ")).unwrap_or_default();
@@ -43,6 +60,10 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
     for line in wrap_safe(&c.reason, WIDTH - 9) {
         out.push(format!("         {line}"));
     }
+}
+
+/// The step time and each shown phase's time, A against B.
+fn time_rows(c: &Comparison, out: &mut Vec<String>) {
     out.push("─".repeat(WIDTH));
     out.push(format!(
         "{:<22}{:>11}{:>11}{:>20}{:>10}   change",
@@ -81,6 +102,10 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
         };
         out.push(row(format!("{branch} {}", phase.name()), d));
     }
+}
+
+/// Each rank's median step and own verdict, A against B (multi-rank jobs; nothing otherwise).
+fn rank_rows(c: &Comparison, out: &mut Vec<String>) {
     if !c.ranks.is_empty() {
         out.push("─".repeat(WIDTH));
         out.push(format!(
@@ -102,6 +127,10 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
             ));
         }
     }
+}
+
+/// Memory, utilization and the evaluation's share of the wall time, A against B.
+fn value_rows(c: &Comparison, out: &mut Vec<String>) {
     out.push("─".repeat(WIDTH));
     out.push(format!("{:<22}{:>11}{:>11}{:>20}", "", "A", "B", "delta"));
     let vrow = |name: &str, v: &ValueDelta, f: &dyn Fn(f64) -> String| {
@@ -155,15 +184,6 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
         };
         out.push(vrow("evaluation of wall", &e100, &pctf));
     }
-    for n in &c.notes {
-        for line in wrap_safe(&format!("note: {n}"), WIDTH) {
-            out.push(p.dim(&line));
-        }
-    }
-    for line in out {
-        writeln!(w, "{}", line.trim_end())?;
-    }
-    Ok(())
 }
 
 /// Writes the comparison as pretty JSON.

@@ -16,7 +16,7 @@ use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 
 use super::svg::{self, Axis, Band, Frame, Group, Series};
 use crate::summary::Phase;
-use crate::summary::{DiagnosisKind, Severity, Summary};
+use crate::summary::{DiagnosisKind, JobInfo, Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
 
 /// One color per phase, in [`Phase::ALL`] order.
@@ -254,28 +254,7 @@ fn ranks(s: &Summary) -> Markup {
         return html! {};
     }
     let culprit = culprit_rank(s);
-    let columns: Vec<Phase> = s
-        .shown_phases()
-        .into_iter()
-        .filter(|&p| p != Phase::CollectiveWait)
-        .chain([Phase::CollectiveWait])
-        .collect();
-    let job = s.job.as_ref().map(|j| {
-        let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
-        if let Some(w) = j.world_size {
-            parts.push(format!("world size {w}"));
-        }
-        if let Some(l) = j.launcher_pid {
-            parts.push(format!("launcher pid {l}"));
-        }
-        if let Some(m) = &j.master {
-            parts.push(format!("master {m}"));
-        }
-        if let Some(r) = &j.run_id {
-            parts.push(format!("run id {r}"));
-        }
-        parts.join(" · ")
-    });
+    let job = s.job.as_ref().map(job_line);
     let hung = s.primary_diagnosis.kind == DiagnosisKind::Hang
         || s.findings.iter().any(|f| f.kind == DiagnosisKind::Hang);
     html! {
@@ -283,6 +262,52 @@ fn ranks(s: &Summary) -> Markup {
         @if let Some(job) = &job {
             div class="meta" { (Text(job)) }
         }
+        (ranks_table(s, culprit))
+        p class="note" {
+            "Medians over each rank's complete steps, ms. The own verdict is the rank's as if it \
+             ran alone; ◀ culprit marks the rank the others wait for."
+        }
+        "\n"
+        (trusted(ranks_chart(s)))
+        p class="note" {
+            "Own work: median step − median collective_wait. The rank with the most own work is \
+             the one the others wait for at the collectives."
+        }
+        "\n"
+        @if hung {
+            (hang_stacks(s, culprit))
+        }
+    }
+}
+
+/// The job's line: ranks measured, world size, launcher, master, run id, as known.
+fn job_line(j: &JobInfo) -> String {
+    let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
+    if let Some(w) = j.world_size {
+        parts.push(format!("world size {w}"));
+    }
+    if let Some(l) = j.launcher_pid {
+        parts.push(format!("launcher pid {l}"));
+    }
+    if let Some(m) = &j.master {
+        parts.push(format!("master {m}"));
+    }
+    if let Some(r) = &j.run_id {
+        parts.push(format!("run id {r}"));
+    }
+    parts.join(" · ")
+}
+
+/// One row per rank: pid, steps, median step, each shown phase's median (collective_wait
+/// last), its own verdict; the culprit's row marked.
+fn ranks_table(s: &Summary, culprit: Option<u32>) -> Markup {
+    let columns: Vec<Phase> = s
+        .shown_phases()
+        .into_iter()
+        .filter(|&p| p != Phase::CollectiveWait)
+        .chain([Phase::CollectiveWait])
+        .collect();
+    html! {
         table id="ranks" {
             tr {
                 th { "rank" }
@@ -311,38 +336,31 @@ fn ranks(s: &Summary) -> Markup {
                 }
             }
         }
-        p class="note" {
-            "Medians over each rank's complete steps, ms. The own verdict is the rank's as if it \
-             ran alone; ◀ culprit marks the rank the others wait for."
-        }
-        "\n"
-        (trusted(ranks_chart(s)))
-        p class="note" {
-            "Own work: median step − median collective_wait. The rank with the most own work is \
-             the one the others wait for at the collectives."
-        }
-        "\n"
-        @if hung {
-            h2 { "Stacks at the hang" }
-            div id="rank-stacks" {
+    }
+}
+
+/// Each rank's Python stack when the job hung, the culprit marked.
+fn hang_stacks(s: &Summary, culprit: Option<u32>) -> Markup {
+    html! {
+        h2 { "Stacks at the hang" }
+        div id="rank-stacks" {
+            p class="note" {
+                "Each rank's Python stack when the hang was found, outermost frame first, \
+                 innermost last."
+            }
+            @for r in &s.ranks {
                 p class="note" {
-                    "Each rank's Python stack when the hang was found, outermost frame first, \
-                     innermost last."
+                    (Text(&format!("rank {} · pid {}", r.rank, r.pid)))
+                    @if culprit == Some(r.rank) { " ◀ culprit" }
                 }
-                @for r in &s.ranks {
-                    p class="note" {
-                        (Text(&format!("rank {} · pid {}", r.rank, r.pid)))
-                        @if culprit == Some(r.rank) { " ◀ culprit" }
-                    }
-                    @if r.stack.is_empty() {
-                        pre { "(stack unknown)" }
-                    } @else {
-                        pre { (stack_text(&r.stack)) }
-                    }
+                @if r.stack.is_empty() {
+                    pre { "(stack unknown)" }
+                } @else {
+                    pre { (stack_text(&r.stack)) }
                 }
             }
-            "\n"
         }
+        "\n"
     }
 }
 
