@@ -1102,6 +1102,24 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
     })))
 }
 
+/// SIGINT, SIGTERM and SIGHUP: a run of its own ends on them; a supervised run (`stop` set)
+/// leaves them to its supervisor and gets none.
+fn own_signals(opts: &Options) -> Result<[Option<tokio::signal::unix::Signal>; 3], LiveError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut out = [None, None, None];
+    if opts.stop.is_none() {
+        let kinds = [
+            SignalKind::interrupt(),
+            SignalKind::terminate(),
+            SignalKind::hangup(),
+        ];
+        for (slot, kind) in out.iter_mut().zip(kinds) {
+            *slot = Some(signal(kind).map_err(|e| LiveError::Kernel(e.to_string()))?);
+        }
+    }
+    Ok(out)
+}
+
 async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     run: &mut Run<'_, F>,
     k: &mut Kernel,
@@ -1109,7 +1127,6 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     governor: &mut Governor,
     watch: &mut ending::Watch,
 ) -> Result<EndReason, LiveError> {
-    use tokio::signal::unix::{SignalKind, signal};
     use tokio::time::{MissedTickBehavior, interval, interval_at};
     let pid = run.opts.pid;
     // The ring is polled every 10 ms while events flow fast, every 50 ms while they trickle
@@ -1144,19 +1161,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     // through `k`). The kernel wakes us for events of unclassified code objects only; the rest
     // waits for the 10 ms poll.
     let ready = ring_readiness(&k.ring)?;
-    // OS signals end a run of its own; a supervised run ends when its supervisor says.
-    let own_signals = run.opts.stop.is_none();
-    let sig = |k: SignalKind| {
-        if own_signals {
-            signal(k).map(Some)
-        } else {
-            Ok(None)
-        }
-    };
-    let kernel = |e: std::io::Error| LiveError::Kernel(e.to_string());
-    let mut sigint = sig(SignalKind::interrupt()).map_err(kernel)?;
-    let mut sigterm = sig(SignalKind::terminate()).map_err(kernel)?;
-    let mut sighup = sig(SignalKind::hangup()).map_err(kernel)?;
+    let [mut sigint, mut sigterm, mut sighup] = own_signals(run.opts)?;
     let mut stop = run.opts.stop.clone();
     let deadline = run.opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut last_lost = Lost::default();
