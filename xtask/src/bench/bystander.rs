@@ -8,6 +8,7 @@
 //! own estimate is its summary's `daemon_overhead.steady_pct_of_cpu`.
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,21 @@ pub fn measure(ctx: &mut Ctx, mode: &'static str) -> anyhow::Result<Bystander> {
         "bystander.py did not start: {first}"
     );
     std::thread::sleep(Duration::from_secs(SERVE_AT_S));
+    let (state, attach_s, on_ns, off_ns) = serve_beside(ctx, &dir, pid)?;
+    let status = by.0.take().unwrap().wait()?;
+    drop(stdout);
+    ensure!(status.success(), "bystander.py: {status}");
+    std::fs::write(
+        dir.join("truth.json.marks"),
+        format!("{{\"on_ns\": {on_ns}, \"off_ns\": {off_ns}}}"),
+    )?;
+    read_out(ctx, mode, &truth, &state, pid, attach_s)
+}
+
+/// `serve` started beside the bystander `pid`, kept up [`SERVE_FOR_S`] after its attach and
+/// stopped with SIGTERM: its state directory, the seconds to the attach, and the monotonic
+/// times of the attach and of the stop.
+fn serve_beside(ctx: &Ctx, dir: &Path, pid: u32) -> anyhow::Result<(PathBuf, f64, u64, u64)> {
     let state = dir.join("state");
     let log = dir.join("serve.log");
     let t_serve = Instant::now();
@@ -104,14 +120,19 @@ pub fn measure(ctx: &mut Ctx, mode: &'static str) -> anyhow::Result<Bystander> {
     let out = s.wait_with_output()?;
     ensure!(out.status.success(), "serve: {}", out.status);
     let off_ns = monotonic_ns();
-    let status = by.0.take().unwrap().wait()?;
-    drop(stdout);
-    ensure!(status.success(), "bystander.py: {status}");
-    std::fs::write(
-        dir.join("truth.json.marks"),
-        format!("{{\"on_ns\": {on_ns}, \"off_ns\": {off_ns}}}"),
-    )?;
-    let t = ctx.json("bystander", &truth)?;
+    Ok((state, attach_s, on_ns, off_ns))
+}
+
+/// The bystander's own timings (its truth file) and serve's summary of it.
+fn read_out(
+    ctx: &Ctx,
+    mode: &'static str,
+    truth: &Path,
+    state: &Path,
+    pid: u32,
+    attach_s: f64,
+) -> anyhow::Result<Bystander> {
+    let t = ctx.json("bystander", truth)?;
     let get = |k: &str| -> anyhow::Result<(f64, u64)> {
         let mean = t
             .get(&format!("{k}_mean_us"))
@@ -123,7 +144,7 @@ pub fn measure(ctx: &mut Ctx, mode: &'static str) -> anyhow::Result<Bystander> {
             .unwrap_or(0);
         Ok((mean, n))
     };
-    let summary = std::fs::read_dir(&state)?
+    let summary = std::fs::read_dir(state)?
         .flatten()
         .map(|e| e.path().join("final_summary.json"))
         .find(|p| p.exists() && p.to_string_lossy().contains(&format!("-{pid}-")))

@@ -478,6 +478,12 @@ fn side_by_side(md: &mut String, ctx: &Ctx, plan: &Plan, m: &Measured) {
             );
         }
     }
+    phase_shares(md, side);
+    where_each_is_ahead(md, side);
+}
+
+/// Each scenario's phase shares (first round): the truth, the daemon and TraceML.
+fn phase_shares(md: &mut String, side: &[super::measure::SideBySide]) {
     let _ = writeln!(md, "\nPhase shares (first round):");
     for s in side {
         let (t, o) = (&s.truth, &s.ours);
@@ -548,7 +554,6 @@ fn side_by_side(md: &mut String, ctx: &Ctx, plan: &Plan, m: &Measured) {
             _ => {}
         }
     }
-    where_each_is_ahead(md, side);
 }
 
 /// One scenario both tools finished.
@@ -689,94 +694,7 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     let mut cpu_rows = String::new();
     for r in runs {
-        if let Some(e) = &r.error {
-            let _ = writeln!(
-                md,
-                "| {} | not run: {} | | | | | | | | |",
-                r.name,
-                e.replace('\n', " ").replace('|', "/")
-            );
-            continue;
-        }
-        let on: Vec<bool> = r.windows.iter().map(|w| w.span.on).collect();
-        let whole: Vec<_> = r.windows.iter().map(|w| Some(w.span)).collect();
-        let steady: Vec<_> = r
-            .windows
-            .iter()
-            .map(|w| if w.span.on { w.steady } else { Some(w.span) })
-            .collect();
-        let a = on_off(&r.step_ends, &whole, &on);
-        let st = on_off(&r.step_ends, &steady, &on);
-        let (rm, rlo, rhi) = mmm(&a.ratios);
-        let summaries: Vec<&Kv> = r
-            .windows
-            .iter()
-            .filter_map(|w| w.summary.as_ref())
-            .collect();
-        let field = |k: &str| -> Vec<f64> { summaries.iter().filter_map(|s| f(s, k)).collect() };
-        let mut verdicts: Vec<String> = summaries
-            .iter()
-            .filter_map(|s| s.get("verdict").cloned())
-            .collect();
-        verdicts.sort();
-        verdicts.dedup();
-        let or_dash = |v: &[f64], s: String| if v.is_empty() { "—".to_owned() } else { s };
-        let _ = writeln!(
-            md,
-            "| {} | {} / {} | {:.2} | {:.2} | {rm:.4} ({rlo:.4}–{rhi:.4}) | {:+.2} % | {:.1} % | {} / {} | {} | {:.1} |",
-            r.name,
-            a.steps_off,
-            a.steps_on,
-            a.off_ms,
-            a.on_ms,
-            (rm - 1.0) * 100.0,
-            a.off_spread * 100.0,
-            or_dash(&st.ratios, format!("{:.4}", med(&st.ratios))),
-            or_dash(&st.added_us, format!("{:.0}", med(&st.added_us))),
-            if verdicts.is_empty() {
-                "—".to_owned()
-            } else {
-                verdicts.join(", ")
-            },
-            med(&r
-                .windows
-                .iter()
-                .filter_map(|w| w.attach_s)
-                .collect::<Vec<_>>())
-        );
-        // CPU of the training thread per step, whole windows and after the last change.
-        let cpu_of = |spans: &[Option<Span>]| -> Vec<f64> {
-            r.windows
-                .iter()
-                .zip(spans)
-                .map(|(w, sp)| {
-                    sp.map(|sp| cpu_ms_per_step(&r.step_ends, &w.cpu, &sp))
-                        .unwrap_or(f64::NAN)
-                })
-                .collect()
-        };
-        let (c_off, c_on, c_ratios, c_added) = compare_windows(&on, &cpu_of(&whole));
-        let (_, _, _, cs_added) = compare_windows(&on, &cpu_of(&steady));
-        let (cm, clo, chi) = mmm(&c_ratios);
-        let (est, est_pct, est_steady) = (
-            field("overhead.estimated_us_per_step"),
-            field("overhead.estimated_pct_of_step"),
-            field("overhead.steady_us_per_step"),
-        );
-        let _ = writeln!(
-            cpu_rows,
-            "| {} | {c_off:.2} | {c_on:.2} | {cm:.4} ({clo:.4}–{chi:.4}) | {:.0} | {} | {} / {} | {:.0} |",
-            r.name,
-            med(&c_added),
-            or_dash(&cs_added, format!("{:.0}", med(&cs_added))),
-            or_dash(&est, format!("{:.0} ({:.2} %)", med(&est), med(&est_pct))),
-            or_dash(&est_steady, format!("{:.0}", med(&est_steady))),
-            med(&r
-                .windows
-                .iter()
-                .filter_map(|w| w.daemon_cpu_pct)
-                .collect::<Vec<_>>()),
-        );
+        run_rows(r, &mut md, &mut cpu_rows);
     }
     let _ = writeln!(
         md,
@@ -788,6 +706,113 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     md.push_str(&cpu_rows);
+    md.push_str(&probe_rows(runs));
+    let _ = writeln!(
+        md,
+        "\nWorkloads: `tests/workloads/frameworks/hf_trainer.py --mode compute`, \
+         `tests/workloads/frameworks/lightning_train.py --mode compute`, \
+         `tests/workloads/real_torch_train.py --scenario balanced` (real torch on the cached venv's \
+         CPython 3.11), `tests/workloads/bench/fake_loop.py` (the `balanced` ground-truth scenario \
+         on the fake torch package and the stand-in CUDA runtime, pyenv CPython 3.9 and 3.13)."
+    );
+    md
+}
+
+/// A run's row of the wall-time table (into `md`) and of the CPU table (into `cpu_rows`).
+fn run_rows(r: &InprocRun, md: &mut String, cpu_rows: &mut String) {
+    if let Some(e) = &r.error {
+        let _ = writeln!(
+            md,
+            "| {} | not run: {} | | | | | | | | |",
+            r.name,
+            e.replace('\n', " ").replace('|', "/")
+        );
+        return;
+    }
+    let on: Vec<bool> = r.windows.iter().map(|w| w.span.on).collect();
+    let whole: Vec<_> = r.windows.iter().map(|w| Some(w.span)).collect();
+    let steady: Vec<_> = r
+        .windows
+        .iter()
+        .map(|w| if w.span.on { w.steady } else { Some(w.span) })
+        .collect();
+    let a = on_off(&r.step_ends, &whole, &on);
+    let st = on_off(&r.step_ends, &steady, &on);
+    let (rm, rlo, rhi) = mmm(&a.ratios);
+    let summaries: Vec<&Kv> = r
+        .windows
+        .iter()
+        .filter_map(|w| w.summary.as_ref())
+        .collect();
+    let field = |k: &str| -> Vec<f64> { summaries.iter().filter_map(|s| f(s, k)).collect() };
+    let mut verdicts: Vec<String> = summaries
+        .iter()
+        .filter_map(|s| s.get("verdict").cloned())
+        .collect();
+    verdicts.sort();
+    verdicts.dedup();
+    let or_dash = |v: &[f64], s: String| if v.is_empty() { "—".to_owned() } else { s };
+    let _ = writeln!(
+        md,
+        "| {} | {} / {} | {:.2} | {:.2} | {rm:.4} ({rlo:.4}–{rhi:.4}) | {:+.2} % | {:.1} % | {} / {} | {} | {:.1} |",
+        r.name,
+        a.steps_off,
+        a.steps_on,
+        a.off_ms,
+        a.on_ms,
+        (rm - 1.0) * 100.0,
+        a.off_spread * 100.0,
+        or_dash(&st.ratios, format!("{:.4}", med(&st.ratios))),
+        or_dash(&st.added_us, format!("{:.0}", med(&st.added_us))),
+        if verdicts.is_empty() {
+            "—".to_owned()
+        } else {
+            verdicts.join(", ")
+        },
+        med(&r
+            .windows
+            .iter()
+            .filter_map(|w| w.attach_s)
+            .collect::<Vec<_>>())
+    );
+    // CPU of the training thread per step, whole windows and after the last change.
+    let cpu_of = |spans: &[Option<Span>]| -> Vec<f64> {
+        r.windows
+            .iter()
+            .zip(spans)
+            .map(|(w, sp)| {
+                sp.map(|sp| cpu_ms_per_step(&r.step_ends, &w.cpu, &sp))
+                    .unwrap_or(f64::NAN)
+            })
+            .collect()
+    };
+    let (c_off, c_on, c_ratios, c_added) = compare_windows(&on, &cpu_of(&whole));
+    let (_, _, _, cs_added) = compare_windows(&on, &cpu_of(&steady));
+    let (cm, clo, chi) = mmm(&c_ratios);
+    let (est, est_pct, est_steady) = (
+        field("overhead.estimated_us_per_step"),
+        field("overhead.estimated_pct_of_step"),
+        field("overhead.steady_us_per_step"),
+    );
+    let _ = writeln!(
+        cpu_rows,
+        "| {} | {c_off:.2} | {c_on:.2} | {cm:.4} ({clo:.4}–{chi:.4}) | {:.0} | {} | {} / {} | {:.0} |",
+        r.name,
+        med(&c_added),
+        or_dash(&cs_added, format!("{:.0}", med(&cs_added))),
+        or_dash(&est, format!("{:.0} ({:.2} %)", med(&est), med(&est_pct))),
+        or_dash(&est_steady, format!("{:.0}", med(&est_steady))),
+        med(&r
+            .windows
+            .iter()
+            .filter_map(|w| w.daemon_cpu_pct)
+            .collect::<Vec<_>>()),
+    );
+}
+
+/// The probe-hits table: each run's probe sets and hits per step by probe.
+fn probe_rows(runs: &[InprocRun]) -> String {
+    let mut md = String::new();
     let _ = writeln!(
         md,
         "\nProbe hits per step (`daemon_overhead.hits_per_step`, median over on windows) and the \
@@ -825,14 +850,6 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
             }
         );
     }
-    let _ = writeln!(
-        md,
-        "\nWorkloads: `tests/workloads/frameworks/hf_trainer.py --mode compute`, \
-         `tests/workloads/frameworks/lightning_train.py --mode compute`, \
-         `tests/workloads/real_torch_train.py --scenario balanced` (real torch on the cached venv's \
-         CPython 3.11), `tests/workloads/bench/fake_loop.py` (the `balanced` ground-truth scenario \
-         on the fake torch package and the stand-in CUDA runtime, pyenv CPython 3.9 and 3.13)."
-    );
     md
 }
 

@@ -153,28 +153,7 @@ pub fn eight_jobs(ctx: &mut Ctx) -> anyhow::Result<ServeBench> {
         ensure!(st.success(), "job {i} failed: {st}");
     }
     // Every job's final summary, then SIGTERM.
-    let summaries: Vec<PathBuf> = pids
-        .iter()
-        .map(|pid| {
-            let t = Instant::now();
-            loop {
-                let found = std::fs::read_dir(&state).ok().and_then(|d| {
-                    d.flatten()
-                        .map(|e| e.path())
-                        .find(|p| p.to_string_lossy().contains(&format!("-{pid}-")))
-                        .map(|p| p.join("final_summary.json"))
-                        .filter(|p| p.exists())
-                });
-                if let Some(f) = found {
-                    return Ok(f);
-                }
-                if t.elapsed() > Duration::from_secs(20) {
-                    bail!("no final summary for pid {pid}; see {}", log.display());
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let summaries = final_summaries(&pids, &state, &log)?;
     sigterm(spid);
     let st = serve.0.as_mut().unwrap().wait()?;
     serve.0 = None;
@@ -203,6 +182,31 @@ pub fn eight_jobs(ctx: &mut Ctx) -> anyhow::Result<ServeBench> {
         peak_hwm_kb,
         steps,
     })
+}
+
+/// The final summary of each of `pids` under `state`, waited for up to 20 s each.
+fn final_summaries(pids: &[u32], state: &Path, log: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    pids.iter()
+        .map(|pid| {
+            let t = Instant::now();
+            loop {
+                let found = std::fs::read_dir(state).ok().and_then(|d| {
+                    d.flatten()
+                        .map(|e| e.path())
+                        .find(|p| p.to_string_lossy().contains(&format!("-{pid}-")))
+                        .map(|p| p.join("final_summary.json"))
+                        .filter(|p| p.exists())
+                });
+                if let Some(f) = found {
+                    return Ok(f);
+                }
+                if t.elapsed() > Duration::from_secs(20) {
+                    bail!("no final summary for pid {pid}; see {}", log.display());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .collect()
 }
 
 /// SIGTERM to `pid` (xtask has no libc binding).
