@@ -26,6 +26,45 @@ fn main() -> std::io::Result<()> {
         .unwrap_or(10_000_000);
     let stdout = std::io::stdout().lock();
     let mut enc = Encoder::new(BufWriter::with_capacity(1 << 20, stdout), "synthetic")?;
+    header(&mut enc)?;
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |span: u64| {
+        // xorshift64*: a spread of ±25 % around `span`, fixed seed.
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        let r = rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11;
+        span * 3 / 4 + r % (span / 2 + 1)
+    };
+    let mut t: u64 = 1_000_000_000;
+    for k in 0..steps {
+        one_step(&mut enc, &mut t, &mut next)?;
+        if k % 1000 == 999 {
+            // Cumulative hits, as the kernel counts them: per step 4 record_function hits,
+            // 3 calls with an exit probe, 4 launches.
+            let n = k + 1;
+            enc.write(&StreamItem::ProbeStats(ProbeStats {
+                ts: t,
+                exit: 3 * n,
+                call_enter: 3 * n,
+                record: 4 * n,
+                launch: 4 * n,
+                ..ProbeStats::default()
+            }))?;
+        }
+    }
+    enc.write(&StreamItem::End(End {
+        ts: t,
+        reason: EndReason::TargetExited,
+        target: None,
+    }))?;
+    enc.finish()?.flush()
+}
+
+type Enc = Encoder<BufWriter<std::io::StdoutLock<'static>>>;
+
+/// The target and its two libraries, as the attacher sends them first.
+fn header(enc: &mut Enc) -> std::io::Result<()> {
     enc.write(&StreamItem::Target(Box::new(TargetInfo {
         pid: PID,
         comm: "python3".into(),
@@ -59,147 +98,118 @@ fn main() -> std::io::Result<()> {
             ts: 999_000_000,
         })))?;
     }
-    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = |span: u64| {
-        // xorshift64*: a spread of ±25 % around `span`, fixed seed.
-        rng ^= rng >> 12;
-        rng ^= rng << 25;
-        rng ^= rng >> 27;
-        let r = rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11;
-        span * 3 / 4 + r % (span / 2 + 1)
-    };
-    let mut t: u64 = 1_000_000_000;
-    let ev = |enc: &mut Encoder<_>, ts: u64, tid: u32, kind: Kind| {
-        enc.write(&StreamItem::Event(Event {
-            ts,
-            tgid: PID,
-            tid,
-            kind,
-        }))
-    };
-    for k in 0..steps {
-        // Input (~200 us), copy (~30 us), forward (~300 us), backward (~250 us), optimizer
-        // (~150 us), sync (~50 us), residual (~20 us): about 1 ms per step.
+    Ok(())
+}
+
+fn ev(enc: &mut Enc, ts: u64, tid: u32, kind: Kind) -> std::io::Result<()> {
+    enc.write(&StreamItem::Event(Event {
+        ts,
+        tgid: PID,
+        tid,
+        kind,
+    }))
+}
+
+/// One step's events from `*t` on (`next` draws a span around its argument).
+fn one_step(enc: &mut Enc, t: &mut u64, next: &mut impl FnMut(u64) -> u64) -> std::io::Result<()> {
+    // Input (~200 us), copy (~30 us), forward (~300 us), backward (~250 us), optimizer
+    // (~150 us), sync (~50 us), residual (~20 us): about 1 ms per step.
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::RecordEnter {
+            name: "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__".into(),
+        },
+    )?;
+    *t += next(200_000);
+    ev(enc, *t, PID, Kind::RecordExit)?;
+    *t += 5_000;
+    let call = |api, bytes, copy| Kind::CallEnter { api, bytes, copy };
+    ev(
+        enc,
+        *t,
+        PID,
+        call(
+            Api::CudaMemcpyAsync,
+            Some(4096),
+            Some(CopyKind::HostToDevice),
+        ),
+    )?;
+    *t += next(30_000);
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::CallExit {
+            api: Api::CudaMemcpyAsync,
+            ret: 0,
+        },
+    )?;
+    for _ in 0..2 {
+        *t += next(150_000);
         ev(
-            &mut enc,
-            t,
-            PID,
-            Kind::RecordEnter {
-                name: "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__".into(),
-            },
-        )?;
-        t += next(200_000);
-        ev(&mut enc, t, PID, Kind::RecordExit)?;
-        t += 5_000;
-        let call = |api, bytes, copy| Kind::CallEnter { api, bytes, copy };
-        ev(
-            &mut enc,
-            t,
-            PID,
-            call(
-                Api::CudaMemcpyAsync,
-                Some(4096),
-                Some(CopyKind::HostToDevice),
-            ),
-        )?;
-        t += next(30_000);
-        ev(
-            &mut enc,
-            t,
-            PID,
-            Kind::CallExit {
-                api: Api::CudaMemcpyAsync,
-                ret: 0,
-            },
-        )?;
-        for _ in 0..2 {
-            t += next(150_000);
-            ev(
-                &mut enc,
-                t,
-                PID,
-                Kind::Launch {
-                    api: Api::CudaLaunchKernel,
-                },
-            )?;
-        }
-        t += 5_000;
-        ev(&mut enc, t, PID, call(Api::TorchBackward, None, None))?;
-        t += 20_000;
-        ev(
-            &mut enc,
-            t,
-            AUTOGRAD,
-            Kind::Launch {
-                api: Api::CudaLaunchKernel,
-            },
-        )?;
-        t += next(230_000);
-        ev(
-            &mut enc,
-            t,
-            PID,
-            Kind::CallExit {
-                api: Api::TorchBackward,
-                ret: 0,
-            },
-        )?;
-        t += 5_000;
-        ev(
-            &mut enc,
-            t,
-            PID,
-            Kind::RecordEnter {
-                name: "Optimizer.step#SGD.step".into(),
-            },
-        )?;
-        t += 10_000;
-        ev(
-            &mut enc,
-            t,
+            enc,
+            *t,
             PID,
             Kind::Launch {
                 api: Api::CudaLaunchKernel,
             },
         )?;
-        t += next(140_000);
-        ev(&mut enc, t, PID, Kind::RecordExit)?;
-        t += 5_000;
-        ev(
-            &mut enc,
-            t,
-            PID,
-            call(Api::CudaStreamSynchronize, None, None),
-        )?;
-        t += next(50_000);
-        ev(
-            &mut enc,
-            t,
-            PID,
-            Kind::CallExit {
-                api: Api::CudaStreamSynchronize,
-                ret: 0,
-            },
-        )?;
-        t += next(20_000);
-        if k % 1000 == 999 {
-            // Cumulative hits, as the kernel counts them: per step 4 record_function hits,
-            // 3 calls with an exit probe, 4 launches.
-            let n = k + 1;
-            enc.write(&StreamItem::ProbeStats(ProbeStats {
-                ts: t,
-                exit: 3 * n,
-                call_enter: 3 * n,
-                record: 4 * n,
-                launch: 4 * n,
-                ..ProbeStats::default()
-            }))?;
-        }
     }
-    enc.write(&StreamItem::End(End {
-        ts: t,
-        reason: EndReason::TargetExited,
-        target: None,
-    }))?;
-    enc.finish()?.flush()
+    *t += 5_000;
+    ev(enc, *t, PID, call(Api::TorchBackward, None, None))?;
+    *t += 20_000;
+    ev(
+        enc,
+        *t,
+        AUTOGRAD,
+        Kind::Launch {
+            api: Api::CudaLaunchKernel,
+        },
+    )?;
+    *t += next(230_000);
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::CallExit {
+            api: Api::TorchBackward,
+            ret: 0,
+        },
+    )?;
+    *t += 5_000;
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::RecordEnter {
+            name: "Optimizer.step#SGD.step".into(),
+        },
+    )?;
+    *t += 10_000;
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::Launch {
+            api: Api::CudaLaunchKernel,
+        },
+    )?;
+    *t += next(140_000);
+    ev(enc, *t, PID, Kind::RecordExit)?;
+    *t += 5_000;
+    ev(enc, *t, PID, call(Api::CudaStreamSynchronize, None, None))?;
+    *t += next(50_000);
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::CallExit {
+            api: Api::CudaStreamSynchronize,
+            ret: 0,
+        },
+    )?;
+    *t += next(20_000);
+    Ok(())
 }

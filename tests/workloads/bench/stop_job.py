@@ -30,7 +30,7 @@ if mode == "serve":
 else:
     cmd = [daemon, "--pid", str(tr.pid), "--ready-file", f"{d}/ready", "--output", f"{d}/out", "--color", "never", "--quiet"]
 dm = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, RUST_LOG="info"))
-while open(f"{d}/daemon.err").read().count("live: attached to") < n:
+while open(f"{d}/daemon.err").read().count("target: attached to ") < n:
     assert time.time() - t0 < 240 and dm.poll() is None, open(f"{d}/daemon.err").read()[-3000:]; time.sleep(0.1)
 t_att = time.time() - t0
 time.sleep(wait_s)
