@@ -72,10 +72,13 @@ fn truth_ms(t: &serde_json::Value, phase: &str) -> f64 {
     t["median_phases_ns"][phase].as_f64().unwrap() / 1e6
 }
 
-fn truth_share(t: &serde_json::Value, phase: &str) -> f64 {
-    // Single-process truth has no collective_wait: none happened.
-    t["totals"][format!("{phase}_ns")].as_f64().unwrap_or(0.0)
-        / t["totals"]["wall_ns"].as_f64().unwrap()
+/// The truth's share of one phase over the steps the daemon's shares cover
+/// ([`truth_shares_over_daemon_steps`]).
+fn truth_share(r: &Run, phase: &str) -> f64 {
+    truth_shares(r)
+        .into_iter()
+        .find(|(p, _)| p.name() == phase)
+        .map_or(0.0, |(_, v)| v)
 }
 
 /// Tolerance of a phase median: max(2 ms, 5 % of the truth).
@@ -90,29 +93,20 @@ fn tolerance_ms(truth_ms: f64) -> f64 {
 /// residual 8 % in the daemon's, up to ~11 % in the truth's on a loaded machine).
 const FRAMEWORK_MARGIN: f64 = 0.03;
 
-fn truth_shares(t: &serde_json::Value) -> Vec<(traceml_daemon::engine::Phase, f64)> {
-    use traceml_daemon::engine::Phase;
-    Phase::ALL
-        .iter()
-        .map(|&p| (p, truth_share(t, p.name())))
-        .collect()
+fn truth_shares(r: &Run) -> Vec<(traceml_daemon::engine::Phase, f64)> {
+    truth_shares_over_daemon_steps(&r.truth, &r.summary)
 }
 
 /// The verdicts near the truth's own shares (one when the run sits clear of every line).
-fn truth_verdicts(t: &serde_json::Value) -> std::collections::BTreeSet<&'static str> {
-    let steps = t["step_count"].as_u64().unwrap() as u32;
-    verdicts_near_by(FRAMEWORK_MARGIN, &truth_shares(t), steps)
+fn truth_verdicts(r: &Run) -> std::collections::BTreeSet<&'static str> {
+    let steps = r.truth["step_count"].as_u64().unwrap() as u32;
+    verdicts_near_by(FRAMEWORK_MARGIN, &truth_shares(r), steps)
 }
 
 /// The verdict the rules give on the truth's own shares (under load the run may leave its band).
-fn truth_verdict(t: &serde_json::Value) -> String {
-    use traceml_daemon::engine::Phase;
-    let shares: Vec<(Phase, f64)> = Phase::ALL
-        .iter()
-        .map(|&p| (p, truth_share(t, p.name())))
-        .collect();
-    let steps = t["step_count"].as_u64().unwrap() as u32;
-    traceml_daemon::diagnosis::kind_for_shares(&shares, steps)
+fn truth_verdict(r: &Run) -> String {
+    let steps = r.truth["step_count"].as_u64().unwrap() as u32;
+    traceml_daemon::diagnosis::kind_for_shares(&truth_shares(r), steps)
         .as_str()
         .to_owned()
 }
@@ -169,12 +163,12 @@ fn hf_trainer_compute_bound_with_markers_and_a_named_residual() {
     let s = &r.summary;
     let mut failures = Vec::new();
     assert_eq!(s["steps"]["count"], r.truth["step_count"], "{}", r.card);
-    let want = truth_verdicts(&r.truth);
+    let want = truth_verdicts(&r);
     let got = s["primary_diagnosis"]["kind"].as_str().unwrap_or("?");
     if !want.contains(got) {
         failures.push(format!(
             "verdict {got}, the truth's shares give {} (near: {want:?})",
-            truth_verdict(&r.truth)
+            truth_verdict(&r)
         ));
     }
     check_phases("hf compute", &r, &["forward", "backward"], &mut failures);
@@ -217,9 +211,9 @@ fn hf_trainer_input_bound_share_within_one_point() {
     };
     let s = &r.summary;
     let got = s["primary_diagnosis"]["kind"].as_str().unwrap_or("?");
-    assert!(truth_verdicts(&r.truth).contains(got), "{got}\n{}", r.card);
+    assert!(truth_verdicts(&r).contains(got), "{got}\n{}", r.card);
     let share = s["phases"]["input_wait"]["share"].as_f64().unwrap();
-    let want = truth_share(&r.truth, "input_wait");
+    let want = truth_share(&r, "input_wait");
     assert!(
         (share - want).abs() <= 0.01,
         "input share {share:.3}, truth {want:.3}\n{}",
@@ -274,7 +268,7 @@ fn check_loop_structure(label: &str, r: &Run, failures: &mut Vec<String>) {
         failures.push(format!("{label}: {steps} steps, {opt} optimizer steps"));
     }
     let got = s["primary_diagnosis"]["kind"].as_str().unwrap_or("?");
-    let want = truth_verdicts(&r.truth);
+    let want = truth_verdicts(r);
     if !want.contains(got) {
         failures.push(format!(
             "{label}: verdict {got}, the truth's shares give {want:?}"
@@ -283,7 +277,7 @@ fn check_loop_structure(label: &str, r: &Run, failures: &mut Vec<String>) {
     let share = s["phases"]["input_wait"]["share"]
         .as_f64()
         .unwrap_or(f64::NAN);
-    let truth_input = truth_share(&r.truth, "input_wait");
+    let truth_input = truth_share(r, "input_wait");
     if (share - truth_input).abs() > 0.01 {
         failures.push(format!(
             "{label}: training input share {share:.3}, truth {truth_input:.3}"

@@ -320,6 +320,48 @@ pub fn fails_clearly(cmd: &mut Command, want_code: i32, want: &str) {
 pub const HEADER: &str =
     "{\"format\":\"traceml-recording\",\"version\":1,\"daemon_version\":\"0.1.0\"}\n";
 
+/// The truth's phase shares of step time over the steps the daemon's shares cover: the daemon
+/// keeps the steps taken under its learning probe set (`steps.learning_excluded`, the run's
+/// first ones: learning repeats only after 30 s without markers) out of its shares, so the
+/// truth is read over the same steps. Each phase's total over the total wall time, as the
+/// summary computes `phases.<p>.share`; all steps when the summary excluded none (or the truth
+/// has no per-step phases).
+pub fn truth_shares_over_daemon_steps(
+    truth: &serde_json::Value,
+    summary: &serde_json::Value,
+) -> Vec<(traceml_daemon::engine::Phase, f64)> {
+    use traceml_daemon::engine::Phase;
+    let skip = summary["steps"]["learning_excluded"].as_u64().unwrap_or(0) as usize;
+    let steps: Vec<&serde_json::Value> = truth["steps"]
+        .as_array()
+        .map(|v| v.iter().skip(skip).collect())
+        .unwrap_or_default();
+    let per_step = !steps.is_empty() && steps.iter().all(|s| s["wall_ns"].is_number());
+    let wall: f64 = if per_step {
+        steps.iter().filter_map(|s| s["wall_ns"].as_f64()).sum()
+    } else {
+        truth["totals"]["wall_ns"].as_f64().unwrap_or(0.0)
+    };
+    Phase::ALL
+        .iter()
+        .map(|&p| {
+            // Single-process truth has no collective_wait: none happened.
+            let ns: f64 = if per_step {
+                // (A fold from +0.0: an empty f64 `sum` is -0.0.)
+                steps
+                    .iter()
+                    .filter_map(|s| s["phases_ns"][p.name()].as_f64())
+                    .fold(0.0, |a, b| a + b)
+            } else {
+                truth["totals"][format!("{}_ns", p.name())]
+                    .as_f64()
+                    .unwrap_or(0.0)
+            };
+            (p, if wall > 0.0 { ns / wall } else { 0.0 })
+        })
+        .collect()
+}
+
 /// The verdicts the rules give for shares within `margin` of the truth's: each
 /// bottleneck phase (input_wait, h2d, residual) and the compute sum moved by −margin, 0 or
 /// +margin. One verdict when the run sits clear of every line, two (or more) near one.
