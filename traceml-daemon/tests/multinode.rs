@@ -221,7 +221,9 @@ fn agent_and_daemon(
             .arg(dir.join(format!("out{k}")))
             .args(["--color", "never", "--quiet", "--hang-after", "5"])
             .env("TRACEML_NODE", format!("node-{k}"))
-            .env("RUST_LOG", "info")
+            // The sink's debug lines: each rank's in-collective changes and why (what
+            // TraceMLHang read).
+            .env("RUST_LOG", "info,traceml_daemon::runtime::sinks=debug")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -601,9 +603,19 @@ fn a_hung_rank_on_the_second_node_is_named_by_prometheus() {
     // is named too; said, not failed (tests/README.md, "Multi-node").
     let others: Vec<&&(Fired, f64)> = hangs.iter().filter(|(f, _)| f.rank != "3").collect();
     if !others.is_empty() {
+        let changes: Vec<String> = (0..2)
+            .flat_map(|k| {
+                c.log(k)
+                    .lines()
+                    .filter(|l| l.contains("in_collective"))
+                    .map(|l| format!("node-{k}: {l}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         eprintln!(
-            "NOTE: blocked ranks named too: {others:?}; in_collective {:?}",
-            state("traceml_in_collective")
+            "NOTE: blocked ranks named too: {others:?}; in_collective {:?}; its changes:\n{}",
+            state("traceml_in_collective"),
+            changes.join("\n")
         );
     }
     eprintln!(

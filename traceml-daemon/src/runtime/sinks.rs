@@ -79,6 +79,9 @@ pub struct Metrics {
     /// set by its group from every rank.
     sets_verdict: bool,
     last: Option<Instant>,
+    /// The in-collective state last exported, to log its changes (`traceml_daemon::runtime::sinks`
+    /// at debug: what the cross-node hang rule saw, and why).
+    in_collective: Option<bool>,
 }
 
 impl Metrics {
@@ -96,6 +99,7 @@ impl Metrics {
             rank: rank.to_string(),
             sets_verdict,
             last: None,
+            in_collective: None,
         };
         m.with(|e| e.attached(&m.job, &m.rank, job_info(pid)));
         m
@@ -126,7 +130,23 @@ impl Sink for Metrics {
         let (s, t) = folds.run.snapshot_with_totals();
         let mut values = RankValues::from_summary(&s, &t, folds.gpu_utilization);
         values.last_step_end_unix = last_step;
-        values.in_collective = Some(folds.in_collective());
+        let in_collective = folds.in_collective();
+        if self.in_collective != Some(in_collective) {
+            self.in_collective = Some(in_collective);
+            let stack = folds.run.last_stack();
+            let inner: Vec<&str> = stack.iter().rev().take(4).map(String::as_str).collect();
+            tracing::debug!(
+                "rank {}: in_collective {in_collective} (wait probe open: {}; innermost frames: {})",
+                self.rank,
+                folds.run.in_collective_wait(),
+                if inner.is_empty() {
+                    "no stack".to_owned()
+                } else {
+                    inner.join(" <- ")
+                }
+            );
+        }
+        values.in_collective = Some(in_collective);
         // The verdict shown: the last window's, the run so far's before the first window.
         let verdict = Verdict::of(folds.last_window.as_ref().unwrap_or(&s));
         self.update(&s, values, verdict);
