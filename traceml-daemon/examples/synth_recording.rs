@@ -110,6 +110,18 @@ fn ev(enc: &mut Enc, ts: u64, tid: u32, kind: Kind) -> std::io::Result<()> {
     }))
 }
 
+/// A kernel launch (`cudaLaunchKernel`) by thread `tid` at `ts`.
+fn launch(enc: &mut Enc, ts: u64, tid: u32) -> std::io::Result<()> {
+    ev(
+        enc,
+        ts,
+        tid,
+        Kind::Launch {
+            api: Api::CudaLaunchKernel,
+        },
+    )
+}
+
 /// One step's events from `*t` on (`next` draws a span around its argument).
 fn one_step(enc: &mut Enc, t: &mut u64, next: &mut impl FnMut(u64) -> u64) -> std::io::Result<()> {
     // Input (~200 us), copy (~30 us), forward (~300 us), backward (~250 us), optimizer
@@ -148,26 +160,12 @@ fn one_step(enc: &mut Enc, t: &mut u64, next: &mut impl FnMut(u64) -> u64) -> st
     )?;
     for _ in 0..2 {
         *t += next(150_000);
-        ev(
-            enc,
-            *t,
-            PID,
-            Kind::Launch {
-                api: Api::CudaLaunchKernel,
-            },
-        )?;
+        launch(enc, *t, PID)?;
     }
     *t += 5_000;
     ev(enc, *t, PID, call(Api::TorchBackward, None, None))?;
     *t += 20_000;
-    ev(
-        enc,
-        *t,
-        AUTOGRAD,
-        Kind::Launch {
-            api: Api::CudaLaunchKernel,
-        },
-    )?;
+    launch(enc, *t, AUTOGRAD)?;
     *t += next(230_000);
     ev(
         enc,
@@ -188,14 +186,7 @@ fn one_step(enc: &mut Enc, t: &mut u64, next: &mut impl FnMut(u64) -> u64) -> st
         },
     )?;
     *t += 10_000;
-    ev(
-        enc,
-        *t,
-        PID,
-        Kind::Launch {
-            api: Api::CudaLaunchKernel,
-        },
-    )?;
+    launch(enc, *t, PID)?;
     *t += next(140_000);
     ev(enc, *t, PID, Kind::RecordExit)?;
     *t += 5_000;
