@@ -43,9 +43,9 @@ const LAYERS: &[&[&str]] = &[
     &["sweep"],
     // Presentation: card, JSON, HTML, summary files, the Prometheus exposition.
     &["render", "metrics"],
-    // The shell's settings: flags, config file and defaults, validated once (the runtime runs
-    // with them).
-    &["cli::settings"],
+    // `serve`'s settings: flags, config file and defaults, validated once (the runtime runs
+    // with them; the command line fills in the flags).
+    &["runtime::settings"],
     // The runtime: a target's live run, its task and sinks, the view, a job's group, the
     // supervisors.
     &["runtime::target"],

@@ -39,7 +39,7 @@ fn options(args: &AttachArgs, pid: u32) -> Result<target::Options, Error> {
     if !(budget.is_finite() && budget > 0.0 && budget <= 100.0) {
         return usage("--overhead-budget must be a percentage above 0 and at most 100");
     }
-    if args.stack_rate > crate::cli::settings::MAX_STACK_RATE {
+    if args.stack_rate > crate::runtime::settings::MAX_STACK_RATE {
         return usage("--stack-rate must be at most 1000 per second");
     }
     if !(args.hang_after.is_finite() && args.hang_after > 0.0) {

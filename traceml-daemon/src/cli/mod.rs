@@ -2,7 +2,7 @@
 //! command dispatched, and every failure one sentence with a distinct exit status ([`Error`]).
 //! `main.rs` only calls [`main`]. The attach (`--pid`, `top`) is [`attach`]; the commands on
 //! files (`replay`, `export`, `report`, `compare`, `sweep`) are [`offline`]; `serve`'s flags and
-//! config file resolve in [`settings`].
+//! config file resolve in [`crate::runtime::settings`].
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,7 +16,6 @@ mod attach;
 mod error;
 mod offline;
 mod outputs;
-pub mod settings;
 
 pub use error::Error;
 

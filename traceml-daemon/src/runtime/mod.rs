@@ -2,10 +2,12 @@
 //! ([`task::drive`]: the live attach and event loop of [`target`], folded into bounded folds)
 //! with its [`sinks`] behind one trait (a recording, `/metrics`, summary files, the live
 //! [`view`]); the ranks of a multi-rank job are one [`group`] with one hang check; a
-//! [`supervisor`] holds a fixed set of targets (`--pid`), and [`serve`] adds a /proc scanner.
+//! [`supervisor`] holds a fixed set of targets (`--pid`), and [`serve`] adds a /proc scanner,
+//! with its [`settings`] (flags, config file and defaults, validated once).
 
 pub mod group;
 pub mod serve;
+pub mod settings;
 pub mod sinks;
 pub mod supervisor;
 pub mod target;

@@ -29,7 +29,7 @@ use crate::runtime::supervisor::{self, Signals};
 use crate::runtime::target;
 use crate::runtime::task::{self, Folds, Sink};
 
-pub use crate::cli::settings::{ServeConfig, ServeFlags, ServeSettings, SettingsError};
+pub use super::settings::{ServeConfig, ServeFlags, ServeSettings, SettingsError};
 
 /// Why `serve` stops before it serves, with its exit status (docs/cli.md).
 #[derive(Debug, thiserror::Error)]
