@@ -38,6 +38,8 @@ pub struct RankRun {
     pub rank: u32,
     pub local_rank: Option<u32>,
     pub pid: u32,
+    /// The elastic attempt of the rank process (0: the job's first).
+    pub restart: u32,
     pub summary: Summary,
     /// Its current Python stack (outermost first) when the job is hung.
     pub stack: Vec<String>,
@@ -260,7 +262,12 @@ pub fn hang(runs: &[RankRun], stuck: &[Stuck]) -> Option<Finding> {
 
 /// The job's summary: the lowest rank's summary with every rank's row, the job's description,
 /// and the job-level findings first (HANG, then STRAGGLER) when they are warnings or worse.
-pub fn combine(mut runs: Vec<RankRun>, job: JobInfo, stuck: &[Stuck]) -> Option<Summary> {
+/// After an elastic restart the job is its last attempt: the ranks of earlier attempts (their
+/// own summaries are in their directories) are counted in `job.restarts`, not compared.
+pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Option<Summary> {
+    let last = runs.iter().map(|r| r.restart).max()?;
+    job.restarts = job.restarts.max(last);
+    runs.retain(|r| r.restart == last);
     runs.sort_by_key(|r| r.rank);
     let mut out = runs.first()?.summary.clone();
     out.ranks = runs
@@ -269,6 +276,7 @@ pub fn combine(mut runs: Vec<RankRun>, job: JobInfo, stuck: &[Stuck]) -> Option<
             rank: r.rank,
             local_rank: r.local_rank,
             pid: r.pid,
+            restart: r.restart,
             steps: r.summary.steps.count,
             step_ms: r.summary.step_ms.clone(),
             phases: Phases::from_fn(|p| {
@@ -333,6 +341,7 @@ mod tests {
             rank: r,
             local_rank: Some(r),
             pid: 100 + r,
+            restart: 0,
             summary: s,
             stack: Vec::new(),
         }
@@ -360,6 +369,39 @@ mod tests {
         assert_eq!(s.primary_diagnosis.kind, DiagnosisKind::Straggler);
         assert_eq!(s.ranks.len(), 3);
         assert_eq!(s.job.as_ref().unwrap().ranks_measured, 3);
+    }
+
+    #[test]
+    fn after_an_elastic_restart_the_job_is_its_last_attempt() {
+        // Attempt 0: rank 1 straggled and failed; attempt 1 is even. The job is attempt 1:
+        // no straggler from the first attempt's numbers, one row per rank, the restart counted.
+        let mut runs = vec![
+            rank(0, 60, 45.0, 15.5, 10.0, 0.3),
+            rank(1, 60, 45.0, 0.5, 25.0, 0.3),
+        ];
+        for r in [0, 1] {
+            let mut again = rank(r, 60, 45.0, 2.0, 20.0, 1.0);
+            again.restart = 1;
+            again.pid += 10;
+            runs.push(again);
+        }
+        let s = combine(runs, JobInfo::default(), &[]).unwrap();
+        assert_ne!(s.primary_diagnosis.kind, DiagnosisKind::Straggler);
+        let job = s.job.as_ref().unwrap();
+        assert_eq!((job.restarts, job.ranks_measured), (1, 2));
+        let rows: Vec<(u32, u32, u32)> =
+            s.ranks.iter().map(|r| (r.rank, r.pid, r.restart)).collect();
+        assert_eq!(rows, [(0, 110, 1), (1, 111, 1)]);
+        // Written only when there was a restart: a job that never restarted reads as before.
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["job"]["restarts"], 1);
+        let even = combine(
+            vec![rank(0, 60, 45.0, 2.0, 20.0, 1.0)],
+            JobInfo::default(),
+            &[],
+        );
+        let json = serde_json::to_value(even.unwrap()).unwrap();
+        assert!(json["job"].get("restarts").is_none() && json["ranks"][0].get("restart").is_none());
     }
 
     #[test]

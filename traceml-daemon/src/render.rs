@@ -699,8 +699,21 @@ fn ranks(s: &Summary, out: &mut Lines) {
         if let Some(m) = &j.master {
             parts.push(format!("master {m}"));
         }
+        if j.restarts > 0 {
+            parts.push(restarted(j.restarts));
+        }
         labeled(out, "", &format!("(ms, medians) {}", parts.join(" · ")));
     }
+}
+
+/// An elastic job's restarts, as the job's line says them.
+pub fn restarted(n: u32) -> String {
+    let times = if n == 1 {
+        "once".to_owned()
+    } else {
+        format!("{n} times")
+    };
+    format!("restarted {times} (elastic): ranks of attempt {}", n + 1)
 }
 
 /// Where the time goes in code: the residual and the primary finding's phase, from the stack

@@ -91,6 +91,16 @@ pub struct JobInfo {
     pub master: Option<String>,
     /// Ranks measured on this node.
     pub ranks_measured: u32,
+    /// How often the elastic agent had restarted the job's ranks (the highest
+    /// `TORCHELASTIC_RESTART_COUNT` of the ranks measured; absent: never). The ranks table and
+    /// the job's findings are the last attempt's; each attempt's rank summaries stay in its own
+    /// directory (`rank-<r>/`, then `rank-<r>-restart-<k>/`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub restarts: u32,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One rank of a multi-rank job.
@@ -99,6 +109,9 @@ pub struct RankSummary {
     pub rank: u32,
     pub local_rank: Option<u32>,
     pub pid: u32,
+    /// The attempt this rank process belongs to (`TORCHELASTIC_RESTART_COUNT`, 0: the first).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub restart: u32,
     pub steps: u32,
     pub step_ms: StepMs,
     /// Median and share per phase (collective_wait included).

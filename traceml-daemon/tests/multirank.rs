@@ -2,8 +2,9 @@
 //! under `torchrun` (tests/workloads/ddp/ddp_train.py: every rank writes its own truth). The
 //! daemon is attached to the launcher's pid or to a rank's pid and must find every rank, name the
 //! injected straggler (2 and 4 ranks), find none in an even job, measure each rank's collective
-//! wait within max(2 ms, 5 %) of the truth, and write a HANG with stacks while a job is hung;
-//! `serve` must group the ranks of a job it discovers and name the straggler.
+//! wait within max(2 ms, 5 %) of the truth, write a HANG with stacks while a job is hung, and
+//! follow an elastic restart to the job's second attempt; `serve` must group the ranks of a job
+//! it discovers and name the straggler.
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -67,6 +68,11 @@ const STRAGGLER_2: [&str; 12] = [
 
 /// Starts `torchrun --nproc_per_node=n ddp_train.py args`, waits until every rank is ready.
 fn start(label: &str, n: u32, args: &[&str]) -> Option<Job> {
+    start_with(label, n, &[], args)
+}
+
+/// [`start`] with torchrun options of its own (`--max-restarts=1`).
+fn start_with(label: &str, n: u32, torchrun_args: &[String], args: &[&str]) -> Option<Job> {
     if !root_or_skip() {
         return None;
     }
@@ -76,6 +82,7 @@ fn start(label: &str, n: u32, args: &[&str]) -> Option<Job> {
     let child = Command::new(torchrun)
         .arg(format!("--nproc_per_node={n}"))
         .arg(format!("--master_port={}", free_port()))
+        .args(torchrun_args)
         .arg(workspace().join("tests/workloads/ddp/ddp_train.py"))
         .arg("--truth-dir")
         .arg(&dir)
@@ -116,6 +123,11 @@ fn rank_field(dir: &Path, r: u32, key: &str) -> u64 {
     json(&dir.join(format!("rank{r}.pid")))[key]
         .as_u64()
         .unwrap()
+}
+
+/// Steps of a rank's own summary.
+fn steps_of(summary: &Path) -> u64 {
+    json(summary)["steps"]["count"].as_u64().unwrap()
 }
 
 /// Runs the daemon on `pid` until the job ends; the job's summary.
@@ -521,6 +533,143 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
     drop(job);
+}
+
+/// An elastic restart (`torchrun --max-restarts=1`): rank 1 exits with status 1 after 20 steps
+/// of the first attempt, the agent stops rank 0 and starts both again (TORCHELASTIC_RESTART_COUNT
+/// 1), and `--pid <launcher>` follows them: the second attempt's ranks are attached while they
+/// wait for their own ready file, each attempt's rank summaries are in their own directories with
+/// the steps that attempt made (truth: each rank's truth or progress file), and the job's summary
+/// is the last attempt's (its pids, `job.restarts` 1), not a four-rank job.
+#[test]
+fn an_elastic_restart_is_followed_and_the_job_is_its_last_attempt() {
+    let args = [
+        "--mode",
+        "ddp",
+        "--steps",
+        "60",
+        "--fail-rank",
+        "1",
+        "--fail-after",
+        "20",
+    ];
+    let elastic = ["--max-restarts=1".to_owned()];
+    let Some(mut job) = start_with("mr-elastic", 2, &elastic, &args) else {
+        return;
+    };
+    let (out, log) = (job.dir.join("out"), job.dir.join("daemon.log"));
+    let daemon = Command::new(daemon())
+        .arg("--pid")
+        .arg(job.torchrun.id().to_string())
+        .arg("--ready-file")
+        .arg(job.dir.join("ready"))
+        .arg("--output")
+        .arg(&out)
+        .args(["--color", "never", "--quiet"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut daemon = Proc(daemon);
+    // The second attempt: both ranks ready again, released once the daemon attached to them.
+    let again = |r: u32| job.dir.join(format!("rank{r}.restart1.pid"));
+    wait_for("the restarted ranks", Duration::from_secs(180), || {
+        again(0).exists() && again(1).exists()
+    });
+    let pids: Vec<u64> = (0..2)
+        .map(|r| json(&again(r))["pid"].as_u64().unwrap())
+        .collect();
+    assert!(
+        pids.iter().all(|p| !job.ranks.contains(&(*p as u32))),
+        "new processes: {pids:?} vs {:?}",
+        job.ranks
+    );
+    job.ranks.extend(pids.iter().map(|&p| p as u32));
+    let attached = |pid: u64| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(&format!("attached to {pid} in"))
+    };
+    wait_for(
+        "the daemon to attach the restarted ranks",
+        Duration::from_secs(60),
+        || pids.iter().all(|&p| attached(p)),
+    );
+    std::fs::write(job.dir.join("ready.restart1"), "go\n").unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = daemon.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "daemon still running"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "daemon: {status}\n{log_text}");
+    let _ = job.torchrun.wait();
+
+    // Truth per attempt: the failing rank's truth file (status "failed"), the killed rank's
+    // progress log (one line per finished step), the second attempt's truth files.
+    let first = |r: u32| -> u64 {
+        let truth = job.dir.join(format!("truth-rank{r}.json"));
+        if truth.exists() {
+            let t = json(&truth);
+            assert_eq!(t["status"], "failed", "rank {r}: {t:#}");
+            t["step_count"].as_u64().unwrap()
+        } else {
+            std::fs::read_to_string(job.dir.join(format!("progress-rank{r}.log")))
+                .unwrap()
+                .lines()
+                .count() as u64
+        }
+    };
+    let mut failures = Vec::new();
+    for r in 0..2u32 {
+        let second = json(&job.dir.join(format!("truth-rank{r}.restart1.json")));
+        assert_eq!(second["status"], "completed", "{second:#}");
+        for (dir, want) in [
+            (format!("rank-{r}"), first(r)),
+            (
+                format!("rank-{r}-restart-1"),
+                second["step_count"].as_u64().unwrap(),
+            ),
+        ] {
+            // A rank's last step ends where its next one starts: a rank that exits (or is
+            // killed) inside a step leaves that one open, and the first step after the attach
+            // may be cut (tolerance: 2 steps below, none above).
+            let got = steps_of(&out.join(&dir).join("final_summary.json"));
+            eprintln!("{dir}: {got} steps, truth {want}");
+            if got > want || got + 2 < want {
+                failures.push(format!("{dir}: {got} steps, truth {want}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}\n{log_text}");
+    let s = json(&out.join("final_summary.json"));
+    assert_eq!(s["job"]["restarts"], 1, "{:#}", s["job"]);
+    assert_eq!(s["job"]["ranks_measured"], 2, "{:#}", s["job"]);
+    // The job's description survives the restart.
+    assert_eq!(s["job"]["world_size"], 2, "{:#}", s["job"]);
+    assert!(s["job"]["master"].is_string(), "{:#}", s["job"]);
+    let rows: Vec<(u64, u64, u64)> = s["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (n("rank"), n("pid"), n("restart"))
+        })
+        .collect();
+    assert_eq!(rows, [(0, pids[0], 1), (1, pids[1], 1)], "{:#}", s["ranks"]);
+    let card = std::fs::read_to_string(out.join("final_summary.txt")).unwrap();
+    assert!(
+        card.contains("restarted once (elastic): ranks of attempt 2"),
+        "{card}"
+    );
 }
 
 /// `serve` on ddp_train.py jobs (log to a file, which [`release_when_attached`] reads).

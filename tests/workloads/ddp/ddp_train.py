@@ -21,8 +21,15 @@ Faults (all ranks get the same arguments; each rank decides from its own RANK):
                   all-reduce (allreduce mode: after backward; ddp mode: before loss.backward(),
                   where DDP's all-reduce happens) sleeps forever. The other ranks block in that
                   collective (gloo's timeout, --pg-timeout-s, default 1800 s, ends them).
+--fail-rank R --fail-after K
+                  elastic restart: in the job's first attempt (TORCHELASTIC_RESTART_COUNT 0) rank R
+                  completes steps 0..K-1, writes its truth (status "failed") and exits with
+                  status 1; torchrun (--max-restarts >= 1) stops the other ranks and starts every
+                  rank again. Later attempts run all --steps and end normally.
 
-Harness protocol (all files in --truth-dir, written with write + rename):
+Harness protocol (all files in --truth-dir, written with write + rename; in a restarted attempt
+k >= 1 (TORCHELASTIC_RESTART_COUNT) every name below gets ".restart<k>" before its extension,
+the --ready file included: rank<R>.restart1.pid, ready.restart1, ...):
   rank<R>.pid         once the rank is ready to wait for --ready (after init_process_group, model
                       build and 2 warm-up steps): {"rank","local_rank","world_size","pid","tid",
                       "ppid","mode"}. The same JSON is printed as one stdout line.
@@ -88,6 +95,8 @@ def main():
                          "time.sleep (the same extra wall time without CPU contention)")
     ap.add_argument("--hang-rank", type=int)
     ap.add_argument("--hang-after", type=int, default=10, help="the hang rank stops in step K (0-based)")
+    ap.add_argument("--fail-rank", type=int, help="first attempt only: this rank exits with status 1")
+    ap.add_argument("--fail-after", type=int, default=10, help="the fail rank exits after K steps")
     ap.add_argument("--truth-dir", help="where rank<R>.pid, progress-rank<R>.log and truth-rank<R>.json go")
     ap.add_argument("--ready", help="every rank waits for this file before its first measured step")
     ap.add_argument("--batch-size", type=int, default=1024)
@@ -116,7 +125,21 @@ def main():
     dev = torch.device("cuda", local_rank) if a.backend == "nccl" else torch.device("cpu")
     if a.backend == "nccl":
         torch.cuda.set_device(dev)
-    dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=a.pg_timeout_s))
+    timeout = datetime.timedelta(seconds=a.pg_timeout_s)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart:
+        # A restarted attempt meets in a store prefix of its own: in torch 2.15 the elastic
+        # agent's store keeps the previous attempt's gloo addresses under the default group's
+        # keys, and a restarted rank may read one and fail to connect (connection refused).
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=not agent_store and os.environ["RANK"] == "0",
+                              timeout=timeout)
+        dist.init_process_group(a.backend, store=dist.PrefixStore("attempt%d" % restart, store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timeout)
+    else:
+        dist.init_process_group(a.backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     straggler = a.straggler_rank is not None and a.straggler_rank == rank
     burn_compute_ns = int(a.straggler_ms * MS) if straggler and a.straggler_phase == "compute" else 0
@@ -126,6 +149,15 @@ def main():
     tdir = a.truth_dir
     if tdir:
         os.makedirs(tdir, exist_ok=True)
+
+    def attempt_name(name):
+        """name in this attempt: ".restart<k>" before the extension from the first restart on."""
+        if not restart:
+            return name
+        stem, dot, ext = name.rpartition(".")
+        return "%s.restart%d.%s" % (stem, restart, ext) if dot else "%s.restart%d" % (name, restart)
+
+    fail_step = a.fail_after if a.fail_rank is not None and a.fail_rank == rank and restart == 0 else None
 
     B, D = a.batch_size, 64
     getitem_ns = int(a.getitem_us * 1000)
@@ -242,14 +274,15 @@ def main():
 
     tid = threading.get_native_id()
     ident = {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(), "tid": tid,
-             "ppid": os.getppid(), "mode": a.mode}
+             "ppid": os.getppid(), "mode": a.mode, "restart": restart}
     if tdir:
-        write_json(os.path.join(tdir, "rank%d.pid" % rank), ident)
+        write_json(os.path.join(tdir, attempt_name("rank%d.pid" % rank)), ident)
     print(json.dumps(ident), flush=True)
-    while a.ready and not os.path.exists(a.ready):
+    ready = a.ready and os.path.join(os.path.dirname(a.ready), attempt_name(os.path.basename(a.ready)))
+    while ready and not os.path.exists(ready):
         time.sleep(0.005)
     mlp.burn_ns = burn_compute_ns
-    progress = open(os.path.join(tdir, "progress-rank%d.log" % rank), "a", buffering=1) if tdir else None
+    progress = open(os.path.join(tdir, attempt_name("progress-rank%d.log" % rank)), "a", buffering=1) if tdir else None
 
     loader = DataLoader(SyntheticDataset(a.steps), batch_size=None, shuffle=False, num_workers=0)
     raw = []
@@ -290,14 +323,15 @@ def main():
             **ident, "clock": "CLOCK_MONOTONIC",
             "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                                    "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                                   "TORCHELASTIC_RUN_ID")},
+                                                   "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                                                   "TORCHELASTIC_MAX_RESTARTS")},
             "config": {k: v for k, v in vars(a).items()},
             "model": {"params": n_params, "grad_bytes": grad_bytes, "tensors": len(params)},
             "is_straggler": straggler,
             "straggler": ({"rank": a.straggler_rank, "phase": a.straggler_phase, "ms": a.straggler_ms,
                            "how": a.straggler_how}
                           if a.straggler_rank is not None else None),
-            "status": status["value"], "hang": hang,
+            "status": status["value"], "hang": hang, "restart": restart,
             "collective": (
                 {"measurable": True, "op": "dist.all_reduce (sync, SUM)",
                  "calls_per_step": 1 if a.flatten else len(params),
@@ -323,11 +357,19 @@ def main():
 
     def dump(final_t):
         if tdir:
-            write_json(os.path.join(tdir, "truth-rank%d.json" % rank), truth(final_t), indent=1)
+            write_json(os.path.join(tdir, attempt_name("truth-rank%d.json" % rank)), truth(final_t), indent=1)
 
     t_stop = None
     it = iter(loader)
     for i in range(a.steps + 1):
+        if fail_step == i:
+            # the first attempt's failure: the truth of the steps done, then a non-zero exit
+            status["value"] = "failed"
+            dump(now())
+            if progress:
+                progress.close()
+            sys.stdout.flush()
+            os._exit(1)
         t0 = now()
         input_clock.update(span=None, burn=0)
         try:

@@ -16,6 +16,20 @@ pub struct RankProc {
     pub rank: u32,
     pub local_rank: Option<u32>,
     pub world_size: Option<u32>,
+    /// The elastic agent's restart count (`TORCHELASTIC_RESTART_COUNT`): 0 for the job's first
+    /// attempt, k once the agent restarted its ranks k times.
+    pub restart: u32,
+}
+
+impl RankProc {
+    /// The rank's directory in its job's: `rank-<r>`, or `rank-<r>-restart-<k>` for a rank of a
+    /// restarted attempt (an earlier attempt's files stay).
+    pub fn dir_name(&self) -> String {
+        match self.restart {
+            0 => format!("rank-{}", self.rank),
+            k => format!("rank-{}-restart-{k}", self.rank),
+        }
+    }
 }
 
 /// A job as found from one of its pids.
@@ -45,6 +59,7 @@ fn rank_env(pid: u32) -> Option<HashMap<String, String>> {
             "MASTER_ADDR",
             "MASTER_PORT",
             "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_RESTART_COUNT",
         ]
         .into_iter()
         .filter_map(|k| Some((k.to_owned(), get(k)?)))
@@ -61,6 +76,7 @@ pub fn rank_of(pid: u32) -> Option<RankProc> {
         rank: num("RANK")?,
         local_rank: num("LOCAL_RANK"),
         world_size: num("WORLD_SIZE"),
+        restart: num("TORCHELASTIC_RESTART_COUNT").unwrap_or(0),
     })
 }
 
@@ -90,6 +106,7 @@ pub fn ranks_below(root: u32) -> Vec<(RankProc, HashMap<String, String>)> {
                                     rank,
                                     local_rank: num("LOCAL_RANK"),
                                     world_size: num("WORLD_SIZE"),
+                                    restart: num("TORCHELASTIC_RESTART_COUNT").unwrap_or(0),
                                 },
                                 env,
                             ));
@@ -141,15 +158,23 @@ pub fn discover(pid: u32) -> JobSpec {
         None => Vec::new(),
     };
     let env = ranks.first().map(|(_, e)| e.clone()).unwrap_or_default();
+    let (run_id, master) = rendezvous_of(&env);
     JobSpec {
         launcher,
-        run_id: env.get("TORCHELASTIC_RUN_ID").cloned(),
-        master: env
-            .get("MASTER_ADDR")
-            .zip(env.get("MASTER_PORT"))
-            .map(|(a, p)| format!("{a}:{p}")),
+        run_id,
+        master,
         ranks: ranks.into_iter().map(|(r, _)| r).collect(),
     }
+}
+
+/// `TORCHELASTIC_RUN_ID` and `MASTER_ADDR:MASTER_PORT` of a rank's environment.
+pub fn rendezvous_of(env: &HashMap<String, String>) -> (Option<String>, Option<String>) {
+    (
+        env.get("TORCHELASTIC_RUN_ID").cloned(),
+        env.get("MASTER_ADDR")
+            .zip(env.get("MASTER_PORT"))
+            .map(|(a, p)| format!("{a}:{p}")),
+    )
 }
 
 /// Reads what the policy needs about one process; `None` when it vanished or is unreadable.

@@ -103,9 +103,10 @@ impl Format {
     }
 }
 
-/// The recording of one rank of a multi-rank job, next to `path`: `run.trec` → `run.rank1.trec`
+/// The recording of one rank of a multi-rank job, next to `path`: `run.trec` → `run.rank1.trec`,
+/// and in the job's `restart`-th restarted attempt (elastic) `run.rank1.restart<k>.trec`
 /// (`.jsonl`, `.jsonl.gz` and `.trec` kept last, so the format stays the one asked for).
-pub fn rank_path(path: &Path, rank: u32) -> PathBuf {
+pub fn rank_path(path: &Path, rank: u32, restart: u32) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -114,7 +115,11 @@ pub fn rank_path(path: &Path, rank: u32) -> PathBuf {
         .iter()
         .find_map(|e| name.strip_suffix(e).map(|s| (s.to_owned(), *e)))
         .unwrap_or((name, ""));
-    path.with_file_name(format!("{stem}.rank{rank}{ext}"))
+    let attempt = match restart {
+        0 => String::new(),
+        k => format!(".restart{k}"),
+    };
+    path.with_file_name(format!("{stem}.rank{rank}{attempt}{ext}"))
 }
 
 /// Whether a live run flushes its recording after writing `item`: at the attach (target,

@@ -613,15 +613,20 @@ fn bad_inputs_get_clear_errors() {
 #[test]
 fn rank_recordings_keep_their_format() {
     let p = |s: &str| PathBuf::from(s);
-    assert_eq!(rank_path(&p("/r/run.trec"), 1), p("/r/run.rank1.trec"));
-    assert_eq!(rank_path(&p("run.jsonl.gz"), 0), p("run.rank0.jsonl.gz"));
-    assert_eq!(rank_path(&p("a.b.jsonl"), 3), p("a.b.rank3.jsonl"));
-    assert_eq!(rank_path(&p("rec"), 2), p("rec.rank2"));
+    assert_eq!(rank_path(&p("/r/run.trec"), 1, 0), p("/r/run.rank1.trec"));
+    assert_eq!(rank_path(&p("run.jsonl.gz"), 0, 0), p("run.rank0.jsonl.gz"));
+    assert_eq!(rank_path(&p("a.b.jsonl"), 3, 0), p("a.b.rank3.jsonl"));
+    assert_eq!(rank_path(&p("rec"), 2, 0), p("rec.rank2"));
+    // An elastic restart's ranks record next to the first attempt's, in the same format.
+    assert_eq!(
+        rank_path(&p("/r/run.jsonl.gz"), 1, 2),
+        p("/r/run.rank1.restart2.jsonl.gz")
+    );
     for (path, fmt) in [
         ("x.trec", Format::Binary),
         ("x.jsonl.gz", Format::JsonlGz),
         ("x.jsonl", Format::Jsonl),
     ] {
-        assert_eq!(Format::for_path(&rank_path(&p(path), 7)), fmt);
+        assert_eq!(Format::for_path(&rank_path(&p(path), 7, 1)), fmt);
     }
 }

@@ -295,6 +295,9 @@ fn job_line(j: &JobInfo) -> String {
     if let Some(r) = &j.run_id {
         parts.push(format!("run id {r}"));
     }
+    if j.restarts > 0 {
+        parts.push(crate::render::restarted(j.restarts));
+    }
     parts.join(" · ")
 }
 
@@ -968,6 +971,7 @@ mod tests {
             rank: r,
             local_rank: Some(r),
             pid: 4100 + r,
+            restart: 0,
             summary: s,
             stack: Vec::new(),
         }

@@ -33,6 +33,7 @@ pub fn job_info(job: &JobSpec) -> JobInfo {
         run_id: job.run_id.clone(),
         master: job.master.clone(),
         ranks_measured: 0,
+        restarts: job.ranks.iter().map(|r| r.restart).max().unwrap_or(0),
     }
 }
 
@@ -41,7 +42,8 @@ pub fn job_info(job: &JobSpec) -> JobInfo {
 pub struct GroupConfig {
     /// The job's name: its `job` label on `/metrics` and its directory's name.
     pub name: String,
-    /// The job's directory: its summary at the top, each rank's under `rank-<r>/`.
+    /// The job's directory: its summary at the top, each rank's under `rank-<r>/` (a restarted
+    /// attempt's under `rank-<r>-restart-<k>/`, [`RankProc::dir_name`]).
     pub dir: PathBuf,
     /// Who owns what is written (`--pid` under `sudo`: the user).
     pub owner: Option<Owner>,
@@ -51,8 +53,8 @@ pub struct GroupConfig {
     pub window: Option<Duration>,
     /// `/metrics`, when served.
     pub metrics: Option<metrics::http::Shared>,
-    /// `--record FILE`: each rank's stream to `FILE` with `.rank<r>` before its extension
-    /// ([`crate::record::rank_path`]).
+    /// `--record FILE`: each rank's stream to `FILE` with `.rank<r>` (`.rank<r>.restart<k>` in a
+    /// restarted attempt) before its extension ([`crate::record::rank_path`]).
     pub record: Option<PathBuf>,
 }
 
@@ -75,6 +77,7 @@ impl Rank {
             rank: self.proc.rank,
             local_rank: self.proc.local_rank,
             pid: self.proc.pid,
+            restart: self.proc.restart,
             summary: f.run.snapshot(),
             stack: if stack {
                 f.run.last_stack()
@@ -143,10 +146,10 @@ impl Group {
         o.duration = None;
         let (tx, rx) = watch::channel(None);
         o.stop = Some(rx);
-        let rank_dir = self.cfg.dir.join(format!("rank-{}", p.rank));
+        let rank_dir = self.cfg.dir.join(p.dir_name());
         let mut list: Vec<Box<dyn Sink>> = Vec::new();
         if let Some(path) = &self.cfg.record {
-            let path = crate::record::rank_path(path, p.rank);
+            let path = crate::record::rank_path(path, p.rank, p.restart);
             match Recording::create(&path) {
                 Ok(r) => {
                     tracing::info!("rank {}: recording to {}", p.rank, path.display());
@@ -182,6 +185,7 @@ impl Group {
                     rank: proc.rank,
                     local_rank: proc.local_rank,
                     pid: proc.pid,
+                    restart: proc.restart,
                     summary,
                     stack: Vec::new(),
                 });

@@ -467,7 +467,7 @@ impl Scan<'_> {
                 launcher,
             }
         });
-        let rank_dir = job.group.dir().join(format!("rank-{}", r.rank));
+        let rank_dir = job.group.dir().join(r.dir_name());
         if let Err(e) = crate::host::output::create_dir_private(job.group.dir())
             .and_then(|()| crate::host::output::create_dir_private(&rank_dir))
         {

@@ -77,8 +77,15 @@ pub fn run_job(mut job: JobSpec, run: JobRun) -> Result<Summary, String> {
                     last_second = now;
                     // Ranks that started later or restarted (elastic): new pids of the job.
                     if let Some(l) = job.launcher {
-                        for (p, _) in crate::host::jobs::ranks_below(l) {
+                        for (p, env) in crate::host::jobs::ranks_below(l) {
                             if !group.has(p.pid) {
+                                // Attached during rendezvous: the job's description comes
+                                // with its first ranks.
+                                let (run_id, master) = crate::host::jobs::rendezvous_of(&env);
+                                let info = &mut group.info;
+                                info.world_size = info.world_size.or(p.world_size);
+                                info.run_id = info.run_id.take().or(run_id);
+                                info.master = info.master.take().or(master);
                                 group.add(p, &run.rank);
                             }
                         }
