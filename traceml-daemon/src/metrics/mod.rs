@@ -348,6 +348,12 @@ impl Exporter {
         }
     }
 
+    /// The process whose series `job`/`rank` are now (`None`: no such rank, or not known).
+    pub fn rank_pid(&self, job: &str, rank: &str) -> Option<u32> {
+        let r = self.jobs.get(&label(job))?.ranks.get(&label(rank))?;
+        (r.info.pid != 0).then_some(r.info.pid)
+    }
+
     /// The rank was never measured (the attach failed): its series go now.
     pub fn forget(&mut self, job: &str, rank: &str) {
         let job = label(job);

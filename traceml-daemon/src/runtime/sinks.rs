@@ -75,6 +75,7 @@ pub struct Metrics {
     exporter: metrics::http::Shared,
     job: String,
     rank: String,
+    pid: u32,
     /// This target's verdict is its job's (a job of one process); a multi-rank job's verdict is
     /// set by its group from every rank.
     sets_verdict: bool,
@@ -97,16 +98,30 @@ impl Metrics {
             exporter,
             job: job.to_owned(),
             rank: rank.to_string(),
+            pid,
             sets_verdict,
             last: None,
             in_collective: None,
         };
-        m.with(|e| e.attached(&m.job, &m.rank, job_info(pid)));
+        // The rank's series are this process's from now on (a restarted rank takes them over).
+        let info = job_info(pid);
+        m.exporter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .attached(&m.job, &m.rank, info);
         m
     }
 
+    /// `f` on the exporter while this target's process still owns its rank's series: a rank
+    /// that an elastic agent restarted hands its labels to the new process, and the old one's
+    /// late updates or end must not touch them.
     fn with(&self, f: impl FnOnce(&mut metrics::Exporter)) {
-        f(&mut self.exporter.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut e = self.exporter.lock().unwrap_or_else(|p| p.into_inner());
+        if e.rank_pid(&self.job, &self.rank)
+            .is_none_or(|owner| owner == self.pid)
+        {
+            f(&mut e);
+        }
     }
 
     fn update(&self, s: &Summary, values: RankValues, verdict: Verdict) {
@@ -263,5 +278,29 @@ impl Sink for SummaryFiles {
             }
             Err(e) => Err(format!("cannot write {}: {e}", file.display())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An elastic restart: the rank's labels pass to the new process; the old process's late
+    /// end neither marks the new one's series ended nor overwrites them.
+    #[test]
+    fn a_restarted_rank_owns_its_series() {
+        let exporter: metrics::http::Shared = Default::default();
+        let (old_pid, new_pid) = (u32::MAX - 1, u32::MAX - 2);
+        let old = Metrics::attach(exporter.clone(), "job", 1, old_pid, false);
+        let new = Metrics::attach(exporter.clone(), "job", 1, new_pid, false);
+        assert_eq!(exporter.lock().unwrap().rank_pid("job", "1"), Some(new_pid));
+        old.with(|e| e.ended("job", "1", Instant::now()));
+        old.with(|e| e.forget("job", "1"));
+        let e = exporter.lock().unwrap();
+        assert_eq!(e.rank_pid("job", "1"), Some(new_pid));
+        assert_eq!(e.attached_jobs(), 1, "the new rank still runs");
+        drop(e);
+        new.with(|e| e.ended("job", "1", Instant::now()));
+        assert_eq!(exporter.lock().unwrap().attached_jobs(), 0);
     }
 }
