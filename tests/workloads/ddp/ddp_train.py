@@ -32,7 +32,7 @@ k >= 1 (TORCHELASTIC_RESTART_COUNT) every name below gets ".restart<k>" before i
 the --ready file included: rank<R>.restart1.pid, ready.restart1, ...):
   rank<R>.pid         once the rank is ready to wait for --ready (after init_process_group, model
                       build and 2 warm-up steps): {"rank","local_rank","world_size","pid","tid",
-                      "ppid","mode"}. The same JSON is printed as one stdout line.
+                      "ppid","mode","restart"}. The same JSON is printed as one stdout line.
   --ready FILE        every rank polls for FILE (every 5 ms) before its first measured step.
   progress-rank<R>.log one line per finished step: "<index> <t_end CLOCK_MONOTONIC ns>", flushed.
   truth-rank<R>.json  at exit; in a hang run, by every rank right before it enters the hung step's
