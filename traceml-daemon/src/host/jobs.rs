@@ -69,7 +69,11 @@ fn rank_env(pid: u32) -> Option<HashMap<String, String>> {
 
 /// `pid` as a rank: `None` when its environment has no `RANK` (a job of one).
 pub fn rank_of(pid: u32) -> Option<RankProc> {
-    let env = rank_env(pid)?;
+    rank_from(pid, &rank_env(pid)?)
+}
+
+/// Process `pid` as the rank its rank variables describe (`None` without a numeric `RANK`).
+fn rank_from(pid: u32, env: &HashMap<String, String>) -> Option<RankProc> {
     let num = |k: &str| env.get(k).and_then(|v| v.parse().ok());
     Some(RankProc {
         pid,
@@ -98,18 +102,8 @@ pub fn ranks_below(root: u32) -> Vec<(RankProc, HashMap<String, String>)> {
             for c in procinfo::children(p) {
                 match rank_env(c) {
                     Some(env) if proc_info(c).is_some_and(|i| i.python) => {
-                        let num = |k: &str| env.get(k).and_then(|v| v.parse().ok());
-                        if let Some(rank) = num("RANK") {
-                            out.push((
-                                RankProc {
-                                    pid: c,
-                                    rank,
-                                    local_rank: num("LOCAL_RANK"),
-                                    world_size: num("WORLD_SIZE"),
-                                    restart: num("TORCHELASTIC_RESTART_COUNT").unwrap_or(0),
-                                },
-                                env,
-                            ));
+                        if let Some(rank) = rank_from(c, &env) {
+                            out.push((rank, env));
                         }
                     }
                     _ => next.push(c),
