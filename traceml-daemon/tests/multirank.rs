@@ -130,17 +130,30 @@ fn steps_of(summary: &Path) -> u64 {
     json(summary)["steps"]["count"].as_u64().unwrap()
 }
 
-/// Runs the daemon on `pid` until the job ends; the job's summary.
-fn daemon_on(job: &mut Job, pid: u32, extra: &[&str]) -> serde_json::Value {
-    let out = job.dir.join("out");
-    let child = Command::new(daemon())
-        .arg("--pid")
+/// `traceml-daemon --pid <pid>` on `job`: the job's ready file, output in `<dir>/out`, no card.
+fn daemon_cmd(job: &Job, pid: u32) -> Command {
+    let mut cmd = Command::new(daemon());
+    cmd.arg("--pid")
         .arg(pid.to_string())
         .arg("--ready-file")
         .arg(job.dir.join("ready"))
         .arg("--output")
-        .arg(&out)
-        .args(["--color", "never", "--quiet"])
+        .arg(job.dir.join("out"))
+        .args(["--color", "never", "--quiet"]);
+    cmd
+}
+
+/// The daemon's log (`RUST_LOG=info`) says it attached to `pid`.
+fn log_says_attached(log: &Path, pid: u64) -> bool {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains(&format!("attached to {pid} in"))
+}
+
+/// Runs the daemon on `pid` until the job ends; the job's summary.
+fn daemon_on(job: &mut Job, pid: u32, extra: &[&str]) -> serde_json::Value {
+    let out = job.dir.join("out");
+    let child = daemon_cmd(job, pid)
         .args(extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -482,14 +495,8 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
         return;
     };
     let out = job.dir.join("out");
-    let mut child = Command::new(daemon())
-        .arg("--pid")
-        .arg(job.torchrun.id().to_string())
-        .arg("--ready-file")
-        .arg(job.dir.join("ready"))
-        .arg("--output")
-        .arg(&out)
-        .args(["--color", "never", "--quiet", "--hang-after", "5"])
+    let mut child = daemon_cmd(&job, job.torchrun.id())
+        .args(["--hang-after", "5"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -558,20 +565,12 @@ fn an_elastic_restart_is_followed_and_the_job_is_its_last_attempt() {
         return;
     };
     let (out, log) = (job.dir.join("out"), job.dir.join("daemon.log"));
-    let daemon = Command::new(daemon())
-        .arg("--pid")
-        .arg(job.torchrun.id().to_string())
-        .arg("--ready-file")
-        .arg(job.dir.join("ready"))
-        .arg("--output")
-        .arg(&out)
-        .args(["--color", "never", "--quiet"])
+    let daemon = daemon_cmd(&job, job.torchrun.id())
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut daemon = Proc(daemon);
     // The second attempt: both ranks ready again, released once the daemon attached to them.
     let again = |r: u32| job.dir.join(format!("rank{r}.restart1.pid"));
     wait_for("the restarted ranks", Duration::from_secs(180), || {
@@ -586,28 +585,13 @@ fn an_elastic_restart_is_followed_and_the_job_is_its_last_attempt() {
         job.ranks
     );
     job.ranks.extend(pids.iter().map(|&p| p as u32));
-    let attached = |pid: u64| {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains(&format!("attached to {pid} in"))
-    };
     wait_for(
         "the daemon to attach the restarted ranks",
         Duration::from_secs(60),
-        || pids.iter().all(|&p| attached(p)),
+        || pids.iter().all(|&p| log_says_attached(&log, p)),
     );
     std::fs::write(job.dir.join("ready.restart1"), "go\n").unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = daemon.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(300),
-            "daemon still running"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_with_timeout(daemon, Duration::from_secs(300)).status;
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(status.success(), "daemon: {status}\n{log_text}");
     let _ = job.torchrun.wait();
@@ -701,15 +685,10 @@ fn start_serve(label: &str, extra: &[&str]) -> (Proc, PathBuf, PathBuf) {
 /// Lets the job's ranks start their measured steps once serve has attached to every one (its
 /// log line), as a user's serve would have been long before.
 fn release_when_attached(job: &Job, log: &Path) {
-    let attached = |pid: u32| {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .contains(&format!("attached to {pid} in"))
-    };
     wait_for(
         "serve to attach every rank",
         Duration::from_secs(120),
-        || job.ranks.iter().all(|&p| attached(p)),
+        || job.ranks.iter().all(|&p| log_says_attached(log, p.into())),
     );
     std::fs::write(job.dir.join("ready"), "go\n").unwrap();
 }
