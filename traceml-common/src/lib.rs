@@ -83,7 +83,67 @@ pub enum EventKind {
     /// on its task and fire in the new program (same files, same task) until they are removed.
     /// Nothing after this event belongs to the run. args: none.
     Exec = 8,
+    /// A watched thread of the target (one the probes keep state for) ran again after being off
+    /// its CPU (the `sched_switch` tracepoint, filtered in the kernel to the target's threads).
+    /// `ts_ns` is when it was switched back in; args: [when it was switched out, [`OffCpuState`]
+    /// as `u64`, 0, 0, 0]. `tid`/`tgid` are the thread's, not the current task's.
+    OffCpu = 9,
+    /// The calling thread set autograd's grad mode (`c10::GradMode::set_enabled`: `torch.no_grad`,
+    /// `torch.enable_grad`, `torch.set_grad_enabled`, the optimizer's own guard).
+    /// args: [1 enabled / 0 disabled, 0, 0, 0, 0].
+    GradMode = 10,
 }
+
+/// Why a thread was off its CPU ([`EventKind::OffCpu`] `args[1]`), from the switch's `preempt`
+/// flag and the task's state as it left the CPU.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OffCpuState {
+    /// Preempted or yielded while runnable: it waited for a CPU.
+    Runnable = 0,
+    /// Interruptible sleep (`S`): a futex (lock, queue, condition), `sleep`, a pipe or socket,
+    /// `poll`/`epoll`.
+    Sleeping = 1,
+    /// Uninterruptible sleep (`D`): disk I/O, a page fault served from storage.
+    Uninterruptible = 2,
+}
+
+impl OffCpuState {
+    /// From the raw tracepoint's `preempt` flag and `task_struct::__state` of the task leaving.
+    pub const fn from_switch(preempt: bool, state: u32) -> Self {
+        // TASK_UNINTERRUPTIBLE 0x2 without TASK_NOLOAD 0x400 (TASK_IDLE is not I/O).
+        if preempt || state == 0 {
+            OffCpuState::Runnable
+        } else if state & 0x2 != 0 && state & 0x400 == 0 {
+            OffCpuState::Uninterruptible
+        } else {
+            OffCpuState::Sleeping
+        }
+    }
+}
+
+impl TryFrom<u32> for OffCpuState {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        Ok(match v {
+            0 => OffCpuState::Runnable,
+            1 => OffCpuState::Sleeping,
+            2 => OffCpuState::Uninterruptible,
+            other => return Err(other),
+        })
+    }
+}
+
+/// The kernel's note of a watched thread that left its CPU (the `OFFCPU` map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuSince {
+    pub ts_ns: u64,
+    /// [`OffCpuState`] as `u32`.
+    pub state: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<OffCpuSince>() == 16);
 
 impl TryFrom<u32> for EventKind {
     type Error = u32;
@@ -97,6 +157,8 @@ impl TryFrom<u32> for EventKind {
             6 => EventKind::RecordEnter,
             7 => EventKind::RecordExit,
             8 => EventKind::Exec,
+            9 => EventKind::OffCpu,
+            10 => EventKind::GradMode,
             other => return Err(other),
         })
     }
@@ -143,6 +205,8 @@ pub enum ProbeId {
     TorchCollectiveWait = 53,
     /// A c10d collective was issued (entry marker: counted per step).
     TorchCollective = 54,
+    /// `c10::GradMode::set_enabled(bool)`: a [`EventKind::GradMode`] event.
+    TorchGradMode = 55,
     // NCCL (libnccl): entry markers, `count` and `datatype` in args [2], [3] (send/recv: [1], [2]).
     NcclAllReduce = 60,
     NcclReduceScatter = 61,
@@ -154,6 +218,8 @@ pub enum ProbeId {
     // kernel
     /// The `sched_process_exec` tracepoint (an [`EventKind::Exec`]).
     ProcessExec = 70,
+    /// The `sched_switch` tracepoint (an [`EventKind::OffCpu`]).
+    SchedSwitch = 71,
 }
 
 impl TryFrom<u32> for ProbeId {
@@ -184,6 +250,7 @@ impl TryFrom<u32> for ProbeId {
             52 => TorchBackward,
             53 => TorchCollectiveWait,
             54 => TorchCollective,
+            55 => TorchGradMode,
             60 => NcclAllReduce,
             61 => NcclReduceScatter,
             62 => NcclAllGather,
@@ -192,6 +259,7 @@ impl TryFrom<u32> for ProbeId {
             65 => NcclSend,
             66 => NcclRecv,
             70 => ProcessExec,
+            71 => SchedSwitch,
             other => return Err(other),
         })
     }
@@ -323,6 +391,8 @@ mod user {
     unsafe impl aya::Pod for super::ThreadState {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Pending {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::OffCpuSince {}
 }
 
 #[cfg(test)]
@@ -344,5 +414,26 @@ mod tests {
         }
         assert_eq!(EventKind::try_from(0), Err(0));
         assert_eq!(ProbeId::try_from(52), Ok(ProbeId::TorchBackward));
+        for k in 0..4u32 {
+            if let Ok(s) = OffCpuState::try_from(k) {
+                assert_eq!(s as u32, k);
+            }
+        }
+    }
+
+    #[test]
+    fn off_cpu_state_from_the_switch() {
+        assert_eq!(OffCpuState::from_switch(true, 1), OffCpuState::Runnable);
+        assert_eq!(OffCpuState::from_switch(false, 0), OffCpuState::Runnable);
+        assert_eq!(OffCpuState::from_switch(false, 1), OffCpuState::Sleeping);
+        assert_eq!(
+            OffCpuState::from_switch(false, 2),
+            OffCpuState::Uninterruptible
+        );
+        // TASK_IDLE (uninterruptible, not counted as load): not I/O.
+        assert_eq!(
+            OffCpuState::from_switch(false, 0x402),
+            OffCpuState::Sleeping
+        );
     }
 }

@@ -273,13 +273,27 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
                 .iter()
                 .any(|i| matches!(i, StreamItem::Library(l) if l.role == "torch" && !l.probes.is_empty()))
                 .then_some(engine.markers),
+            feeders: engine
+                .feeders
+                .iter()
+                .map(|f| crate::summary::FeederStats {
+                    tid: f.tid,
+                    fetches: f.fetches,
+                    fetch_ms: ns_to_ms(f.fetch_ns),
+                })
+                .collect(),
         },
         evaluation: Evaluation::default(),
         // Medians and the per-step series over every kept step (a median is robust to the few
         // learning steps, and bimodal steps, a DataLoader's workers delivering in bursts, make
         // it jump between modes when some are left out); means and shares over the steady ones.
         step_ms: step_ms(steps, shape_totals),
-        phases: phase_stats(steps, shape_totals, !cuda_libraries.is_empty()),
+        phases: phase_stats(
+            steps,
+            shape_totals,
+            !cuda_libraries.is_empty(),
+            engine.thread_states,
+        ),
         cuda: cuda_stats(shape_totals, !cuda_libraries.is_empty()),
         system: system_stats(&samples, target),
         process: process_stats(&samples, num_cpus),
@@ -300,10 +314,44 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         count_mode_launches(&mut summary, items);
     }
     add_top_functions(&mut summary, engine, items);
+    blocked_compute(&mut summary);
     let (primary, findings) = crate::diagnosis::diagnose(&summary);
     summary.primary_diagnosis = primary;
     summary.findings = findings;
     summary
+}
+
+/// A compute phase whose own time is mostly spent blocked, with no device work in it to wait
+/// for: its time is not compute, whatever the markers say (input read inside the loop with no
+/// marker of the model's first call, a lock). Above this share of the phase.
+pub const BLOCKED_COMPUTE_SHARE: f64 = 0.5;
+
+/// The consistency check of the thread states against the phases (see
+/// [`BLOCKED_COMPUTE_SHARE`]): such a phase lowers the confidence to low, with the numbers.
+fn blocked_compute(summary: &mut Summary) {
+    for p in [Phase::Forward, Phase::Backward, Phase::Optimizer] {
+        let st = &summary.phases[p];
+        let (Some(mean), Some(blocked)) = (st.mean_ms, st.blocked_ms) else {
+            continue;
+        };
+        let device_work = st.launches_per_step.is_some_and(|l| l >= 1.0);
+        if device_work
+            || mean <= 0.0
+            || blocked / mean < BLOCKED_COMPUTE_SHARE
+            || st.share.unwrap_or(0.0) < 0.10
+        {
+            continue;
+        }
+        let q = &mut summary.data_quality;
+        q.confidence = q.confidence.min(crate::summary::Confidence::Low);
+        q.notes.push(format!(
+            "{} is {:.0}% blocked ({blocked:.1} ms of {mean:.1} ms per step) with no device \
+             work to wait for: its time is not compute (the loop may read its input there \
+             without a marker)",
+            p.name(),
+            blocked / mean * 100.0
+        ));
+    }
 }
 
 /// Names the functions inside each phase from the stack samples the engine placed.
@@ -589,7 +637,12 @@ fn step_ms(steps: &[Step], totals: &StepTotals) -> StepMs {
     }
 }
 
-fn phase_stats(steps: &[Step], totals: &StepTotals, cuda_measured: bool) -> Phases<PhaseStats> {
+fn phase_stats(
+    steps: &[Step],
+    totals: &StepTotals,
+    cuda_measured: bool,
+    thread_states: bool,
+) -> Phases<PhaseStats> {
     let total = totals.duration_ns;
     Phases::from_fn(|p| {
         let ms: Vec<f64> = steps
@@ -606,7 +659,25 @@ fn phase_stats(steps: &[Step], totals: &StepTotals, cuda_measured: bool) -> Phas
             } else {
                 None
             },
-
+            cpu_ms: thread_states
+                .then(|| {
+                    let off = totals.blocked_ns[p.index()] + totals.runnable_ns[p.index()];
+                    totals.per_step(phase_total.saturating_sub(off))
+                })
+                .flatten()
+                .map(|ns| ns / 1e6),
+            blocked_ms: thread_states
+                .then(|| totals.per_step(totals.blocked_ns[p.index()]))
+                .flatten()
+                .map(|ns| ns / 1e6),
+            io_ms: thread_states
+                .then(|| totals.per_step(totals.io_ns[p.index()]))
+                .flatten()
+                .map(|ns| ns / 1e6),
+            runnable_ms: thread_states
+                .then(|| totals.per_step(totals.runnable_ns[p.index()]))
+                .flatten()
+                .map(|ns| ns / 1e6),
             ..PhaseStats::default()
         }
     })
@@ -1194,6 +1265,7 @@ pub(crate) mod fixtures {
                 collective_bytes: 0,
                 micro_batches: 1,
                 learning: false,
+                ..Step::default()
             });
             t += dur;
         }

@@ -3,7 +3,9 @@
 //! between the kernel-facing shell and the pure core: a live run and a replayed recording produce
 //! the same `StreamItem`s.
 use serde::{Deserialize, Serialize};
-use traceml_common::{CodeClass, EventKind, FLAG_RAISED, NAME_BYTES, ProbeId, RawEvent};
+use traceml_common::{
+    CodeClass, EventKind, FLAG_RAISED, NAME_BYTES, OffCpuState, ProbeId, RawEvent,
+};
 
 /// One item of the event stream. Rare, large variants are boxed so a stream of millions of
 /// events stays compact in memory (an item is 56 bytes).
@@ -61,6 +63,10 @@ pub struct ProbeSet {
     /// training marker).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub watching: bool,
+    /// The frame-evaluator probe is armed as part of the steady set (cheap enough for this
+    /// loop), not to learn it: steps under it are steady steps.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub python_steady: bool,
 }
 
 /// Probe hits since attach, summed over CPUs (the kernel's `STATS` and `LAUNCHES` counters).
@@ -282,7 +288,12 @@ impl Api {
             P::NcclReduce => Api::NcclReduce,
             P::NcclSend => Api::NcclSend,
             P::NcclRecv => Api::NcclRecv,
-            P::PyEval | P::TorchRecordEnter | P::TorchRecordExit | P::ProcessExec => {
+            P::PyEval
+            | P::TorchRecordEnter
+            | P::TorchRecordExit
+            | P::ProcessExec
+            | P::SchedSwitch
+            | P::TorchGradMode => {
                 return None;
             }
         })
@@ -415,6 +426,49 @@ pub enum Kind {
     /// this instant comes from the new program (they stay registered on the task until the
     /// daemon removes them). The engine ends the process's trace here.
     Exec,
+    /// The thread was off its CPU from `since` to this event's `ts` (the scheduler's own
+    /// accounting: `sched_switch`), for the reason `state`.
+    OffCpu { since: u64, state: OffCpu },
+    /// The thread set autograd's grad mode (`torch.no_grad()` and the like).
+    GradMode { enabled: bool },
+}
+
+/// Why a thread was off its CPU (mirror of [`OffCpuState`] with serde names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum OffCpu {
+    /// Runnable, waiting for a CPU (preempted).
+    Runnable,
+    /// Interruptible sleep: a lock, queue or condition (futex), `sleep`, a pipe, `poll`.
+    Sleeping,
+    /// Uninterruptible sleep: disk I/O, a page fault served from storage.
+    Uninterruptible,
+}
+
+impl OffCpu {
+    pub fn from_raw(v: u64) -> OffCpu {
+        match u32::try_from(v)
+            .ok()
+            .and_then(|v| OffCpuState::try_from(v).ok())
+        {
+            Some(OffCpuState::Runnable) => OffCpu::Runnable,
+            Some(OffCpuState::Uninterruptible) => OffCpu::Uninterruptible,
+            _ => OffCpu::Sleeping,
+        }
+    }
+
+    pub fn raw(self) -> u64 {
+        (match self {
+            OffCpu::Runnable => OffCpuState::Runnable,
+            OffCpu::Sleeping => OffCpuState::Sleeping,
+            OffCpu::Uninterruptible => OffCpuState::Uninterruptible,
+        }) as u64
+    }
+
+    /// Blocked (waiting for something other than a CPU).
+    pub fn blocked(self) -> bool {
+        self != OffCpu::Runnable
+    }
 }
 
 /// Why a raw event could not be decoded.
@@ -484,6 +538,14 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
         EventKind::RecordExit => Kind::RecordExit,
         EventKind::Exec if probe == ProbeId::ProcessExec => Kind::Exec,
         EventKind::Exec => return Err(mismatch()),
+        EventKind::OffCpu if probe == ProbeId::SchedSwitch => Kind::OffCpu {
+            since: raw.args[0].min(raw.ts_ns),
+            state: OffCpu::from_raw(raw.args[1]),
+        },
+        EventKind::GradMode if probe == ProbeId::TorchGradMode => Kind::GradMode {
+            enabled: raw.args[0] != 0,
+        },
+        EventKind::OffCpu | EventKind::GradMode => return Err(mismatch()),
     };
     Ok(Event {
         ts: raw.ts_ns,

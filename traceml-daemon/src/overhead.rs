@@ -163,6 +163,10 @@ pub struct Decision {
     pub launch_events: bool,
     /// Place the probes held back while watching (CUDA runtime and driver, NCCL).
     pub attach_all: bool,
+    /// The frame-evaluator probe stays armed as part of the steady set: its cost over the
+    /// learned steps is within half the budget (it then marks each step's first model call:
+    /// input preparation outside any DataLoader is measured, not guessed).
+    pub python_steady: bool,
     pub reason: String,
 }
 
@@ -201,6 +205,11 @@ pub struct Governor {
     /// A training marker was seen (the first ones after a learning that saw none are learned
     /// at once).
     seen_markers: bool,
+    /// Frame-evaluator hits and step wall time over the learning ticks that delimited steps.
+    learn_py: u64,
+    learn_wall_ns: u64,
+    /// The probe is kept armed in the steady set.
+    python_kept: bool,
 }
 
 impl Governor {
@@ -225,6 +234,9 @@ impl Governor {
             last_marker_ns: now,
             relearn_after_ns: cfg.relearn_after_ns,
             seen_markers: false,
+            learn_py: 0,
+            learn_wall_ns: 0,
+            python_kept: false,
         }
     }
 
@@ -269,22 +281,42 @@ impl Governor {
             python: self.python,
             launch_events: self.launch_events,
             attach_all: false,
+            python_steady: self.python_kept,
             reason: String::new(),
         };
+        let was_kept = self.python_kept;
+        let interval = t.now.saturating_sub(prev.map(|p| p.ts).unwrap_or(t.now));
         let mut reasons = Vec::new();
         match self.stage {
             Stage::Watching if t.markers.any() => self.end_watching(&t, &mut want, &mut reasons),
             Stage::Watching => {}
-            Stage::Learning => self.tick_learning(&t, steps, &mut want, &mut reasons),
+            Stage::Learning => {
+                if steps > 0 {
+                    self.learn_py += d.py_enter;
+                    self.learn_wall_ns += interval;
+                }
+                self.tick_learning(&t, steps, &mut want, &mut reasons)
+            }
             Stage::Steady => {
-                self.tick_steady(&t, first_markers, paused_ns, &mut want, &mut reasons)
+                self.tick_steady(&t, first_markers, paused_ns, &mut want, &mut reasons);
+                if self.python_kept && steps > 0 && !want.python_steady_over(&d, interval, self) {
+                    want.python = false;
+                    want.python_steady = false;
+                    self.python_kept = false;
+                    reasons.push(format!(
+                        "the frame evaluator's {} calls in {:.1} s would cost {:.2} % of the \
+                         steps: probe detached",
+                        d.py_enter,
+                        interval as f64 / 1e9,
+                        python_cost(d.py_enter) / interval.max(1) as f64 * 100.0
+                    ));
+                }
             }
         }
         // The budget, whatever the stage but learning (bounded in time): the added time
         // against the wall time of the steps when the markers delimit steps, else against the
         // target's own CPU time.
         if self.launch_events && self.cfg.policy != Policy::Full && !self.learning() {
-            let interval = t.now.saturating_sub(prev.map(|p| p.ts).unwrap_or(t.now));
             let base = if steps > 0 {
                 interval
             } else {
@@ -299,6 +331,7 @@ impl Governor {
         }
         if want.python == self.python
             && want.launch_events == self.launch_events
+            && want.python_steady == was_kept
             && !want.attach_all
         {
             return None;
@@ -350,12 +383,32 @@ impl Governor {
             && self.learn_backward > 0;
         let waited = elapsed >= self.cfg.learn_max_ns;
         if learned && (t.stacks_ready || waited) {
-            want.python = false;
-            reasons.push(format!(
-                "torch's markers delimit the steps ({} steps, {} backward passes while \
-                 learning): frame-evaluator probe detached",
-                self.learn_steps, self.learn_backward
-            ));
+            let cost = python_cost(self.learn_py) / self.learn_wall_ns.max(1) as f64;
+            if self.cfg.policy == Policy::Auto
+                && self.learn_wall_ns > 0
+                && cost <= self.cfg.budget / 2.0
+            {
+                // Cheap here (few calls from C into Python per step): kept, so each step's
+                // first model call is seen.
+                want.python_steady = true;
+                self.python_kept = true;
+                reasons.push(format!(
+                    "torch's markers delimit the steps ({} steps, {} backward passes while \
+                     learning); the frame evaluator's {} calls cost {:.3} % of the steps, \
+                     within half the budget: probe kept armed",
+                    self.learn_steps,
+                    self.learn_backward,
+                    self.learn_py,
+                    cost * 100.0
+                ));
+            } else {
+                want.python = false;
+                reasons.push(format!(
+                    "torch's markers delimit the steps ({} steps, {} backward passes while \
+                     learning): frame-evaluator probe detached",
+                    self.learn_steps, self.learn_backward
+                ));
+            }
             self.relearn_after_ns = self.cfg.relearn_after_ns;
             self.stage = Stage::Steady;
         } else if waited {
@@ -442,10 +495,26 @@ impl Governor {
         if self.stage != Stage::Watching {
             self.learn_min_from = now;
         }
+        self.learn_py = 0;
+        self.learn_wall_ns = 0;
+        self.python_kept = false;
         self.stage = Stage::Learning;
         self.learning_since = now;
         self.learn_steps = 0;
         self.learn_backward = 0;
+    }
+}
+
+/// What `py_enter` frame-evaluator entries cost the target (each with its return probe), ns.
+fn python_cost(py_enter: u64) -> f64 {
+    py_enter as f64 * (COSTS.py_enter_ns + COSTS.exit_ns)
+}
+
+impl Decision {
+    /// Whether the frame evaluator's hits `d` over `interval` ns of steps stay within the
+    /// governor's budget (kept armed: re-checked each tick, detached past the whole budget).
+    fn python_steady_over(&self, d: &ProbeStats, interval: u64, g: &Governor) -> bool {
+        interval == 0 || python_cost(d.py_enter) <= interval as f64 * g.cfg.budget
     }
 }
 

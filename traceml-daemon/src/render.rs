@@ -421,12 +421,45 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
             ms(st.mean_ms)
         ));
     }
+    if let Some(text) = thread_text(s) {
+        labeled(out, "THREAD", &text);
+    }
     if let Some(text) = evaluation_text(s) {
         labeled(out, "EVAL", &text);
     }
     if let Some(text) = cuda_text(s) {
         labeled(out, "CUDA", &text);
     }
+}
+
+/// The training thread's own time in each shown phase: on its CPU, blocked (of which in
+/// uninterruptible I/O), waiting for a CPU. `None` without the thread-state source.
+fn thread_text(s: &Summary) -> Option<String> {
+    let parts: Vec<String> = s
+        .shown_phases()
+        .into_iter()
+        .filter_map(|phase| {
+            let st = &s.phases[phase];
+            let (mean, cpu, blocked) = (st.mean_ms?, st.cpu_ms?, st.blocked_ms?);
+            if mean < 0.05 {
+                return None;
+            }
+            let share = |v: f64| (v / mean * 100.0).round();
+            let io = st.io_ms.filter(|&v| share(v) >= 1.0);
+            let runq = st.runnable_ms.filter(|&v| share(v) >= 1.0);
+            Some(format!(
+                "{} {:.0}% on CPU, {:.0}% blocked{}{}",
+                phase.name(),
+                share(cpu),
+                share(blocked),
+                io.map(|v| format!(" ({:.0}% in I/O)", share(v)))
+                    .unwrap_or_default(),
+                runq.map(|v| format!(", {:.0}% waiting for a CPU", share(v)))
+                    .unwrap_or_default()
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| format!("training thread: {}", parts.join(" · ")))
 }
 
 /// The evaluation line: segments, batches, wall time and its share, and the phases that fill

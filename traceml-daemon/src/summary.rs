@@ -344,6 +344,19 @@ pub struct StepsInfo {
     /// summaries from before they were counted.
     #[serde(default)]
     pub markers: Option<TrainingMarkers>,
+    /// Threads of the training process that fetch batches but do not train (a background
+    /// thread filling a queue the loop reads): the input side, like workers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub feeders: Vec<FeederStats>,
+}
+
+/// A thread that fetches batches for the training thread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FeederStats {
+    pub tid: u32,
+    /// Batches it fetched (DataLoader calls) over the run, and the time inside them.
+    pub fetches: u64,
+    pub fetch_ms: f64,
 }
 
 /// Signs of training in the stream, counted over the whole run.
@@ -475,6 +488,18 @@ pub struct PhaseStats {
     /// Stack samples that fell in this phase (absent: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stack_samples: u64,
+    /// The training thread's own time in this phase, mean per step, from the scheduler's
+    /// switches (`null`: the thread-state source was not placed): on its CPU, blocked (asleep:
+    /// a lock or queue, `sleep`, a read, a device sync), of which in uninterruptible I/O, and
+    /// runnable but waiting for a CPU. `cpu_ms + blocked_ms + runnable_ms = mean_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runnable_ms: Option<f64>,
 }
 
 /// Host-side CUDA activity per step (`null` when no CUDA library was probed or no steps).

@@ -12,8 +12,9 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
-        bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+        generated::bpf_get_attach_cookie,
     },
     macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -22,7 +23,8 @@ use aya_ebpf::{
 use aya_log_ebpf::{debug, warn};
 use traceml_common::{
     CONFIG_LEN, CodeClass, Config, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS,
-    LossReason, NAME_BYTES, Pending, ProbeId, RawEvent, STATS_LEN, Stat, TRACK_STACK, ThreadState,
+    LossReason, NAME_BYTES, OffCpuSince, OffCpuState, Pending, ProbeId, RawEvent, STATS_LEN, Stat,
+    TRACK_STACK, ThreadState,
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -49,6 +51,13 @@ static CODE_NAME_OFFSET: u64 = 0;
 /// The target's process id (tgid), for the programs that run for every process.
 #[unsafe(no_mangle)]
 static TARGET_TGID: u32 = 0;
+
+/// Offsets in `struct task_struct` of `pid` (the thread id) and `__state` (`state` before
+/// Linux 5.14), from the kernel's BTF; 0: not known, and the scheduler program does nothing.
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static TASK_STATE_OFFSET: u64 = 0;
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
@@ -79,6 +88,10 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS_LEN, 0);
 /// [`Config`]: 1 in `LaunchEvents` makes every kernel launch an event, 0 only counts it.
 #[map]
 static CONFIG: Array<u32> = Array::with_max_entries(CONFIG_LEN, 0);
+/// Thread id -> when a watched thread of the target left its CPU, and why (see
+/// [`sched_switch`]). LRU: a thread that exits while off its CPU never comes back to remove it.
+#[map]
+static OFFCPU: LruHashMap<u32, OffCpuSince> = LruHashMap::with_max_entries(1 << 12, 0);
 /// Per-CPU launch counters (both modes), indexed by probe id.
 #[map]
 static LAUNCHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(64, 0);
@@ -553,6 +566,82 @@ pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
         BPF_RB_FORCE_WAKEUP,
         |_| {},
     );
+    0
+}
+
+/// `c10::GradMode::set_enabled(bool)`: the calling thread switched autograd's grad mode
+/// (`torch.no_grad()`, `set_grad_enabled`, the optimizer's own guard around its update). A
+/// [`EventKind::GradMode`] event with the new mode: how the engine tells evaluation (grad mode
+/// off outside an optimizer step) from training.
+#[uprobe]
+pub fn grad_mode(ctx: ProbeContext) -> u32 {
+    bump(&STATS, Stat::CallEnter as u32);
+    let enabled = ctx.arg::<u64>(0).unwrap_or(1) & 1 != 0;
+    emit(EventKind::GradMode, cookie(&ctx), |e| {
+        e.args[0] = u64::from(enabled)
+    });
+    0
+}
+
+/// Reads a `T` at `base + offset` of kernel memory.
+#[inline(always)]
+fn kernel_read<T>(base: u64, offset: u64) -> Option<T> {
+    // SAFETY: the helper checks the address; a failed read returns an error.
+    unsafe { bpf_probe_read_kernel((base + offset) as *const T).ok() }
+}
+
+/// `sched_switch` (every context switch on the host): the on-CPU / off-CPU accounting of the
+/// target's watched threads, those the probes keep state for (`THREADS`: the threads that run
+/// the training loop's probed calls; not torch's intra-op pool). A watched thread leaving its
+/// CPU notes when and why in `OFFCPU`; when it is switched back in, one [`EventKind::OffCpu`]
+/// event carries the whole interval. Other processes cost a compare, one kernel read and one
+/// hash lookup (of the thread coming in).
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
+    let target = global(&TARGET_TGID);
+    let pid_off = global(&TASK_PID_OFFSET);
+    if target == 0 || pid_off == 0 {
+        return 0;
+    }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, ...).
+    let preempt: u64 = ctx.arg(0);
+    let prev: u64 = ctx.arg(1);
+    let next: u64 = ctx.arg(2);
+    let (tgid, tid) = current();
+    if tgid == target && THREADS.get_ptr(tid).is_some() {
+        let state_off = global(&TASK_STATE_OFFSET);
+        let state: u32 = if state_off == 0 {
+            1
+        } else {
+            kernel_read(prev, state_off).unwrap_or(1)
+        };
+        let since = OffCpuSince {
+            ts_ns: now,
+            state: OffCpuState::from_switch(preempt & 0xff != 0, state) as u32,
+            _pad: 0,
+        };
+        let _ = OFFCPU.insert(tid, &since, 0);
+    }
+    let Some(next_tid) = kernel_read::<u32>(next, pid_off) else {
+        return 0;
+    };
+    if next_tid == 0 {
+        return 0;
+    }
+    // SAFETY: a copy is taken before the entry is removed.
+    let Some(since) = (unsafe { OFFCPU.get(next_tid) }).copied() else {
+        return 0;
+    };
+    let _ = OFFCPU.remove(next_tid);
+    emit(EventKind::OffCpu, ProbeId::SchedSwitch as u32, |e| {
+        e.ts_ns = now;
+        e.tgid = target;
+        e.tid = next_tid;
+        e.args[0] = since.ts_ns;
+        e.args[1] = u64::from(since.state);
+    });
     0
 }
 

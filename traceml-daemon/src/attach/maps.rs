@@ -46,7 +46,7 @@ pub enum Role {
     CudaRuntime,
     /// `libcuda.so*`: the CUDA driver.
     CudaDriver,
-    /// `libtorch*.so*`: torch's native libraries.
+    /// `libtorch*.so*` and `libc10.so`: torch's native libraries.
     Torch,
     /// `libnccl.so*`: NCCL's collectives.
     Nccl,
@@ -71,7 +71,9 @@ pub fn role_of(path: &Path) -> Option<Role> {
         Some(Role::CudaRuntime)
     } else if name.starts_with("libcuda.so") {
         Some(Role::CudaDriver)
-    } else if name.starts_with("libtorch") && name.contains(".so") {
+    } else if (name.starts_with("libtorch") && name.contains(".so"))
+        || name.starts_with("libc10.so")
+    {
         Some(Role::Torch)
     } else if name.starts_with("libnccl.so") {
         Some(Role::Nccl)

@@ -2,6 +2,7 @@
 //! those files ([`elf`]), learn its CPython ([`python`]), load the eBPF programs and place uprobes
 //! scoped to its pid ([`Attacher`]). The only module besides `live` and `sampler` that touches
 //! the kernel.
+pub mod btf;
 pub mod elf;
 pub mod maps;
 pub mod memory;
@@ -251,6 +252,16 @@ pub const TORCH: &[ProbeSpec] = &[
         true,
         Contains("THPEngine_run_backward"),
     ),
+    // `c10::GradMode::set_enabled(bool)` (libc10, exported; starts `push %rbx`): what
+    // `torch.no_grad()` and the optimizer's own guard switch. Evaluation is grad mode off.
+    ProbeSpec {
+        probe: P::TorchGradMode,
+        entry: "grad_mode",
+        exit: false,
+        matcher: Exact("_ZN3c108GradMode11set_enabledEb"),
+        required: false,
+        movable: false,
+    },
     // Collectives (docs/torch-hooks.md, "Collectives"): entry markers only, the wait's end is
     // the entry of what follows it (both waits can rethrow: no return probes).
     // `dist.all_reduce` / `work.wait()`: blocked in `c10d::Work::wait`, which then calls
@@ -458,7 +469,20 @@ pub struct FileReport {
 
 impl Attacher {
     pub fn load(pid: NonZeroU32, cfg: LoadConfig) -> Result<Self, AttachError> {
+        // The scheduler program's offsets; without them it does nothing (no thread states).
+        let (pid_off, state_off) = match btf::kernel()
+            .map_err(|e| e.to_string())
+            .and_then(|b| btf::task_offsets(&b).map_err(|e| e.to_string()))
+        {
+            Ok((pid, state)) => (pid, state.unwrap_or(0)),
+            Err(e) => {
+                tracing::warn!("threads' on-CPU and blocked time will not be measured: {e}");
+                (0, 0)
+            }
+        };
         let ebpf = EbpfLoader::new()
+            .override_global("TASK_PID_OFFSET", &pid_off, true)
+            .override_global("TASK_STATE_OFFSET", &state_off, true)
             .override_global("FRAME_CODE_OFFSET", &cfg.frame_code_offset, true)
             .override_global("CODE_PTR_MASK", &cfg.code_ptr_mask, true)
             .override_global("CODE_NAME_OFFSET", &cfg.code_name_offset, true)
@@ -484,6 +508,11 @@ impl Attacher {
             // less exactly: what the new program does before that is seen counts.
             tracing::warn!("the target's exec will not be marked in the event stream: {e}");
         }
+        if pid_off != 0
+            && let Err(e) = attacher.watch_sched()
+        {
+            tracing::warn!("threads' on-CPU and blocked time will not be measured: {e}");
+        }
         Ok(attacher)
     }
 
@@ -500,6 +529,23 @@ impl Attacher {
         prog.load()
             .map_err(|source| AttachError::Program { name: NAME, source })?;
         prog.attach("sched_process_exec")
+            .map_err(|source| AttachError::Program { name: NAME, source })?;
+        Ok(())
+    }
+
+    /// Places the `sched_switch` program (a raw tracepoint), which reports each interval a
+    /// watched thread of the target spent off its CPU (`traceml_common::EventKind::OffCpu`).
+    fn watch_sched(&mut self) -> Result<(), AttachError> {
+        const NAME: &str = "sched_switch";
+        let prog: &mut aya::programs::RawTracePoint = self
+            .ebpf
+            .program_mut(NAME)
+            .ok_or(AttachError::NoProgram(NAME))?
+            .try_into()
+            .map_err(|source| AttachError::Program { name: NAME, source })?;
+        prog.load()
+            .map_err(|source| AttachError::Program { name: NAME, source })?;
+        prog.attach("sched_switch")
             .map_err(|source| AttachError::Program { name: NAME, source })?;
         Ok(())
     }

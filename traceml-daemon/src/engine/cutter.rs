@@ -24,8 +24,32 @@
 //! still trains), and then allows one extra fetch in the first window of each epoch (and in the
 //! run's first window when the extra is exactly one). A StopIteration followed by another fetch
 //! ends an epoch (or an evaluation loop) and is no batch.
+//!
+//! # Which fetches are evaluation
+//! A fetch is an evaluation batch when autograd's grad mode is off at it, outside an optimizer
+//! step (`torch.no_grad()`: `ThreadTrace::grad_off`), or when it belongs to a group of fetches
+//! no backward consumed. Fetches come in groups: fetches back to back (less than
+//! [`GROUP_GAP_NS`], and than a tenth of the longer fetch, between one's return and the next
+//! one's entry, no backward between) are one group: loaders zipped (`zip(labelled, unlabelled)`: every loader's fetch is the step's input)
+//! or a window fetched ahead (transformers). A window's groups are counted against its
+//! backwards as fetches were before: `g` groups and `b` backwards leave `g - min(g, b)` groups
+//! unconsumed, the leading ones evaluation (an evaluation loop under `model.eval()` alone
+//! separates its fetches by forwards). A grad-off span with no fetch in the window
+//! (evaluation over tensors already loaded) is an evaluation segment too. With
+//! `OptimizerStep` boundaries (no DataLoader on the training thread), the grad-off spans inside
+//! a step are an evaluation segment and the step starts after the last one.
 use super::thread::{InputCall, ThreadTrace};
 use super::timeline::{Cut, push_step};
+
+/// Fetches closer than this (one's return to the next one's entry), and than a tenth of the
+/// longer of the two, are one group: loaders zipped, or a window fetched ahead. An evaluation's
+/// forward between two fetches is longer.
+pub(crate) const GROUP_GAP_NS: u64 = 200_000;
+
+/// Whether grad mode was off at `ts` outside an optimizer step (evaluation).
+fn grad_off_at(t: &ThreadTrace, ts: u64) -> bool {
+    t.grad_off.iter().any(|&(a, b)| a <= ts && ts < b) || t.grad_off_open.is_some_and(|a| a <= ts)
+}
 
 /// Where the step cutter of the training thread stands between harvests.
 #[derive(Clone, Debug, Default)]
@@ -78,7 +102,15 @@ pub(crate) fn cut_dataloader(c: &mut Cutter, calls: &[InputCall], first_ts: u64,
 }
 
 /// Exit boundaries: step = [exit i, exit i+1); events before the first exit are a partial step.
-pub(crate) fn cut_exits(c: &mut Cutter, exits: &[u64], first_ts: u64, cut: &mut Cut) {
+/// Grad-off spans inside a step (`grad_off`, evaluation) are an evaluation segment from the
+/// first one's start to the last one's end, and the step starts there.
+pub(crate) fn cut_exits(
+    c: &mut Cutter,
+    exits: &[u64],
+    first_ts: u64,
+    grad_off: &[(u64, u64)],
+    cut: &mut Cut,
+) {
     for &x in exits {
         if !c.started {
             c.started = true;
@@ -87,7 +119,14 @@ pub(crate) fn cut_exits(c: &mut Cutter, exits: &[u64], first_ts: u64, cut: &mut 
             }
         }
         if let Some(s) = c.open.replace(x) {
-            push_step(cut, s, x, None);
+            let inside = grad_off.iter().filter(|&&(a, b)| a >= s && b <= x);
+            let (from, to) = inside.fold((u64::MAX, 0), |(f, t), &(a, b)| (f.min(a), t.max(b)));
+            if to > from {
+                cut.evals.push((from, to, 0));
+                push_step(cut, to, x, None);
+            } else {
+                push_step(cut, s, x, None);
+            }
         }
     }
 }
@@ -126,25 +165,50 @@ pub(crate) fn cut_windows(c: &mut Cutter, t: &ThreadTrace, w: u64, at_end: bool,
 /// Closes the window at an optimizer exit (or the trace's end): see the module doc.
 fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
     let marks = std::mem::take(&mut c.window);
-    // Fetches that are batches, and the first StopIteration that ended an epoch.
+    // Fetches that are batches (with their group, see the module doc), and the first
+    // StopIteration that ended an epoch.
     let mut fetches: Vec<u64> = Vec::new();
+    let mut group_of: Vec<u32> = Vec::new();
+    let mut groups = 0u32;
+    // The previous fetch of the group in progress: (its return, its duration).
+    let mut last_end: Option<(u64, u64)> = None;
     let mut epoch_end: Option<u64> = None;
     let mut raised = false;
     let mut b = 0u32;
+    let mut group = |f: &InputCall, last_end: &mut Option<(u64, u64)>| {
+        let dur = f.end.unwrap_or(f.ts) - f.ts;
+        let joined = last_end.is_some_and(|(e, prev)| {
+            let gap = f.ts.saturating_sub(e);
+            gap <= GROUP_GAP_NS && gap.saturating_mul(10) <= prev.max(dur)
+        });
+        if !joined {
+            groups += 1;
+        }
+        *last_end = Some((f.end.unwrap_or(f.ts), dur));
+        groups - 1
+    };
     for (i, m) in marks.iter().enumerate() {
         match *m {
-            Mark::Fetch(f) if !f.raised => fetches.push(f.ts),
+            Mark::Fetch(f) if !f.raised => {
+                group_of.push(group(&f, &mut last_end));
+                fetches.push(f.ts);
+            }
             Mark::Fetch(f) => {
                 raised = true;
                 if matches!(marks.get(i + 1), Some(Mark::Backward(_))) {
                     // The prefetch past the last batch while the last batch trains.
                     c.prefetch = true;
+                    group_of.push(group(&f, &mut last_end));
                     fetches.push(f.ts);
                 } else {
                     epoch_end.get_or_insert(f.ts);
+                    last_end = None;
                 }
             }
-            Mark::Backward(_) => b += 1,
+            Mark::Backward(_) => {
+                b += 1;
+                last_end = None;
+            }
         }
     }
     let n = u32::try_from(fetches.len()).unwrap_or(u32::MAX);
@@ -170,8 +234,10 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
         }
         return;
     }
+    // Counted in fetches (a prefetching iterator's extra fetch allowed for), and in groups
+    // (loaders zipped are one group): a fetch is evaluation by count only when both say so.
     let unconsumed = n - b.min(n);
-    let excess = if b == 0 {
+    let excess_fetches = if b == 0 {
         // No backward: a training window whose backward we cannot see (one step of `n`
         // micro-batches), unless the trace ends in a run of fetches longer than any training
         // window (a final evaluation).
@@ -190,8 +256,31 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
             u32::from((c.fresh && c.prefetch) || (first && unconsumed == 1 && epoch_end.is_none()));
         unconsumed.saturating_sub(allowance)
     };
+    let unconsumed_groups = if b == 0 {
+        groups
+    } else {
+        groups - b.min(groups)
+    };
+    let in_groups = group_of.iter().filter(|&&g| g < unconsumed_groups).count() as u32;
+    let by_count = excess_fetches.min(in_groups);
+    // The leading fetches that are evaluation: by count, or under grad mode off.
+    let excess = fetches
+        .iter()
+        .enumerate()
+        .take_while(|&(i, &ts)| (i as u32) < by_count || grad_off_at(t, ts))
+        .count() as u32;
     let train_start = fetches.get(excess as usize).copied();
-    let eval_start = (excess > 0).then(|| fetches[0]);
+    // Evaluation with no fetch of its own (tensors already loaded) is grad mode off.
+    let grad_eval = t
+        .grad_off
+        .iter()
+        .map(|&(a, _)| a)
+        .chain(t.grad_off_open)
+        .find(|&a| a >= c.last_exit && train_start.is_none_or(|s| a < s));
+    let eval_start = [(excess > 0).then(|| fetches[0]), grad_eval]
+        .into_iter()
+        .flatten()
+        .min();
     let boundary = [
         eval_start,
         epoch_end.filter(|&e| train_start.is_none_or(|s| e < s)),

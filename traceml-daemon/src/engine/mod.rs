@@ -146,6 +146,16 @@ pub struct Step {
     /// gradient accumulation. 0 where none was seen (no backward probe, an inference loop).
     #[serde(default)]
     pub micro_batches: u32,
+    /// Off-CPU time of the training thread per phase (indexed by [`Phase::index`]), from the
+    /// scheduler's switches: blocked (asleep: a lock, queue, sleep, read, device sync), of which
+    /// in uninterruptible I/O (`io_ns`), and runnable but waiting for a CPU. On-CPU time is the
+    /// phase's time less both. All 0 where the thread-state source was not placed.
+    #[serde(default)]
+    pub blocked_ns: [u64; N_PHASES],
+    #[serde(default)]
+    pub io_ns: [u64; N_PHASES],
+    #[serde(default)]
+    pub runnable_ns: [u64; N_PHASES],
     /// Taken while the frame-evaluator probe was armed (the governor's learning period, whose
     /// probe cost inflates the step) or before the CUDA probes were placed (watching for
     /// training): kept out of the shares when steady steps exist.
@@ -204,6 +214,22 @@ pub struct EngineOutput {
     /// Signs of training over the whole trace, steps or not.
     #[serde(default)]
     pub markers: TrainingMarkers,
+    /// Threads of the training thread's process that fetch batches but do not train (a
+    /// background thread filling a queue the loop reads): the input side, like workers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub feeders: Vec<Feeder>,
+    /// Off-CPU intervals of the training thread were reported (the scheduler program runs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub thread_states: bool,
+}
+
+/// A thread that fetches batches for the training thread (see [`EngineOutput::feeders`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Feeder {
+    pub tid: u32,
+    /// Batches it fetched (DataLoader calls) and the time inside them.
+    pub fetches: u64,
+    pub fetch_ns: u64,
 }
 
 /// Signs of training in a trace, counted whether or not they make steps.
@@ -284,6 +310,13 @@ pub struct StepTotals {
     /// Micro-batches summed over the steps.
     #[serde(default)]
     pub micro_batches: u64,
+    /// Off-CPU time per phase (see [`Step::blocked_ns`]).
+    #[serde(default)]
+    pub blocked_ns: [u64; N_PHASES],
+    #[serde(default)]
+    pub io_ns: [u64; N_PHASES],
+    #[serde(default)]
+    pub runnable_ns: [u64; N_PHASES],
     /// Steps per duration bucket: `step_buckets[i]` counts the steps longer than
     /// `STEP_BUCKETS_NS[i - 1]` and at most `STEP_BUCKETS_NS[i]`; the last one, the longer steps
     /// (the exact histogram behind `traceml_step_duration_seconds`).
@@ -334,6 +367,9 @@ impl StepTotals {
         for i in 0..N_PHASES {
             self.phase_ns[i] += s.phase_ns[i];
             self.launches[i] += u64::from(s.launches[i]);
+            self.blocked_ns[i] += s.blocked_ns[i];
+            self.io_ns[i] += s.io_ns[i];
+            self.runnable_ns[i] += s.runnable_ns[i];
         }
         self.h2d_bytes += s.h2d_bytes;
         self.d2h_bytes += s.d2h_bytes;
@@ -359,7 +395,7 @@ pub const REORDER_NS: u64 = 200_000_000;
 /// A loop with DataLoader calls and backward passes but no optimizer step yet is not cut into
 /// steps until this many backwards (a gradient-accumulation window of that length); past it,
 /// its steps are DataLoader steps (a hand-written update without `torch.optim`).
-pub const ACCUMULATION_WAIT: u64 = 64;
+pub const ACCUMULATION_WAIT: u64 = 1024;
 /// Steps are harvested into the bounded output about this often (stream time).
 pub const HARVEST_NS: u64 = 2_000_000_000;
 
@@ -438,8 +474,9 @@ pub struct Engine {
     max_ts: u64,
     released_ts: u64,
     reordered: u64,
-    /// Probe-set switches `(ts, frame evaluator armed, watching)`, applied in timestamp order.
-    python_marks: std::collections::BinaryHeap<std::cmp::Reverse<(u64, bool, bool)>>,
+    /// Probe-set switches `(ts, frame evaluator armed, watching, frame evaluator steady)`,
+    /// applied in timestamp order.
+    python_marks: std::collections::BinaryHeap<std::cmp::Reverse<(u64, bool, bool, bool)>>,
     /// Python events are folded (false from a detach to a re-arm: frames entered while the
     /// kernel was still detaching would never report an exit).
     python_on: bool,
@@ -469,6 +506,8 @@ pub struct Engine {
     /// The trace ended: the last harvest also closes the window in progress.
     ending: bool,
     markers: TrainingMarkers,
+    feeders: std::collections::BTreeMap<u32, Feeder>,
+    thread_states: bool,
 }
 
 impl Default for Engine {
@@ -507,6 +546,8 @@ impl Engine {
             armed: Vec::new(),
             ending: false,
             markers: TrainingMarkers::default(),
+            feeders: Default::default(),
+            thread_states: false,
         }
     }
 
@@ -550,8 +591,12 @@ impl Engine {
                 self.codes.insert(c.ptr, c.class);
             }
             StreamItem::ProbeSet(p) => {
-                self.python_marks
-                    .push(std::cmp::Reverse((p.ts, p.python, p.watching)));
+                self.python_marks.push(std::cmp::Reverse((
+                    p.ts,
+                    p.python,
+                    p.watching,
+                    p.python_steady,
+                )));
             }
             StreamItem::Stack(s) => self.stacks.push((**s).clone()),
             StreamItem::Event(e) => {
@@ -624,14 +669,14 @@ impl Engine {
 
     /// Applies the probe switches up to `ts`: a detach closes every open Python frame there.
     fn apply_python_marks(&mut self, ts: u64) {
-        while let Some(&std::cmp::Reverse((at, on, watching))) = self.python_marks.peek() {
+        while let Some(&std::cmp::Reverse((at, on, watching, steady))) = self.python_marks.peek() {
             if at > ts {
                 break;
             }
             if !on && self.python_on {
                 self.folds.values_mut().for_each(|f| f.close_python(at));
             }
-            let learning = on || watching;
+            let learning = (on && !steady) || watching;
             match self.armed.last_mut() {
                 Some((_, end @ None)) if !learning => *end = Some(at),
                 Some((_, None)) => {}
@@ -657,6 +702,9 @@ impl Engine {
             })
             .max_by_key(|(tid, t)| {
                 (
+                    // The thread that trains (backward passes, optimizer steps); a thread that
+                    // only fetches feeds it.
+                    t.n_backwards + t.n_optimizer_exits > 0,
                     t.n_input_calls,
                     t.n_optimizer_exits,
                     t.sync_api_counts.values().sum::<u64>(),
@@ -715,7 +763,7 @@ impl Engine {
                     .copied()
                     .filter(|&x| x < w)
                     .collect();
-                cut_exits(&mut self.cutter, &exits, t.first_ts, &mut cut);
+                cut_exits(&mut self.cutter, &exits, t.first_ts, &t.grad_off, &mut cut);
                 0
             }
             _ => {
@@ -730,7 +778,7 @@ impl Engine {
                     .filter(|&&(api, x)| Some(api) == best && x < w)
                     .map(|&(_, x)| x)
                     .collect();
-                cut_exits(&mut self.cutter, &exits, t.first_ts, &mut cut);
+                cut_exits(&mut self.cutter, &exits, t.first_ts, &[], &mut cut);
                 0
             }
         };
@@ -738,7 +786,7 @@ impl Engine {
         if cut.steps.is_empty() && cut.evals.is_empty() {
             return;
         }
-        let timeline = Timeline::build(&t.intervals);
+        let timeline = Timeline::build(&t.intervals, &t.prep);
         for &(start, end, batches) in &cut.evals {
             let e = &mut self.evaluation;
             e.segments += 1;
@@ -779,8 +827,32 @@ impl Engine {
             }
             self.steps.push(s);
         }
+        self.thread_states |= !t.off_cpu.is_empty();
+        let tgid = t.tgid;
         for (k, f) in self.folds.iter_mut() {
-            let n = if *k == tid { consumed } else { 0 };
+            let n = if *k == tid {
+                consumed
+            } else {
+                // Another thread's finished fetches: a feeder's (same process) input side.
+                let t = f.trace();
+                let done: Vec<&InputCall> = t
+                    .input_calls
+                    .iter()
+                    .take_while(|c| c.end.is_some_and(|e| e <= last_end))
+                    .collect();
+                if !done.is_empty() && t.tgid == tgid {
+                    let fd = self.feeders.entry(*k).or_insert(Feeder {
+                        tid: *k,
+                        ..Feeder::default()
+                    });
+                    fd.fetches += done.len() as u64;
+                    fd.fetch_ns += done
+                        .iter()
+                        .map(|c| c.end.unwrap_or(c.ts) - c.ts)
+                        .sum::<u64>();
+                }
+                done.len()
+            };
             f.trace_mut().prune(last_end, n);
         }
         self.armed.retain(|&(_, b)| b.is_none_or(|b| b > last_end));
@@ -831,6 +903,8 @@ impl Engine {
         out.totals = self.totals;
         out.steady = self.steady;
         out.evaluation = self.evaluation;
+        out.feeders = self.feeders.into_values().collect();
+        out.thread_states = self.thread_states;
         out
     }
 }
@@ -939,5 +1013,42 @@ fn measure<'a>(
             steps[i].syncs += 1;
         }
     }
+    off_cpu(&mut steps, &main.off_cpu, timeline);
     steps
+}
+
+/// Splits the training thread's off-CPU intervals over the steps and, inside each, over the
+/// phases in force (see [`Step::blocked_ns`]).
+fn off_cpu(steps: &mut [Step], intervals: &[(u64, u64, crate::event::OffCpu)], tl: &Timeline) {
+    let mut sorted: Vec<_> = intervals.to_vec();
+    sorted.sort_unstable_by_key(|i| i.0);
+    let mut first = 0;
+    for s in steps.iter_mut() {
+        while first < sorted.len() && sorted[first].1 <= s.start_ns {
+            first += 1;
+        }
+        for &(a, b, state) in &sorted[first..] {
+            if a >= s.end_ns {
+                break;
+            }
+            let (a, b) = (a.max(s.start_ns), b.min(s.end_ns));
+            if b <= a {
+                continue;
+            }
+            let into = if state.blocked() {
+                &mut s.blocked_ns
+            } else {
+                &mut s.runnable_ns
+            };
+            let split = tl.split(a, b);
+            for (sum, ns) in into.iter_mut().zip(split) {
+                *sum += ns;
+            }
+            if state == crate::event::OffCpu::Uninterruptible {
+                for (sum, ns) in s.io_ns.iter_mut().zip(split) {
+                    *sum += ns;
+                }
+            }
+        }
+    }
 }

@@ -111,6 +111,7 @@ impl Trace {
                 launch_events: true,
                 reason: String::new(),
                 watching: false,
+                python_steady: false,
             })));
         self
     }
@@ -135,8 +136,9 @@ impl Trace {
     }
 
     /// One 1000 ns step of the main thread starting at `b`, no two events at the same instant:
-    /// input 200, h2d 50 (4096 B), forward 260 (the span from the end of input to backward, less
-    /// the copy: nested modules, 1 launch), backward 200 (1 launch from another thread),
+    /// input 250 (the fetch's 200, and the 50 from its return to the model's first call less the
+    /// copy), h2d 50 (4096 B), forward 210 (the model's first call to backward: nested modules,
+    /// 1 launch), backward 200 (1 launch from another thread),
     /// optimizer 130 (1 launch), gpu_wait 50 (1 sync), residual 110.
     fn step(&mut self, b: u64) -> &mut Trace {
         let t = PID;
@@ -189,9 +191,9 @@ fn phases(pairs: &[(Phase, u64)]) -> [u64; N_PHASES] {
 
 fn standard_step_phases() -> [u64; N_PHASES] {
     phases(&[
-        (Phase::InputWait, 200),
+        (Phase::InputWait, 250),
         (Phase::H2d, 50),
-        (Phase::Forward, 260),
+        (Phase::Forward, 210),
         (Phase::Backward, 200),
         (Phase::Optimizer, 130),
         (Phase::GpuWait, 50),
@@ -323,11 +325,12 @@ fn lost_exits_and_entries_are_survived() {
     assert_eq!(out.steps[0].syncs, 1);
     assert_eq!(
         out.steps[1].phase_ns,
-        // Forward: the span from the end of input (1100) to the backward frame (1300) and the
-        // module call (1200..1600, closed by OTHER's exit), less the backward inside.
+        // Input: the fetch, and from its end (1100) to the model's first call (1200).
+        // Forward: from there to the backward frame (1300) and the module call (1200..1600,
+        // closed by OTHER's exit), less the backward inside.
         phases(&[
-            (Phase::InputWait, 100),
-            (Phase::Forward, 400),
+            (Phase::InputWait, 200),
+            (Phase::Forward, 300),
             (Phase::Backward, 100),
             (Phase::Residual, 400)
         ])
@@ -554,10 +557,11 @@ fn precedence_inside_nesting() {
     assert_eq!(
         s.phase_ns,
         phases(&[
-            (Phase::InputWait, 100),
+            // The fetch, and from its end (200) to the model's first call (300).
+            (Phase::InputWait, 200),
             (Phase::H2d, 100),
-            // The forward span runs from the end of input (200) to the backward frame (700).
-            (Phase::Forward, 500 - 120),
+            // The forward span runs from the model's first call (300) to the backward (700).
+            (Phase::Forward, 400 - 120),
             (Phase::GpuWait, 120),
             (Phase::Backward, 100),
             (Phase::Residual, 200),
@@ -634,12 +638,15 @@ fn pending_and_ignored_frames_carry_no_phase() {
 
 #[test]
 fn timeline_split_and_phase_at() {
-    let tl = timeline::Timeline::build(&[
-        (0, 100, Phase::Forward),
-        (50, 60, Phase::GpuWait),
-        (80, 200, Phase::Backward),
-        (300, 300, Phase::H2d),
-    ]);
+    let tl = timeline::Timeline::build(
+        &[
+            (0, 100, Phase::Forward),
+            (50, 60, Phase::GpuWait),
+            (80, 200, Phase::Backward),
+            (300, 300, Phase::H2d),
+        ],
+        &[],
+    );
     assert_eq!(tl.phase_at(0), Phase::Forward);
     assert_eq!(tl.phase_at(55), Phase::GpuWait);
     assert_eq!(tl.phase_at(60), Phase::Forward);
@@ -822,11 +829,13 @@ fn python_probe_detach_closes_open_frames_at_the_switch() {
     let out = t.codes().run();
     assert_eq!(out.steps.len(), 3);
     assert_eq!(out.unmatched_events, 0, "a detach is no loss");
+    // Step 1: the frame evaluator saw the model's first call (1300), the end of the input's
+    // preparation; step 2 has only markers: from the fetch's end to backward is forward.
     assert_eq!(
         out.steps[1].phase_ns,
         phases(&[
-            (Phase::InputWait, 200),
-            (Phase::Forward, 310),
+            (Phase::InputWait, 300),
+            (Phase::Forward, 210),
             (Phase::Backward, 200),
             (Phase::Optimizer, 130),
             (Phase::Residual, 160),
@@ -1040,6 +1049,7 @@ impl Trace {
                 launch_events: true,
                 reason: String::new(),
                 watching: false,
+                python_steady: false,
             })));
         self
     }
@@ -1107,9 +1117,10 @@ fn a_window_of_fetches_ahead_is_one_step() {
     assert_eq!(out.steps.len(), 5);
     for s in &out.steps {
         assert_eq!(s.micro_batches, 4);
-        assert_eq!(s.phase(Phase::InputWait), 40);
-        // From the end of the last fetch to the first backward, then between backwards.
-        assert_eq!(s.phase(Phase::Forward), 410);
+        // The fetches, and from the last one's end to the model's first call (10).
+        assert_eq!(s.phase(Phase::InputWait), 50);
+        // From the model's first call to the first backward, then between backwards.
+        assert_eq!(s.phase(Phase::Forward), 400);
         assert_eq!(s.phase(Phase::Backward), 400);
         assert_eq!(s.phase(Phase::Residual), 30, "the gaps between the fetches");
     }
@@ -1350,4 +1361,226 @@ fn detach_inside_a_closure_optimizer_step_keeps_its_exit() {
         // The cut step ends where the evaluation's first fetch begins: 400 after its own fetch.
         assert_eq!(out.steps[2].duration_ns(), 400, "{label}");
     }
+}
+
+// ---- Issue 38: the training thread, input wherever it comes from, grad mode, thread states.
+
+impl Trace {
+    fn grad(&mut self, ts: u64, tid: u32, enabled: bool) -> &mut Trace {
+        self.ev(ts, tid, Kind::GradMode { enabled })
+    }
+    fn off_cpu(
+        &mut self,
+        ts: u64,
+        tid: u32,
+        since: u64,
+        state: crate::event::OffCpu,
+    ) -> &mut Trace {
+        self.ev(ts, tid, Kind::OffCpu { since, state })
+    }
+}
+
+/// A background thread iterates the DataLoader into a queue; the main thread takes batches
+/// from it (blocked in `q.get()`, no DataLoader call of its own), runs forward, backward and the
+/// optimizer. The main thread trains; its wait for the queue, up to the model's first call, is
+/// input preparation; the feeder's fetches are the input side.
+#[test]
+fn a_feeder_thread_is_not_the_training_thread() {
+    let mut t = Trace::new();
+    let feeder = 107;
+    for k in 0..5u64 {
+        let b = k * 10_000;
+        // The feeder fetches much more often than the loop trains (it fills the queue).
+        t.enter(b + 100, feeder, DL).exit(b + 9_000, feeder, DL);
+        // Main: q.get() blocked until 8_000, forward 8_000-9_000, backward, optimizer.
+        t.off_cpu(b + 8_000, PID, b + 500, crate::event::OffCpu::Sleeping);
+        t.enter(b + 8_000, PID, MODULE).exit(b + 9_000, PID, MODULE);
+        t.call(b + 9_000, PID, Api::TorchBackward)
+            .ret(b + 9_600, PID, Api::TorchBackward);
+        t.rec(b + 9_700, PID, OPT_REC).rec_end(b + 9_900, PID);
+    }
+    let out = t.codes().run();
+    assert_eq!(out.training_tid, Some(PID));
+    assert_eq!(out.boundary, Some(Boundary::OptimizerStep));
+    assert_eq!(out.steps.len(), 4);
+    let s = &out.steps[0];
+    assert_eq!((s.start_ns, s.end_ns), (9_900, 19_900));
+    // [9_900, 18_000): waiting for the queue (input); the model's call from 18_000.
+    assert_eq!(s.phase(Phase::InputWait), 8_100);
+    assert_eq!(s.phase(Phase::Forward), 1_000);
+    assert_eq!(s.phase(Phase::Backward), 600);
+    assert_eq!(s.phase(Phase::Optimizer), 200);
+    assert_eq!(s.blocked_ns[Phase::InputWait.index()], 7_500);
+    assert_eq!(s.blocked_ns.iter().sum::<u64>(), 7_500);
+    assert!(out.thread_states);
+    assert_eq!(out.feeders.len(), 1);
+    assert_eq!(out.feeders[0].tid, feeder);
+    assert!(out.feeders[0].fetches >= 4);
+}
+
+/// Two DataLoaders zipped: both fetches of a step are its input, back to back; neither is an
+/// evaluation batch.
+#[test]
+fn zipped_loaders_are_the_steps_input_not_evaluation() {
+    for slow_first in [true, false] {
+        let mut t = Trace::new();
+        let (a, b) = if slow_first {
+            (700_000, 50_000)
+        } else {
+            (50_000, 700_000)
+        };
+        let mut ts = 1_000_000;
+        for _ in 0..6 {
+            t.fetch(ts, a).fetch(ts + a + 2_000, b);
+            let f = ts + a + 2_000 + b;
+            t.fwd_bwd(f, 100_000, 100_000).opt(f + 200_000, 50_000);
+            ts = f + 250_000;
+        }
+        t.stop(ts);
+        let out = t.codes().run();
+        assert_eq!(out.evaluation.segments, 0, "slow first: {slow_first}");
+        assert_eq!(out.steps.len(), 6, "slow first: {slow_first}");
+        for s in &out.steps {
+            assert_eq!(s.phase(Phase::InputWait), a + b, "slow first: {slow_first}");
+            assert_eq!(s.micro_batches, 1);
+        }
+    }
+}
+
+/// No DataLoader: a `get_batch()` between the optimizer step and the model's first call is
+/// input preparation; `zero_grad` inside it keeps its own phase.
+#[test]
+fn get_batch_before_the_first_module_call_is_input() {
+    let mut t = Trace::new();
+    for k in 0..4u64 {
+        let b = k * 1_000;
+        t.rec(b, PID, "Optimizer.zero_grad#SGD.zero_grad")
+            .rec_end(b + 20, PID);
+        // get_batch: 20..700 (no marker), forward 700..800, backward 800..900, step 900..1000.
+        t.enter(b + 700, PID, MODULE).exit(b + 800, PID, MODULE);
+        t.call(b + 800, PID, Api::TorchBackward)
+            .ret(b + 900, PID, Api::TorchBackward);
+        t.rec(b + 900, PID, OPT_REC).rec_end(b + 1_000, PID);
+    }
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(
+        out.steps[0].phase_ns,
+        phases(&[
+            (Phase::Residual, 20),
+            (Phase::InputWait, 680),
+            (Phase::Forward, 100),
+            (Phase::Backward, 100),
+            (Phase::Optimizer, 100),
+        ])
+    );
+}
+
+/// A kernel launch marks the model's first operation as a module call does (the frame-evaluator
+/// probe detached, a GPU loop).
+#[test]
+fn the_first_launch_ends_input_preparation() {
+    let mut t = Trace::new();
+    for k in 0..4u64 {
+        let b = k * 1_000;
+        t.launch(b + 600, PID, Api::CudaLaunchKernel)
+            .launch(b + 650, PID, Api::CudaLaunchKernel);
+        t.call(b + 800, PID, Api::TorchBackward)
+            .ret(b + 900, PID, Api::TorchBackward);
+        t.rec(b + 900, PID, OPT_REC).rec_end(b + 1_000, PID);
+    }
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 3);
+    assert_eq!(out.steps[0].phase(Phase::InputWait), 600);
+    assert_eq!(out.steps[0].phase(Phase::Forward), 200);
+}
+
+/// Evaluation under `torch.no_grad()` over tensors already loaded (no fetch): a segment, and
+/// the optimizer's own grad-mode guard is no evaluation.
+#[test]
+fn grad_mode_off_outside_the_optimizer_is_evaluation() {
+    // DataLoader loop (optimizer windows).
+    let mut t = Trace::new();
+    let mut ts = 1_000;
+    for k in 0..6 {
+        t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100);
+        t.rec(ts + 250, PID, OPT_REC)
+            .grad(ts + 255, PID, false)
+            .grad(ts + 295, PID, true)
+            .rec_end(ts + 300, PID);
+        ts += 300;
+        if k == 2 {
+            t.grad(ts, PID, false);
+            t.enter(ts + 10, PID, MODULE).exit(ts + 400, PID, MODULE);
+            t.grad(ts + 500, PID, true);
+            ts += 500;
+        }
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len(), 6);
+    assert!(
+        out.steps.iter().all(|s| s.duration_ns() == 300),
+        "{:?}",
+        out.steps
+    );
+    assert_eq!(out.evaluation.segments, 1);
+    assert_eq!(out.evaluation.wall_ns, 500);
+
+    // No DataLoader (optimizer-step boundaries).
+    let mut t = Trace::new();
+    let mut ts = 0;
+    for k in 0..6 {
+        t.enter(ts + 100, PID, MODULE).exit(ts + 200, PID, MODULE);
+        t.call(ts + 200, PID, Api::TorchBackward)
+            .ret(ts + 300, PID, Api::TorchBackward);
+        t.rec(ts + 300, PID, OPT_REC)
+            .grad(ts + 310, PID, false)
+            .grad(ts + 390, PID, true)
+            .rec_end(ts + 400, PID);
+        ts += 400;
+        if k == 2 {
+            t.grad(ts + 10, PID, false).grad(ts + 600, PID, true);
+            ts += 600;
+        }
+    }
+    let out = t.codes().run();
+    assert_eq!(out.evaluation.segments, 1);
+    assert_eq!(out.evaluation.wall_ns, 590);
+    assert_eq!(out.steps.len(), 5);
+    assert!(
+        out.steps.iter().all(|s| s.duration_ns() <= 400),
+        "{:?}",
+        out.steps
+    );
+}
+
+/// Off-CPU intervals split over the phases in force: blocked (I/O apart) and runnable.
+#[test]
+fn off_cpu_time_is_split_by_phase_and_state() {
+    use crate::event::OffCpu;
+    let mut t = Trace::new();
+    let mut ts = 1_000;
+    for _ in 0..4 {
+        t.fetch(ts, 500)
+            .fwd_bwd(ts + 500, 300, 100)
+            .opt(ts + 900, 100);
+        // In the fetch: 300 asleep, 100 in I/O; in forward: 50 waiting for a CPU.
+        t.off_cpu(ts + 350, PID, ts + 50, OffCpu::Sleeping)
+            .off_cpu(ts + 480, PID, ts + 380, OffCpu::Uninterruptible)
+            .off_cpu(ts + 650, PID, ts + 600, OffCpu::Runnable);
+        ts += 1_000;
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert!(out.thread_states);
+    let s = &out.steps[1];
+    assert_eq!(s.blocked_ns[Phase::InputWait.index()], 400);
+    assert_eq!(s.io_ns[Phase::InputWait.index()], 100);
+    assert_eq!(s.runnable_ns[Phase::Forward.index()], 50);
+    assert_eq!(s.blocked_ns[Phase::Forward.index()], 0);
+    assert_eq!(
+        out.totals.blocked_ns[Phase::InputWait.index()],
+        400 * out.totals.count
+    );
 }

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use super::Phase;
 use crate::classify::{RecordClass, classify_record};
-use crate::event::{Api, Class, CopyKind, Kind};
+use crate::event::{Api, Class, CopyKind, Kind, OffCpu};
 
 /// A driver launch this soon after a runtime launch on the same thread is the same launch.
 pub(crate) const LAUNCH_DEDUP_NS: u64 = 20_000;
@@ -58,6 +58,8 @@ pub(crate) struct InputCall {
     pub ts: u64,
     /// Its frame returned NULL (StopIteration at the end of an epoch).
     pub raised: bool,
+    /// When it returned (`None` while open).
+    pub end: Option<u64>,
 }
 
 /// One outermost copy call.
@@ -92,6 +94,20 @@ pub(crate) struct ThreadTrace {
     pub launches: Vec<u64>,
     /// Collectives issued: (entry, bytes when known).
     pub collectives: Vec<(u64, Option<u64>)>,
+    /// Input preparation `[start, end)`: from the end of the last fetch or optimizer step to
+    /// the model's first operation (module call or kernel launch) before a backward pass, where
+    /// one was seen (see [`ThreadFold::open`]). A phase below the markers: `zero_grad`, copies and
+    /// syncs inside it keep their own phase.
+    pub prep: Vec<(u64, u64)>,
+    /// Intervals `[since, end)` this thread spent off its CPU, and why (`sched_switch`).
+    pub off_cpu: Vec<(u64, u64, OffCpu)>,
+    /// Grad mode off `[start, end)` outside an optimizer step and a backward pass: evaluation
+    /// (`torch.no_grad()`), and since when it is off now.
+    pub grad_off: Vec<(u64, u64)>,
+    pub grad_off_open: Option<u64>,
+    /// Grad-mode switches seen on this thread (the probe is placed and the thread trains or
+    /// evaluates: every optimizer step switches it).
+    pub n_grad_switches: u64,
     /// Lost-event evidence: exits without entries, entries closed by the rules above.
     pub unmatched: u64,
     /// Since the thread's first event (the vectors above are pruned as steps are harvested):
@@ -121,6 +137,9 @@ impl ThreadTrace {
         self.syncs.retain(|&t| t >= cut);
         self.launches.retain(|&t| t >= cut);
         self.collectives.retain(|&(t, _)| t >= cut);
+        self.prep.retain(|&(_, e)| e > cut);
+        self.off_cpu.retain(|&(_, e, _)| e > cut);
+        self.grad_off.retain(|&(_, e)| e > cut);
         let done = self
             .copies
             .iter()
@@ -188,6 +207,9 @@ pub(crate) struct ThreadFold {
     /// Where the forward span that the next backward closes started: the end of the last
     /// outermost DataLoader call or optimizer step (see [`ThreadFold::open`]).
     forward_from: Option<u64>,
+    /// The model's first operation in that span: an outermost module call or a kernel launch
+    /// outside any fetch, optimizer step or backward pass.
+    forward_op: Option<u64>,
     /// A DataLoader call whose Python frame the frame-evaluator probe's detach closed before
     /// torch's `record_function` of the same fetch was entered: that entry continues the call
     /// instead of starting a batch of its own (see [`ThreadFold::close_python`]).
@@ -249,12 +271,52 @@ impl ThreadFold {
             Kind::RecordExit => self.close_matching(Key::Record, ts, false),
             // The engine ends the process's trace there; nothing opens or closes.
             Kind::Exec => {}
+            Kind::OffCpu { since, state } => {
+                if ts > since {
+                    self.out.off_cpu.push((since, ts, state));
+                }
+            }
+            Kind::GradMode { enabled } => self.grad_mode(ts, enabled),
+        }
+    }
+
+    /// Autograd's grad mode set: switched off outside an optimizer step and a backward pass (the
+    /// optimizer's own guard is inside its step), it is evaluation until switched on again.
+    fn grad_mode(&mut self, ts: u64, enabled: bool) {
+        self.out.n_grad_switches += 1;
+        if self.optimizer_depth > 0 || self.backward_depth > 0 {
+            return;
+        }
+        match (enabled, self.out.grad_off_open) {
+            (false, None) => self.out.grad_off_open = Some(ts),
+            (true, Some(s)) => {
+                self.out.grad_off_open = None;
+                if ts > s {
+                    self.out.grad_off.push((s, ts));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The model's first operation since the forward span started, if nothing else claims it.
+    fn mark_forward_op(&mut self, ts: u64) {
+        if self.forward_from.is_some()
+            && self.forward_op.is_none()
+            && self.input_depth == 0
+            && self.optimizer_depth == 0
+            && self.backward_depth == 0
+        {
+            self.forward_op = Some(ts);
         }
     }
 
     /// A tracked Python frame entered, of class `class`: opened with its phase (a DataLoader
     /// `__next__` closes a stale one first).
     fn py_enter(&mut self, ts: u64, code: u64, class: Class) {
+        if class == Class::ModuleCall {
+            self.mark_forward_op(ts);
+        }
         let dl = class == Class::DataLoaderNext;
         if dl {
             self.close_innermost(Key::DlFrame, ts);
@@ -327,6 +389,7 @@ impl ThreadFold {
 
     /// A kernel launch: a driver launch right after a runtime launch is the same one.
     fn launch(&mut self, ts: u64, api: Api) {
+        self.mark_forward_op(ts);
         if api.is_driver() {
             match self.runtime_launch.take() {
                 Some(rt) if ts.saturating_sub(rt) <= LAUNCH_DEDUP_NS => {}
@@ -386,6 +449,7 @@ impl ThreadFold {
             .filter(|o| o.phase.is_some())
             .map(|o| o.start)
             .chain(self.forward_from)
+            .chain(self.out.grad_off_open)
             .min()
     }
 
@@ -420,12 +484,17 @@ impl ThreadFold {
                 open.input_call = Some(i);
                 open.inner_input = true;
             } else if self.input_depth == 0 {
-                self.out.input_calls.push(InputCall { ts, raised: false });
+                self.out.input_calls.push(InputCall {
+                    ts,
+                    raised: false,
+                    end: None,
+                });
                 self.out.n_input_calls += 1;
                 open.input_call = Some(self.out.input_base + self.out.input_calls.len() - 1);
                 // A new batch before any backward: the span since the last one was no forward
                 // pass we can delimit (an evaluation loop, a skipped batch).
                 self.forward_from = None;
+                self.forward_op = None;
             } else if let Some(outer) = self.stack.iter_mut().find(|o| o.input_call.is_some()) {
                 outer.inner_input = true;
             }
@@ -440,9 +509,16 @@ impl ThreadFold {
             // does in between except what a more specific marker claims (copies, syncs,
             // `zero_grad`).
             if self.backward_depth == 0 {
+                let op = self.forward_op.take();
                 if let Some(from) = self.forward_from.take()
                     && ts > from
                 {
+                    // What ran before the model's first operation prepared its input (a
+                    // `get_batch`, a queue fed by another thread, augmentation on this thread).
+                    let op = op.filter(|&m| m > from && m < ts).unwrap_or(from);
+                    if op > from {
+                        self.out.prep.push((from, op));
+                    }
                     self.out.intervals.push((from, ts, Phase::Forward));
                 }
                 self.out.backward_starts.push(ts);
@@ -494,6 +570,7 @@ impl ThreadFold {
             self.input_depth -= 1;
             if self.input_depth == 0 {
                 self.forward_from = Some(end);
+                self.forward_op = None;
             }
         }
         if p_is(top.phase, Phase::Backward) {
@@ -502,6 +579,7 @@ impl ThreadFold {
                 // The next micro-batch's forward (gradient accumulation, a window of batches
                 // fetched ahead) runs from here to its backward.
                 self.forward_from = Some(end);
+                self.forward_op = None;
             }
         }
         if let Some(i) = top
@@ -510,6 +588,7 @@ impl ThreadFold {
             && let Some(call) = self.out.input_calls.get_mut(i)
         {
             call.raised = matched && raised;
+            call.end = Some(end);
         }
         if p_is(top.phase, Phase::Optimizer) {
             self.optimizer_depth -= 1;
@@ -522,6 +601,7 @@ impl ThreadFold {
             }
             if self.optimizer_depth == 0 {
                 self.forward_from = Some(end);
+                self.forward_op = None;
             }
         }
         if let What::Call { api } = top.what {

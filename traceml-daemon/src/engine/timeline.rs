@@ -24,18 +24,32 @@ pub(crate) struct Timeline {
     segs: Vec<(u64, u64, Phase)>,
 }
 
+/// Where input preparation ranks: an [`Phase::InputWait`] below every marker but the forward
+/// span and the optimizer (see `ThreadTrace::prep`).
+const PREP_AFTER: Phase = Phase::Backward;
+
 impl Timeline {
-    /// Sweeps `[start, end, phase)` intervals (overlapping freely) into exclusive segments.
-    pub fn build(intervals: &[(u64, u64, Phase)]) -> Timeline {
-        let mut points: Vec<(u64, bool, Phase)> = Vec::with_capacity(intervals.len() * 2);
+    /// Sweeps `[start, end, phase)` intervals (overlapping freely) and input-preparation
+    /// intervals into exclusive segments.
+    pub fn build(intervals: &[(u64, u64, Phase)], prep: &[(u64, u64)]) -> Timeline {
+        // `None`: input preparation.
+        let mut points: Vec<(u64, bool, Option<Phase>)> =
+            Vec::with_capacity((intervals.len() + prep.len()) * 2);
         for &(s, e, p) in intervals {
             if e > s {
-                points.push((s, true, p));
-                points.push((e, false, p));
+                points.push((s, true, Some(p)));
+                points.push((e, false, Some(p)));
+            }
+        }
+        for &(s, e) in prep {
+            if e > s {
+                points.push((s, true, None));
+                points.push((e, false, None));
             }
         }
         points.sort_unstable_by_key(|p| p.0);
-        let mut open = [0u32; N_PHASES];
+        let slot = |p: Option<Phase>| p.map_or(N_PHASES, |p| p.index());
+        let mut open = [0u32; N_PHASES + 1];
         let mut segs: Vec<(u64, u64, Phase)> = Vec::new();
         let mut i = 0;
         while i < points.len() {
@@ -43,16 +57,31 @@ impl Timeline {
             while i < points.len() && points[i].0 == ts {
                 let (_, enter, p) = points[i];
                 if enter {
-                    open[p.index()] += 1;
+                    open[slot(p)] += 1;
                 } else {
-                    open[p.index()] -= 1;
+                    open[slot(p)] -= 1;
                 }
                 i += 1;
             }
             let Some(&(next, _, _)) = points.get(i) else {
                 break;
             };
-            if let Some(p) = PRECEDENCE.into_iter().find(|p| open[p.index()] > 0) {
+            let after = PRECEDENCE
+                .iter()
+                .position(|&p| p == PREP_AFTER)
+                .expect("in the precedence");
+            let winner = PRECEDENCE[..=after]
+                .iter()
+                .copied()
+                .find(|p| open[p.index()] > 0)
+                .or((open[N_PHASES] > 0).then_some(Phase::InputWait))
+                .or_else(|| {
+                    PRECEDENCE[after + 1..]
+                        .iter()
+                        .copied()
+                        .find(|p| open[p.index()] > 0)
+                });
+            if let Some(p) = winner {
                 match segs.last_mut() {
                     Some(last) if last.1 == ts && last.2 == p => last.1 = next,
                     _ => segs.push((ts, next, p)),

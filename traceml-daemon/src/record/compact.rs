@@ -106,9 +106,12 @@ fn kind_code(k: &Kind) -> u8 {
         Kind::Launch { .. } => 4,
         Kind::RecordEnter { .. } => 5,
         Kind::RecordExit => 6,
-        // 7, the last 3-bit code, stays free for an escape; an exec (once a run) is written
-        // as a JSON `item` frame (see [`EventEncoder::encode`]).
-        Kind::Exec => unreachable!("an exec has no compact code"),
+        // 7, the last 3-bit code, stays free for an escape; an exec (once a run), an off-CPU
+        // interval and a grad-mode switch (a few a step) are written as JSON `item` frames
+        // (see [`EventEncoder::encode`]).
+        Kind::Exec | Kind::OffCpu { .. } | Kind::GradMode { .. } => {
+            unreachable!("no compact code")
+        }
     }
 }
 
@@ -193,7 +196,7 @@ impl EventEncoder {
     /// without a code or an exec (the caller writes the event as JSON).
     pub fn encode(&mut self, e: &Event, out: &mut Vec<u8>) -> Option<u64> {
         let api = match &e.kind {
-            Kind::Exec => return None,
+            Kind::Exec | Kind::OffCpu { .. } | Kind::GradMode { .. } => return None,
             Kind::CallEnter { api, .. } | Kind::CallExit { api, .. } | Kind::Launch { api } => {
                 api_code(*api)?
             }
@@ -246,7 +249,11 @@ impl EventEncoder {
                 put_varint(out, name.len() as u64);
                 out.extend_from_slice(name.as_bytes());
             }
-            Kind::Launch { .. } | Kind::RecordExit | Kind::Exec => {}
+            Kind::Launch { .. }
+            | Kind::RecordExit
+            | Kind::Exec
+            | Kind::OffCpu { .. }
+            | Kind::GradMode { .. } => {}
         }
         out[flags_at] = flags;
         Some(delta)

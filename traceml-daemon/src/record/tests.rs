@@ -67,6 +67,7 @@ fn every_item() -> Vec<StreamItem> {
             launch_events: true,
             reason: "learning".into(),
             watching: false,
+            python_steady: false,
         })),
         StreamItem::Code(Box::new(CodeInfo {
             ptr: 0xdead_beef_0000_0001,

@@ -918,6 +918,7 @@ fn start_governing<F: FnMut(&StreamItem) -> Result<(), String>>(
             Policy::Markers => "--probe-set markers: no frame-evaluator probe".into(),
         },
         watching: k.held_back,
+        python_steady: false,
     })))?;
     Ok((sampler, governor))
 }
@@ -1099,6 +1100,7 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
         launch_events: d.launch_events,
         reason,
         watching: k.held_back,
+        python_steady: d.python_steady && k.attacher.python_armed(),
     })))
 }
 
