@@ -379,6 +379,9 @@ fn input_next(s: &Summary, why: &mut String) -> String {
         .unwrap_or_else(|| "the machine's cores".to_owned());
     let sys = s.system.cpu_pct_mean;
     let saturated = sys.is_some_and(|c| c >= 85.0);
+    if let Some(next) = input_off_loader(s, why) {
+        return next;
+    }
     match (w.count, w.cpu_pct_one_core_mean, w.state) {
         (Some(0), _, _) => {
             why.push_str(
@@ -433,6 +436,55 @@ fn input_next(s: &Summary, why: &mut String) -> String {
         _ => "increase DataLoader num_workers and prefetch_factor (worker CPU was not sampled)"
             .to_owned(),
     }
+}
+
+/// Input that does not come from a DataLoader on the training thread: a feeder thread's queue,
+/// or preparation on the training thread itself (`get_batch`): says where, and how blocked the
+/// wait is; `None` for a DataLoader on the training thread.
+fn input_off_loader(s: &Summary, why: &mut String) -> Option<String> {
+    let input = &s.phases.input_wait;
+    let blocked = input
+        .blocked_ms
+        .zip(input.mean_ms)
+        .filter(|&(_, m)| m > 0.0)
+        .map(|(b, m)| format!(", {} of it blocked", pct((b / m).clamp(0.0, 1.0))))
+        .unwrap_or_default();
+    let place = input
+        .top_functions
+        .first()
+        .map(|f| format!(" (mostly in {})", f.function))
+        .unwrap_or_default();
+    if let Some(f) = s.steps.feeders.first() {
+        let each = if f.fetches > 0 {
+            format!(", {} a batch", ms(Some(f.fetch_ms / f.fetches as f64)))
+        } else {
+            String::new()
+        };
+        why.push_str(&format!(
+            "; the training thread waits for batches another thread fetches from a DataLoader \
+             (thread {}: {} batches{each}){blocked}",
+            f.tid, f.fetches
+        ));
+        return Some(
+            "the feeder thread loads batches one at a time: give its DataLoader worker processes \
+             (num_workers=N) or feed the queue from several threads; the queue only hides the \
+             loading while it stays ahead"
+                .to_owned(),
+        );
+    }
+    if s.steps.boundary == Some(Boundary::OptimizerStep) {
+        why.push_str(&format!(
+            "; the training thread prepares its input itself before each forward, outside any \
+             DataLoader{place}{blocked}"
+        ));
+        return Some(
+            "prepare batches ahead: a Dataset whose __getitem__ builds one batch, in a DataLoader \
+             with num_workers=N (pin_memory for GPU copies), or a background thread that \
+             prefetches the next batch while this step computes"
+                .to_owned(),
+        );
+    }
+    None
 }
 
 fn h2d_next(s: &Summary, why: &mut String) -> String {

@@ -163,8 +163,8 @@ pub struct Decision {
     pub launch_events: bool,
     /// Place the probes held back while watching (CUDA runtime and driver, NCCL).
     pub attach_all: bool,
-    /// The frame-evaluator probe stays armed as part of the steady set: its cost over the
-    /// learned steps is within half the budget (it then marks each step's first model call:
+    /// The frame-evaluator probe stays armed as part of the steady set: its cost with the other
+    /// probes' over the learned steps is within the budget (it then marks each step's first model call:
     /// input preparation outside any DataLoader is measured, not guessed).
     pub python_steady: bool,
     pub reason: String,
@@ -208,6 +208,8 @@ pub struct Governor {
     /// Frame-evaluator hits and step wall time over the learning ticks that delimited steps.
     learn_py: u64,
     learn_wall_ns: u64,
+    /// What the other probes cost over the same ticks (ns).
+    learn_other_ns: f64,
     /// The probe is kept armed in the steady set.
     python_kept: bool,
 }
@@ -236,6 +238,7 @@ impl Governor {
             seen_markers: false,
             learn_py: 0,
             learn_wall_ns: 0,
+            learn_other_ns: 0.0,
             python_kept: false,
         }
     }
@@ -294,6 +297,8 @@ impl Governor {
                 if steps > 0 {
                     self.learn_py += d.py_enter;
                     self.learn_wall_ns += interval;
+                    self.learn_other_ns +=
+                        (COSTS.cost(&d, self.launch_events) - python_cost(d.py_enter)).max(0.0);
                 }
                 self.tick_learning(&t, steps, &mut want, &mut reasons)
             }
@@ -383,10 +388,12 @@ impl Governor {
             && self.learn_backward > 0;
         let waited = elapsed >= self.cfg.learn_max_ns;
         if learned && (t.stacks_ready || waited) {
-            let cost = python_cost(self.learn_py) / self.learn_wall_ns.max(1) as f64;
+            let wall = self.learn_wall_ns.max(1) as f64;
+            let cost = python_cost(self.learn_py) / wall;
+            let others = self.learn_other_ns / wall;
             if self.cfg.policy == Policy::Auto
                 && self.learn_wall_ns > 0
-                && cost <= self.cfg.budget / 2.0
+                && cost + others <= self.cfg.budget
             {
                 // Cheap here (few calls from C into Python per step): kept, so each step's
                 // first model call is seen.
@@ -395,7 +402,7 @@ impl Governor {
                 reasons.push(format!(
                     "torch's markers delimit the steps ({} steps, {} backward passes while \
                      learning); the frame evaluator's {} calls cost {:.3} % of the steps, \
-                     within half the budget: probe kept armed",
+                     within the budget with the other probes: probe kept armed",
                     self.learn_steps,
                     self.learn_backward,
                     self.learn_py,
@@ -497,6 +504,7 @@ impl Governor {
         }
         self.learn_py = 0;
         self.learn_wall_ns = 0;
+        self.learn_other_ns = 0.0;
         self.python_kept = false;
         self.stage = Stage::Learning;
         self.learning_since = now;
