@@ -11,57 +11,18 @@
 //! Needs real PyTorch with transformers and pytorch-lightning (`cargo xtask setup --torch`).
 mod support;
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Duration;
-
 use support::*;
 
-fn torch_python() -> Option<PathBuf> {
-    if std::env::var_os("TRACEML_SKIP_TORCH").is_some() {
-        eprintln!("TRACEML_SKIP_TORCH is set: framework tests skipped on request");
-        return None;
-    }
-    let py = std::env::var_os("TRACEML_TORCH_PYTHON").map(PathBuf::from).expect(
-        "TRACEML_TORCH_PYTHON is not set: run through `cargo xtask test` (setup builds the torch venv)",
-    );
-    Some(py)
-}
-
-struct Run {
-    summary: serde_json::Value,
-    truth: serde_json::Value,
-    card: String,
-}
+/// A framework workload's run: its summary, truth and card.
+type Run = TruthRun;
 
 fn run(workload: &str, mode: &str, steps: u32) -> Option<Run> {
-    if !root_or_skip() {
-        return None;
-    }
-    let py = torch_python()?;
-    let label = format!("{workload}-{mode}");
-    let dir = scratch(&label);
-    let truth_path = dir.join("truth.json");
-    let mut cmd = Command::new(py);
-    cmd.arg(workspace().join(format!("tests/workloads/frameworks/{workload}.py")))
-        .args(["--mode", mode, "--steps", &steps.to_string(), "--truth"])
-        .arg(&truth_path);
-    let mut target = spawn(cmd, &dir);
-    let out = run_daemon(&mut target, &dir, &[], Duration::from_secs(300));
-    assert!(
-        out.status.success(),
-        "{label}: daemon failed: {}",
-        out.stderr
-    );
-    let truth = serde_json::from_str(
-        &std::fs::read_to_string(&truth_path).unwrap_or_else(|e| panic!("{label}: truth: {e}")),
+    let steps = steps.to_string();
+    run_framework_workload(
+        workload,
+        &["--mode", mode, "--steps", &steps],
+        &format!("{workload}-{mode}"),
     )
-    .unwrap();
-    Some(Run {
-        summary: out.summary,
-        truth,
-        card: out.stdout,
-    })
 }
 
 fn phase_ms(s: &serde_json::Value, phase: &str) -> f64 {

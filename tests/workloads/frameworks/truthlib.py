@@ -9,6 +9,7 @@ framework nests (Lightning runs forward and backward inside optimizer.step(closu
 with a "minus" phase whose time is subtracted (optimizer = step span - closure span).
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -79,6 +80,16 @@ class Clock:
             self._log.flush()
         return t
 
+    @contextlib.contextmanager
+    def phase(self, phase):
+        """`with clock.phase("forward"): ...`: the block is one span of `phase` (also when it
+        raises)."""
+        t0 = now()
+        try:
+            yield
+        finally:
+            self.span(phase, t0, now())
+
     def timed(self, phase, fn):
         """fn wrapped so that each call is a span of `phase`."""
         def wrapper(*args, **kwargs):
@@ -130,18 +141,20 @@ def _pieces(a, b, excluded):
 
 
 def build_truth(clock, *, scenario, backend, config, expected_verdict, phase_spans, extra_spans=(),
-                minus=None, counts=None, versions=None, exclude=()):
+                minus=None, counts=None, versions=None, exclude=(), gaps=()):
     """phase_spans: truth phase -> the span names that add up to it; minus: truth phase -> span
     names subtracted from it (nested work already counted elsewhere); extra_spans: span names
     reported per step as `<name>_ns` outside the phases (part of the residual); exclude: span
     names that are no part of the steps (evaluation): a step's wall and phases leave them out,
-    and `evaluation` reports them."""
+    and `evaluation` reports them; gaps: span names that are no part of the steps either (the
+    pause between two epochs) but no evaluation: left out of the steps, reported nowhere."""
     minus = minus or {}
     excluded = [s for n in exclude for s in clock.spans.get(n, [])]
+    cut = excluded + [s for n in gaps for s in clock.spans.get(n, [])]
     starts = [clock.first_start] + clock.step_ends[:-1]
     steps = []
     for i, (a, b) in enumerate(zip(starts, clock.step_ends)):
-        pieces = _pieces(a, b, excluded)
+        pieces = _pieces(a, b, cut)
         ov = lambda n: sum(_overlap(clock.spans.get(n, []), x, y) for x, y in pieces)  # noqa: E731
         wall = sum(y - x for x, y in pieces)
         ph = {p: 0 for p in PHASES if p != "residual"}

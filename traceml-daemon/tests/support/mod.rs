@@ -452,3 +452,174 @@ pub fn get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
     let status = head.split(' ').nth(1)?.parse().ok()?;
     Some((status, body.to_owned()))
 }
+
+/// The torch venv's interpreter (`TRACEML_TORCH_PYTHON`, set by `cargo xtask test` once
+/// `cargo xtask setup --torch` built it). `None` (the test is skipped) only when
+/// `TRACEML_SKIP_TORCH` is set; without either the test fails: a real-PyTorch test never passes
+/// having checked nothing.
+pub fn torch_python() -> Option<PathBuf> {
+    if std::env::var_os("TRACEML_SKIP_TORCH").is_some() {
+        eprintln!("TRACEML_SKIP_TORCH is set: real-PyTorch tests skipped on request");
+        return None;
+    }
+    let py = std::env::var_os("TRACEML_TORCH_PYTHON").map(PathBuf::from).expect(
+        "TRACEML_TORCH_PYTHON is not set: run through `cargo xtask test` (setup builds the torch venv)",
+    );
+    Some(py)
+}
+
+/// A real-PyTorch workload of `tests/workloads/frameworks` run under the daemon, with its truth.
+pub struct TruthRun {
+    pub summary: serde_json::Value,
+    pub truth: serde_json::Value,
+    /// The daemon's card (its stdout).
+    pub card: String,
+    /// The daemon's recording.
+    pub items: Vec<StreamItem>,
+}
+
+/// Runs `tests/workloads/frameworks/<workload>.py args --truth FILE` and the daemon on it,
+/// attached after the workload's start line (as [`spawn`] and [`run_daemon`] do), until the
+/// workload exits. `None` when the test is skipped (no root, see [`root_or_skip`]; or
+/// `TRACEML_SKIP_TORCH`, see [`torch_python`]). Fails the test when the daemon fails or the
+/// workload wrote no truth.
+pub fn run_framework_workload(workload: &str, args: &[&str], label: &str) -> Option<TruthRun> {
+    if !root_or_skip() {
+        return None;
+    }
+    let py = torch_python()?;
+    let dir = scratch(label);
+    let truth_path = dir.join("truth.json");
+    let mut cmd = Command::new(py);
+    cmd.arg(workspace().join(format!("tests/workloads/frameworks/{workload}.py")))
+        .args(args)
+        .arg("--truth")
+        .arg(&truth_path);
+    let mut target = spawn(cmd, &dir);
+    let out = run_daemon(&mut target, &dir, &[], Duration::from_secs(300));
+    assert!(
+        out.status.success(),
+        "{label}: daemon failed: {}",
+        out.stderr
+    );
+    let text = std::fs::read_to_string(&truth_path).unwrap_or_else(|e| {
+        panic!(
+            "{label}: truth {}: {e} (the workload ended before writing it)\nworkload stdout:\n{}\n\
+             daemon stderr:\n{}",
+            truth_path.display(),
+            out.target_stdout.join("\n"),
+            out.stderr
+        )
+    });
+    let truth = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{label}: truth: {e}"));
+    Some(TruthRun {
+        summary: out.summary,
+        truth,
+        card: out.stdout,
+        items: out.items,
+    })
+}
+
+/// The daemon's attach instant (CLOCK_MONOTONIC ns) from the recording's target record.
+pub fn attach_ns(items: &[StreamItem]) -> Option<u64> {
+    items.iter().find_map(|i| match i {
+        StreamItem::Target(t) => Some(t.attach_ts_ns),
+        _ => None,
+    })
+}
+
+/// When the daemon's learning probe set ran (the frame-evaluator probe armed to learn the loop,
+/// not kept as part of the steady set, or only the markers placed while it watched for
+/// training), from the recording's probe-set changes:
+/// `(from, to)` in CLOCK_MONOTONIC ns, `to` `None` while it ran to the end. The engine marks
+/// the steps that overlap one `learning` and leaves them out of the shares
+/// (`steps.learning_excluded`).
+pub fn learning_spans(items: &[StreamItem]) -> Vec<(u64, Option<u64>)> {
+    let mut sets: Vec<(u64, bool)> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::ProbeSet(p) => Some((p.ts, (p.python && !p.python_steady) || p.watching)),
+            _ => None,
+        })
+        .collect();
+    sets.sort_by_key(|&(ts, _)| ts);
+    let mut out: Vec<(u64, Option<u64>)> = Vec::new();
+    for (ts, learning) in sets {
+        match out.last_mut() {
+            Some((_, end @ None)) if !learning => *end = Some(ts),
+            Some((_, None)) => {}
+            _ if learning => out.push((ts, None)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The truth's steps (tests/README.md's per-step `t_start_ns`/`t_end_ns`) over the span of the
+/// run the daemon measured, chosen by time rather than by count, so that a daemon that splits
+/// or merges steps is still compared over the same part of the run.
+pub struct TruthView<'a> {
+    /// The steps that started at or after the daemon's attach instant ([`attach_ns`]; its probes
+    /// are placed in the second after it): every step of a workload that waited for the daemon's
+    /// ready file; the comparison for `steps.count`.
+    pub seen: Vec<&'a serde_json::Value>,
+    /// Those of them the daemon's shares cover: when the summary left its learning steps out
+    /// (`steps.learning_excluded` > 0), the steps that overlap no [`learning_spans`] span (all
+    /// of `seen` when none is left).
+    pub shared: Vec<&'a serde_json::Value>,
+}
+
+/// [`TruthView`] of a truth file for the daemon run that produced `summary` and `items`.
+pub fn truth_view<'a>(
+    truth: &'a serde_json::Value,
+    summary: &serde_json::Value,
+    items: &[StreamItem],
+) -> TruthView<'a> {
+    let attach = attach_ns(items).unwrap_or(0);
+    let seen: Vec<&serde_json::Value> = truth["steps"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter(|s| s["t_start_ns"].as_u64().is_some_and(|t| t >= attach))
+                .collect()
+        })
+        .unwrap_or_default();
+    let excluded = summary["steps"]["learning_excluded"].as_u64().unwrap_or(0);
+    let spans = learning_spans(items);
+    let steady: Vec<&serde_json::Value> = seen
+        .iter()
+        .copied()
+        .filter(|s| {
+            let (a, b) = (
+                s["t_start_ns"].as_u64().unwrap_or(0),
+                s["t_end_ns"].as_u64().unwrap_or(u64::MAX),
+            );
+            !spans
+                .iter()
+                .any(|&(from, to)| from < b && to.is_none_or(|to| to > a))
+        })
+        .collect();
+    let shared = if excluded > 0 && !steady.is_empty() {
+        steady
+    } else {
+        seen.clone()
+    };
+    TruthView { seen, shared }
+}
+
+/// Each phase's total over these truth steps' total wall time, as the summary computes
+/// `phases.<p>.share` (0 for a phase the truth does not have).
+pub fn truth_shares_of(steps: &[&serde_json::Value]) -> Vec<(traceml_daemon::engine::Phase, f64)> {
+    use traceml_daemon::engine::Phase;
+    let wall: f64 = steps.iter().filter_map(|s| s["wall_ns"].as_f64()).sum();
+    Phase::ALL
+        .iter()
+        .map(|&p| {
+            let ns = steps
+                .iter()
+                .filter_map(|s| s["phases_ns"][p.name()].as_f64())
+                .fold(0.0, |a, b| a + b);
+            (p, if wall > 0.0 { ns / wall } else { 0.0 })
+        })
+        .collect()
+}
