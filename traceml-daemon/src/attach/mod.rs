@@ -519,34 +519,27 @@ impl Attacher {
     /// Places the `sched_process_exec` program (a raw tracepoint: no tracefs needed), which
     /// marks the target's exec in the event stream (see `traceml_common::EventKind::Exec`).
     fn watch_exec(&mut self) -> Result<(), AttachError> {
-        const NAME: &str = "process_exec";
-        let prog: &mut aya::programs::RawTracePoint = self
-            .ebpf
-            .program_mut(NAME)
-            .ok_or(AttachError::NoProgram(NAME))?
-            .try_into()
-            .map_err(|source| AttachError::Program { name: NAME, source })?;
-        prog.load()
-            .map_err(|source| AttachError::Program { name: NAME, source })?;
-        prog.attach("sched_process_exec")
-            .map_err(|source| AttachError::Program { name: NAME, source })?;
-        Ok(())
+        self.raw_tracepoint("process_exec", "sched_process_exec")
     }
 
     /// Places the `sched_switch` program (a raw tracepoint), which reports each interval a
     /// watched thread of the target spent off its CPU (`traceml_common::EventKind::OffCpu`).
     fn watch_sched(&mut self) -> Result<(), AttachError> {
-        const NAME: &str = "sched_switch";
+        self.raw_tracepoint("sched_switch", "sched_switch")
+    }
+
+    /// Loads the raw-tracepoint program `name` and attaches it to `tracepoint`.
+    fn raw_tracepoint(&mut self, name: &'static str, tracepoint: &str) -> Result<(), AttachError> {
         let prog: &mut aya::programs::RawTracePoint = self
             .ebpf
-            .program_mut(NAME)
-            .ok_or(AttachError::NoProgram(NAME))?
+            .program_mut(name)
+            .ok_or(AttachError::NoProgram(name))?
             .try_into()
-            .map_err(|source| AttachError::Program { name: NAME, source })?;
+            .map_err(|source| AttachError::Program { name, source })?;
         prog.load()
-            .map_err(|source| AttachError::Program { name: NAME, source })?;
-        prog.attach("sched_switch")
-            .map_err(|source| AttachError::Program { name: NAME, source })?;
+            .map_err(|source| AttachError::Program { name, source })?;
+        prog.attach(tracepoint)
+            .map_err(|source| AttachError::Program { name, source })?;
         Ok(())
     }
 
