@@ -312,8 +312,11 @@ pub enum LossReason {
     StateFull = 2,
     /// The C-entry depth passed the kernel's uretprobe nesting limit; that frame is not tracked.
     DepthLimit = 3,
+    /// `bpf_ringbuf_reserve` failed for an off-CPU record (sched_switch): counted apart, so the
+    /// probes' own losses stay exact.
+    OffCpuRingFull = 4,
 }
-pub const LOSS_REASONS: u32 = 4;
+pub const LOSS_REASONS: u32 = 5;
 
 /// The kernel's record of a code object userspace has not classified yet.
 #[repr(C)]

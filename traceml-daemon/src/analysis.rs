@@ -982,6 +982,7 @@ fn data_quality(
             state_full: l.state_full,
             undecodable: l.undecodable,
             seq_gaps: l.seq_gaps,
+            off_cpu_ring_full: l.off_cpu_ring_full,
             total: l.total(),
         }),
         _ => None,

@@ -567,11 +567,19 @@ pub struct Lost {
     pub undecodable: u64,
     /// Sequence gaps seen by userspace that the kernel counters do not explain.
     pub seq_gaps: u64,
+    /// Off-CPU records (sched_switch) dropped because the ring buffer was full; apart from
+    /// `ring_full`, which counts the probes' events.
+    #[serde(default)]
+    pub off_cpu_ring_full: u64,
 }
 
 impl Lost {
     pub fn total(&self) -> u64 {
-        self.ring_full + self.read_failed + self.state_full + self.undecodable
+        self.ring_full
+            + self.read_failed
+            + self.state_full
+            + self.undecodable
+            + self.off_cpu_ring_full
     }
 }
 

@@ -670,6 +670,9 @@ pub struct LostCounts {
     pub state_full: u64,
     pub undecodable: u64,
     pub seq_gaps: u64,
+    /// Off-CPU records (sched_switch) the full ring buffer dropped; in `total`.
+    #[serde(default)]
+    pub off_cpu_ring_full: u64,
     /// Sum of the kernel-side reasons and undecodable events (`seq_gaps` reported apart).
     pub total: u64,
 }

@@ -487,8 +487,8 @@ fn dropping_the_attacher_takes_every_probe_out() {
     }
     let links = open_bpf_links() - before;
     eprintln!(
-        "{placed} probes in {} kernel links ({}), {links} bpf link fds (the exec tracepoint's \
-         included)",
+        "{placed} probes in {} kernel links ({}), {links} bpf link fds (the exec and \
+         sched_switch tracepoints' included)",
         attacher.link_count(),
         if attacher.uses_multi_links() {
             "uprobe_multi"
@@ -497,9 +497,9 @@ fn dropping_the_attacher_takes_every_probe_out() {
         }
     );
     if attacher.uses_multi_links() {
-        // launch, call_enter, any_exit; and the exec tracepoint.
+        // launch, call_enter, any_exit; and the exec and sched_switch tracepoints.
         assert_eq!(attacher.link_count(), 3);
-        assert_eq!(links, 4);
+        assert_eq!(links, 5);
     }
     let t0 = std::time::Instant::now();
     drop(attacher);

@@ -152,7 +152,12 @@ fn emit_with(kind: EventKind, probe: u32, submit: u64, fill: impl FnOnce(&mut Ra
         None => 0,
     };
     let Some(mut entry) = EVENTS.reserve::<RawEvent>(0) else {
-        if let Some(n) = lose(LossReason::RingFull) {
+        let reason = if kind == EventKind::OffCpu {
+            LossReason::OffCpuRingFull
+        } else {
+            LossReason::RingFull
+        };
+        if let Some(n) = lose(reason) {
             let (pid, tid) = current();
             warn!(
                 &(),

@@ -1476,13 +1476,23 @@ fn get_batch_before_the_first_module_call_is_input() {
     );
 }
 
-/// A kernel launch marks the model's first operation as a module call does (the frame-evaluator
-/// probe detached, a GPU loop).
+/// With the frame-evaluator probe detached (a GPU loop): the batch's first host-to-device
+/// copy ends input preparation; host work before the model's first kernel launch is forward
+/// (a model may compute on the host before it launches anything).
 #[test]
-fn the_first_launch_ends_input_preparation() {
+fn the_first_h2d_copy_ends_input_preparation_and_a_launch_does_not() {
     let mut t = Trace::new();
     for k in 0..4u64 {
         let b = k * 1_000;
+        // get_batch 0..300, copy 300..350, host work in forward 350..600, kernels from 600.
+        t.copy(
+            b + 300,
+            PID,
+            Api::CudaMemcpyAsync,
+            CopyKind::HostToDevice,
+            100,
+        )
+        .ret(b + 350, PID, Api::CudaMemcpyAsync);
         t.launch(b + 600, PID, Api::CudaLaunchKernel)
             .launch(b + 650, PID, Api::CudaLaunchKernel);
         t.call(b + 800, PID, Api::TorchBackward)
@@ -1491,8 +1501,22 @@ fn the_first_launch_ends_input_preparation() {
     }
     let out = t.codes().run();
     assert_eq!(out.steps.len(), 3);
-    assert_eq!(out.steps[0].phase(Phase::InputWait), 600);
-    assert_eq!(out.steps[0].phase(Phase::Forward), 200);
+    assert_eq!(out.steps[0].phase(Phase::InputWait), 300);
+    assert_eq!(out.steps[0].phase(Phase::H2d), 50);
+    assert_eq!(out.steps[0].phase(Phase::Forward), 450);
+
+    // No copy: nothing marks the batch ready, and the span is forward.
+    let mut t = Trace::new();
+    for k in 0..4u64 {
+        let b = k * 1_000;
+        t.launch(b + 600, PID, Api::CudaLaunchKernel);
+        t.call(b + 800, PID, Api::TorchBackward)
+            .ret(b + 900, PID, Api::TorchBackward);
+        t.rec(b + 900, PID, OPT_REC).rec_end(b + 1_000, PID);
+    }
+    let out = t.codes().run();
+    assert_eq!(out.steps[0].phase(Phase::InputWait), 0);
+    assert_eq!(out.steps[0].phase(Phase::Forward), 800);
 }
 
 /// Evaluation under `torch.no_grad()` over tensors already loaded (no fetch): a segment, and
@@ -1583,4 +1607,27 @@ fn off_cpu_time_is_split_by_phase_and_state() {
         out.totals.blocked_ns[Phase::InputWait.index()],
         400 * out.totals.count
     );
+}
+
+/// The thread blocks inside a sync (its switch back on CPU is recorded before the sync
+/// returns): the whole sync stays GPU wait, and the off-CPU time is GPU wait's blocked time.
+#[test]
+fn a_switch_back_on_cpu_inside_a_sync_does_not_end_it() {
+    use crate::event::OffCpu;
+    let mut t = Trace::new();
+    let mut ts = 1_000;
+    for _ in 0..4 {
+        t.fetch(ts, 100)
+            .fwd_bwd(ts + 100, 100, 100)
+            .opt(ts + 300, 100);
+        t.call(ts + 400, PID, Api::CudaStreamSynchronize)
+            .off_cpu(ts + 880, PID, ts + 420, OffCpu::Sleeping)
+            .ret(ts + 900, PID, Api::CudaStreamSynchronize);
+        ts += 1_000;
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    let s = &out.steps[1];
+    assert_eq!(s.phase_ns[Phase::GpuWait.index()], 500, "{s:?}");
+    assert_eq!(s.blocked_ns[Phase::GpuWait.index()], 460, "{s:?}");
 }

@@ -194,6 +194,13 @@ impl Open {
     }
 }
 
+/// The marks of a batch being ready in a forward span (see [`ThreadFold::forward_op`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct ForwardOp {
+    module: Option<u64>,
+    copy: Option<u64>,
+}
+
 /// The fold over one thread's events, in timestamp order.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ThreadFold {
@@ -207,9 +214,11 @@ pub(crate) struct ThreadFold {
     /// Where the forward span that the next backward closes started: the end of the last
     /// outermost DataLoader call or optimizer step (see [`ThreadFold::open`]).
     forward_from: Option<u64>,
-    /// The model's first operation in that span: an outermost module call or a kernel launch
-    /// outside any fetch, optimizer step or backward pass.
-    forward_op: Option<u64>,
+    /// Where the batch is ready in that span: the model's first module call, or (no module call
+    /// seen: the frame-evaluator probe detached) the batch's first host-to-device copy, outside
+    /// any fetch, optimizer step or backward pass. Not a kernel launch: a model may do host work
+    /// before its first kernel, and that is forward.
+    forward_op: ForwardOp,
     /// A DataLoader call whose Python frame the frame-evaluator probe's detach closed before
     /// torch's `record_function` of the same fetch was entered: that entry continues the call
     /// instead of starting a batch of its own (see [`ThreadFold::close_python`]).
@@ -300,14 +309,18 @@ impl ThreadFold {
     }
 
     /// The model's first operation since the forward span started, if nothing else claims it.
-    fn mark_forward_op(&mut self, ts: u64) {
+    fn mark_forward_op(&mut self, ts: u64, module: bool) {
         if self.forward_from.is_some()
-            && self.forward_op.is_none()
             && self.input_depth == 0
             && self.optimizer_depth == 0
             && self.backward_depth == 0
         {
-            self.forward_op = Some(ts);
+            let slot = if module {
+                &mut self.forward_op.module
+            } else {
+                &mut self.forward_op.copy
+            };
+            slot.get_or_insert(ts);
         }
     }
 
@@ -315,7 +328,7 @@ impl ThreadFold {
     /// `__next__` closes a stale one first).
     fn py_enter(&mut self, ts: u64, code: u64, class: Class) {
         if class == Class::ModuleCall {
-            self.mark_forward_op(ts);
+            self.mark_forward_op(ts, true);
         }
         let dl = class == Class::DataLoaderNext;
         if dl {
@@ -370,6 +383,10 @@ impl ThreadFold {
             Some(at) if api == Api::CollectiveWait => at,
             _ => ts,
         };
+        if phase == Some(Phase::H2d) && self.copy_depth == 0 {
+            // The batch goes to the device: what came before it prepared the batch.
+            self.mark_forward_op(ts, false);
+        }
         let idx = self.open(
             What::Call { api },
             [Some(Key::Api(api)), None],
@@ -389,7 +406,6 @@ impl ThreadFold {
 
     /// A kernel launch: a driver launch right after a runtime launch is the same one.
     fn launch(&mut self, ts: u64, api: Api) {
-        self.mark_forward_op(ts);
         if api.is_driver() {
             match self.runtime_launch.take() {
                 Some(rt) if ts.saturating_sub(rt) <= LAUNCH_DEDUP_NS => {}
@@ -494,7 +510,7 @@ impl ThreadFold {
                 // A new batch before any backward: the span since the last one was no forward
                 // pass we can delimit (an evaluation loop, a skipped batch).
                 self.forward_from = None;
-                self.forward_op = None;
+                self.forward_op = ForwardOp::default();
             } else if let Some(outer) = self.stack.iter_mut().find(|o| o.input_call.is_some()) {
                 outer.inner_input = true;
             }
@@ -509,7 +525,8 @@ impl ThreadFold {
             // does in between except what a more specific marker claims (copies, syncs,
             // `zero_grad`).
             if self.backward_depth == 0 {
-                let op = self.forward_op.take();
+                let op = std::mem::take(&mut self.forward_op);
+                let op = op.module.or(op.copy);
                 if let Some(from) = self.forward_from.take()
                     && ts > from
                 {
@@ -570,7 +587,7 @@ impl ThreadFold {
             self.input_depth -= 1;
             if self.input_depth == 0 {
                 self.forward_from = Some(end);
-                self.forward_op = None;
+                self.forward_op = ForwardOp::default();
             }
         }
         if p_is(top.phase, Phase::Backward) {
@@ -579,7 +596,7 @@ impl ThreadFold {
                 // The next micro-batch's forward (gradient accumulation, a window of batches
                 // fetched ahead) runs from here to its backward.
                 self.forward_from = Some(end);
-                self.forward_op = None;
+                self.forward_op = ForwardOp::default();
             }
         }
         if let Some(i) = top
@@ -601,7 +618,7 @@ impl ThreadFold {
             }
             if self.optimizer_depth == 0 {
                 self.forward_from = Some(end);
-                self.forward_op = None;
+                self.forward_op = ForwardOp::default();
             }
         }
         if let What::Call { api } = top.what {
@@ -702,6 +719,9 @@ impl ThreadFold {
             let allowed = match kind {
                 Kind::CallExit { .. } => true,
                 Kind::CallEnter { api, .. } => api.is_driver() && !top_api.is_driver(),
+                // The scheduler's record of the thread coming back on CPU: inside a blocking
+                // sync or copy that is the wait itself, not the thread's next action.
+                Kind::OffCpu { .. } => true,
                 _ => false,
             };
             if allowed {

@@ -191,6 +191,7 @@ fn every_item() -> Vec<StreamItem> {
             state_full: 3,
             undecodable: 4,
             seq_gaps: 5,
+            off_cpu_ring_full: 6,
         }),
         StreamItem::LaunchTotals(LaunchTotals {
             runtime: 7,

@@ -554,12 +554,14 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     fn lost(&self, k: &Kernel) -> Lost {
         let count = |r: LossReason| percpu_sum(&k.loss, r as u32);
         let ring_full = count(LossReason::RingFull);
+        let off_cpu_ring_full = count(LossReason::OffCpuRingFull);
         Lost {
             ring_full,
             read_failed: count(LossReason::ReadFailed),
             state_full: count(LossReason::StateFull) + count(LossReason::DepthLimit),
             undecodable: self.undecodable,
-            seq_gaps: self.seq_gaps.saturating_sub(ring_full),
+            seq_gaps: self.seq_gaps.saturating_sub(ring_full + off_cpu_ring_full),
+            off_cpu_ring_full,
         }
     }
 }
