@@ -46,8 +46,11 @@ pub enum Role {
     CudaRuntime,
     /// `libcuda.so*`: the CUDA driver.
     CudaDriver,
-    /// `libtorch*.so*` and `libc10.so`: torch's native libraries.
+    /// `libtorch*.so*`: torch's native libraries (its training markers).
     Torch,
+    /// `libc10.so`: torch's core (grad mode); held back with the CUDA libraries while the
+    /// daemon only watches for training (an inference server switches grad mode per request).
+    TorchCore,
     /// `libnccl.so*`: NCCL's collectives.
     Nccl,
 }
@@ -59,6 +62,7 @@ impl Role {
             Role::CudaRuntime => "cudart",
             Role::CudaDriver => "cuda_driver",
             Role::Torch => "torch",
+            Role::TorchCore => "torch_core",
             Role::Nccl => "nccl",
         }
     }
@@ -71,10 +75,10 @@ pub fn role_of(path: &Path) -> Option<Role> {
         Some(Role::CudaRuntime)
     } else if name.starts_with("libcuda.so") {
         Some(Role::CudaDriver)
-    } else if (name.starts_with("libtorch") && name.contains(".so"))
-        || name.starts_with("libc10.so")
-    {
+    } else if name.starts_with("libtorch") && name.contains(".so") {
         Some(Role::Torch)
+    } else if name.starts_with("libc10.so") {
+        Some(Role::TorchCore)
     } else if name.starts_with("libnccl.so") {
         Some(Role::Nccl)
     } else if name.starts_with("libpython3") && name.contains(".so") {
@@ -128,6 +132,10 @@ mod tests {
         assert_eq!(
             role_of(Path::new("/site/torch/lib/libtorch_python.so")),
             Some(Role::Torch)
+        );
+        assert_eq!(
+            role_of(Path::new("/site/torch/lib/libc10.so")),
+            Some(Role::TorchCore)
         );
         assert_eq!(
             role_of(Path::new("/lib/libpython3.9.so.1.0")),

@@ -252,16 +252,6 @@ pub const TORCH: &[ProbeSpec] = &[
         true,
         Contains("THPEngine_run_backward"),
     ),
-    // `c10::GradMode::set_enabled(bool)` (libc10, exported; starts `push %rbx`): what
-    // `torch.no_grad()` and the optimizer's own guard switch. Evaluation is grad mode off.
-    ProbeSpec {
-        probe: P::TorchGradMode,
-        entry: "grad_mode",
-        exit: false,
-        matcher: Exact("_ZN3c108GradMode11set_enabledEb"),
-        required: false,
-        movable: false,
-    },
     // Collectives (docs/torch-hooks.md, "Collectives"): entry markers only, the wait's end is
     // the entry of what follows it (both waits can rethrow: no return probes).
     // `dist.all_reduce` / `work.wait()`: blocked in `c10d::Work::wait`, which then calls
@@ -357,12 +347,24 @@ pub const NCCL: &[ProbeSpec] = &[
     spec(P::NcclRecv, "mark_enter", false, Exact("ncclRecv")),
 ];
 
+/// libc10: `c10::GradMode::set_enabled(bool)` (exported; starts `push %rbx`), what
+/// `torch.no_grad()` and the optimizer's own guard switch. Evaluation is grad mode off.
+const TORCH_CORE: &[ProbeSpec] = &[ProbeSpec {
+    probe: P::TorchGradMode,
+    entry: "grad_mode",
+    exit: false,
+    matcher: Exact("_ZN3c108GradMode11set_enabledEb"),
+    required: false,
+    movable: false,
+}];
+
 pub fn specs(role: Role) -> &'static [ProbeSpec] {
     match role {
         Role::Python => PYTHON,
         Role::CudaRuntime => CUDA_RUNTIME,
         Role::CudaDriver => CUDA_DRIVER,
         Role::Torch => TORCH,
+        Role::TorchCore => TORCH_CORE,
         Role::Nccl => NCCL,
     }
 }
