@@ -46,6 +46,18 @@ use super::timeline::{Cut, push_step};
 /// forward between two fetches is longer.
 pub(crate) const GROUP_GAP_NS: u64 = 200_000;
 
+/// A grad-off span with no fetch is evaluation only when it lasts at least this share of a
+/// training step: `clip_grad_norm_`, an EMA update or a logged `.item()` run under
+/// `torch.no_grad()` in every step and take a fraction of it; an evaluation runs the model
+/// over batches, at least a forward pass each.
+pub(crate) const GRAD_EVAL_STEP_SHARE: f64 = 0.5;
+
+/// Whether a grad-off span of `len` ns is long enough to be evaluation, against the last
+/// training step's length (`reference`, the step in progress when none was complete).
+fn long_enough(len: u64, reference: u64) -> bool {
+    reference > 0 && len as f64 >= GRAD_EVAL_STEP_SHARE * reference as f64
+}
+
 /// Whether grad mode was off at `ts` outside an optimizer step (evaluation).
 fn grad_off_at(t: &ThreadTrace, ts: u64) -> bool {
     t.grad_off.iter().any(|&(a, b)| a <= ts && ts < b) || t.grad_off_open.is_some_and(|a| a <= ts)
@@ -73,6 +85,8 @@ pub(crate) struct Cutter {
     max_micro: u32,
     /// The optimizer exit that closed the last window.
     last_exit: u64,
+    /// Length of the last training step cut (the reference of [`GRAD_EVAL_STEP_SHARE`]).
+    last_step_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,13 +133,22 @@ pub(crate) fn cut_exits(
             }
         }
         if let Some(s) = c.open.replace(x) {
-            let inside = grad_off.iter().filter(|&&(a, b)| a >= s && b <= x);
+            let reference = if c.last_step_ns > 0 {
+                c.last_step_ns
+            } else {
+                x - s
+            };
+            let inside = grad_off
+                .iter()
+                .filter(|&&(a, b)| a >= s && b <= x && long_enough(b - a, reference));
             let (from, to) = inside.fold((u64::MAX, 0), |(f, t), &(a, b)| (f.min(a), t.max(b)));
             if to > from {
                 cut.evals.push((from, to, 0));
                 push_step(cut, to, x, None);
+                c.last_step_ns = x - to;
             } else {
                 push_step(cut, s, x, None);
+                c.last_step_ns = x - s;
             }
         }
     }
@@ -270,13 +293,24 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
         .take_while(|&(i, &ts)| (i as u32) < by_count || grad_off_at(t, ts))
         .count() as u32;
     let train_start = fetches.get(excess as usize).copied();
-    // Evaluation with no fetch of its own (tensors already loaded) is grad mode off.
+    // Evaluation with no fetch of its own (tensors already loaded) is grad mode off, for long
+    // enough to run the model.
+    let reference = if c.last_step_ns > 0 {
+        c.last_step_ns
+    } else {
+        c.open.map_or(0, |s| c.last_exit.saturating_sub(s))
+    };
     let grad_eval = t
         .grad_off
         .iter()
-        .map(|&(a, _)| a)
-        .chain(t.grad_off_open)
-        .find(|&a| a >= c.last_exit && train_start.is_none_or(|s| a < s));
+        .copied()
+        .chain(t.grad_off_open.map(|a| (a, t.last_ts)))
+        .find(|&(a, b)| {
+            a >= c.last_exit
+                && train_start.is_none_or(|s| a < s)
+                && long_enough(b.saturating_sub(a), reference)
+        })
+        .map(|(a, _)| a);
     let eval_start = [(excess > 0).then(|| fetches[0]), grad_eval]
         .into_iter()
         .flatten()
@@ -292,13 +326,35 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
     .expect("a window with fetches has a boundary");
     if let Some(s) = c.open.take() {
         push_step(cut, s, boundary, Some(c.micro));
+        c.last_step_ns = boundary.saturating_sub(s);
     } else if !c.started && boundary > t.first_ts {
         // The attach fragment before the first boundary.
         cut.partial += 1;
     }
     c.started = true;
     if let Some(e) = eval_start {
-        let end = train_start.unwrap_or(t.last_ts);
+        // An evaluation no training batch follows (the run's final one) ends with what we
+        // saw of it: its last fetch's return, its last module call, or grad mode switched
+        // back on; not with the trace (the process may save, log and tear down for seconds
+        // after).
+        let seen = || {
+            let fetched = marks.iter().filter_map(|m| match m {
+                Mark::Fetch(f) => f.end.or(Some(f.ts)),
+                Mark::Backward(_) => None,
+            });
+            let grad = t
+                .grad_off
+                .iter()
+                .map(|&(_, b)| b)
+                .chain(t.grad_off_open.map(|_| t.last_ts));
+            let model = t
+                .intervals
+                .iter()
+                .filter(|&&(_, _, p)| p == super::Phase::Forward)
+                .map(|&(_, b, _)| b);
+            fetched.chain(grad).chain(model).filter(|&x| x > e).max()
+        };
+        let end = train_start.or_else(seen).unwrap_or(t.last_ts);
         if end > e {
             cut.evals.push((e, end, excess));
         }

@@ -1214,7 +1214,7 @@ fn a_final_evaluation_is_a_segment() {
     assert_eq!(out.steps.len(), 3);
     assert_eq!(out.evaluation.segments, 1);
     assert_eq!(out.evaluation.batches, 5);
-    assert_eq!(out.evaluation.wall_ns, 5 * 150, "to the trace's last event");
+    assert_eq!(out.evaluation.wall_ns, 5 * 150, "to its last forward's end");
 }
 
 /// Two optimizers per batch (a GAN): the second optimizer step fetched nothing, so it is part
@@ -1630,4 +1630,69 @@ fn a_switch_back_on_cpu_inside_a_sync_does_not_end_it() {
     let s = &out.steps[1];
     assert_eq!(s.phase_ns[Phase::GpuWait.index()], 500, "{s:?}");
     assert_eq!(s.blocked_ns[Phase::GpuWait.index()], 460, "{s:?}");
+}
+
+/// `clip_grad_norm_` between backward and the optimizer step, and an EMA update after it, run
+/// under `torch.no_grad()` in every step: short grad-off spans, no evaluation, in a DataLoader
+/// loop and in a loop with no DataLoader (optimizer-step boundaries).
+#[test]
+fn short_grad_off_spans_in_every_step_are_no_evaluation() {
+    let mut t = Trace::new();
+    let mut ts = 1_000;
+    for _ in 0..6 {
+        t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100);
+        // clip_grad_norm_ 250..270, step 270..300, EMA 300..340.
+        t.grad(ts + 250, PID, false).grad(ts + 270, PID, true);
+        t.opt(ts + 270, 30);
+        t.grad(ts + 300, PID, false).grad(ts + 340, PID, true);
+        ts += 400;
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert_eq!(out.evaluation.segments, 0, "{:?}", out.evaluation);
+    // The last step ends at its optimizer exit (the trace's end).
+    assert_eq!(out.steps.len(), 6);
+    assert!(out.steps[..5].iter().all(|s| s.duration_ns() == 400));
+
+    let mut t = Trace::new();
+    let mut ts = 0;
+    for _ in 0..6 {
+        t.enter(ts + 100, PID, MODULE).exit(ts + 200, PID, MODULE);
+        t.call(ts + 200, PID, Api::TorchBackward)
+            .ret(ts + 300, PID, Api::TorchBackward);
+        t.grad(ts + 300, PID, false).grad(ts + 330, PID, true);
+        t.opt(ts + 330, 70);
+        ts += 400;
+    }
+    let out = t.codes().run();
+    assert_eq!(out.evaluation.segments, 0, "{:?}", out.evaluation);
+    assert_eq!(out.steps.len(), 5);
+    assert!(out.steps.iter().all(|s| s.duration_ns() == 400));
+}
+
+/// The run's final evaluation (no training batch after it) ends where its last fetch returned,
+/// not where the trace ends: the process saves and tears down for a while after.
+#[test]
+fn a_final_evaluation_ends_with_its_last_fetch() {
+    let mut t = Trace::new();
+    let mut ts = 1_000;
+    for _ in 0..5 {
+        t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100).opt(ts + 250, 50);
+        ts += 300;
+    }
+    // Evaluation: 4 fetches of 100, each followed by a forward of 100, then StopIteration.
+    let eval_start = ts;
+    for _ in 0..4 {
+        t.fetch(ts, 100);
+        t.enter(ts + 100, PID, MODULE).exit(ts + 200, PID, MODULE);
+        ts += 200;
+    }
+    t.stop(ts);
+    // The teardown: another thread's events, 10_000 later.
+    t.launch(ts + 10_000, WORKER, Api::CudaLaunchKernel);
+    let out = t.codes().run();
+    assert_eq!(out.evaluation.segments, 1, "{:?}", out.evaluation);
+    assert_eq!(out.evaluation.batches, 4);
+    // From its first fetch to the StopIteration's return.
+    assert_eq!(out.evaluation.wall_ns, ts + 10 - eval_start);
 }
