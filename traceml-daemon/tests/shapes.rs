@@ -19,7 +19,8 @@
 //! - the step count within ±1 of the truth's steps from the attach on;
 //! - evaluation's share of the run's wall time (`evaluation.share_of_wall`) within 0.05 of the
 //!   truth's (its evaluation spans after the attach over `run.duration_s`; 0 where the loop
-//!   has no evaluation);
+//!   has no evaluation), and its segments: none where the loop has no evaluation, the truth's
+//!   count after the attach ±1 elsewhere;
 //! - feeder_queue: the training thread (`steps.training_tid`) is the main thread, the one that
 //!   called `q.get()` and the optimizer (the truth's `training_tid`), not the feeder;
 //! - accum128: 128 micro-batches in every step (`steps.micro_batches` min and max): the window
@@ -267,6 +268,24 @@ fn check_mode(mode: &'static str, extra: Extra) {
         format!(
             "steps: daemon {}, truth {want_steps} from the attach on (±1)",
             got_steps.map_or("null".into(), |g| g.to_string())
+        ),
+    );
+    // Evaluation's segments: none where the loop evaluates nothing (an epoch's end is no
+    // evaluation), the truth's count after the attach (±1: one cut by the attach) elsewhere.
+    let want_segments = t["evaluation"]["spans_ns"].as_array().map_or(0, |v| {
+        v.iter()
+            .filter(|sp| attach.is_none_or(|at| sp[0].as_u64().is_some_and(|a| a >= at)))
+            .count() as u64
+    });
+    let got_segments = s["evaluation"]["segments"].as_u64().unwrap_or(u64::MAX);
+    c.check(
+        if want_segments == 0 {
+            got_segments == 0
+        } else {
+            got_segments.abs_diff(want_segments) <= 1
+        },
+        format!(
+            "evaluation segments: daemon {got_segments}, truth {want_segments} after the attach"
         ),
     );
     // Evaluation's share of the run's wall time.

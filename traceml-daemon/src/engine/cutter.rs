@@ -23,7 +23,9 @@
 //! right before a backward (the prefetch of a batch that does not exist, while the last batch
 //! still trains), and then allows one extra fetch in the first window of each epoch (and in the
 //! run's first window when the extra is exactly one). A StopIteration followed by another fetch
-//! ends an epoch (or an evaluation loop) and is no batch.
+//! ends an epoch (or an evaluation loop) and is no batch. Seen through torch's markers only
+//! (the frame-evaluator probe detached), a StopIteration returns like a batch: a window's one
+//! leading fetch more than its backwards, grad mode on at it, is taken for that epoch end.
 //!
 //! # Which fetches are evaluation
 //! A fetch is an evaluation batch when autograd's grad mode is off at it, outside an optimizer
@@ -285,7 +287,22 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
         groups - b.min(groups)
     };
     let in_groups = group_of.iter().filter(|&&g| g < unconsumed_groups).count() as u32;
-    let by_count = excess_fetches.min(in_groups);
+    let mut by_count = excess_fetches.min(in_groups);
+    if by_count == 1
+        && excess_fetches == 1
+        && b > 0
+        && epoch_end.is_none()
+        && !grad_off_at(t, fetches[0])
+    {
+        // One leading fetch more than the window's backwards, grad mode on at it: an epoch's
+        // last `__next__`, whose StopIteration only the frame-evaluator probe sees (torch's
+        // `record_function` returns either way). A one-batch evaluation without
+        // `torch.no_grad()` looks the same; the epoch's end is the common case.
+        epoch_end = Some(fetches.remove(0));
+        group_of.remove(0);
+        raised = true;
+        by_count = 0;
+    }
     // The leading fetches that are evaluation: by count, or under grad mode off.
     let excess = fetches
         .iter()

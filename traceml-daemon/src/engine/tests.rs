@@ -1696,3 +1696,35 @@ fn a_final_evaluation_ends_with_its_last_fetch() {
     // From its first fetch to the StopIteration's return.
     assert_eq!(out.evaluation.wall_ns, ts + 10 - eval_start);
 }
+
+/// Epochs with a pause between them, seen through torch's markers only: the epoch's last
+/// `__next__` (StopIteration) returns like a fetch. The one fetch more than the window's
+/// backwards ends the epoch; it is no one-batch evaluation, and the pause is in no step.
+#[test]
+fn an_epoch_end_seen_by_markers_only_is_no_evaluation() {
+    const DL_REC: &str = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    let mut t = Trace::new();
+    let mut ts = 1_000;
+    for _epoch in 0..3 {
+        for _ in 0..4 {
+            t.rec(ts, PID, DL_REC).rec_end(ts + 50, PID);
+            t.call(ts + 150, PID, Api::TorchBackward)
+                .ret(ts + 250, PID, Api::TorchBackward);
+            t.opt(ts + 250, 50);
+            ts += 300;
+        }
+        // The StopIteration (a marker that returns), then a pause of 5_000.
+        t.rec(ts, PID, DL_REC).rec_end(ts + 5, PID);
+        ts += 5_000;
+    }
+    let out = t.codes().run();
+    assert_eq!(out.evaluation.segments, 0, "{:?}", out.evaluation);
+    assert!(
+        out.steps.iter().all(|s| s.duration_ns() == 300),
+        "{:?}",
+        out.steps
+            .iter()
+            .map(|s| s.duration_ns())
+            .collect::<Vec<_>>()
+    );
+}
