@@ -89,6 +89,12 @@ pub(crate) struct Cutter {
     last_exit: u64,
     /// Length of the last training step cut (the reference of [`GRAD_EVAL_STEP_SHARE`]).
     last_step_ns: u64,
+    /// Every probe of the attach in place from here: marks before it are the attach fragment's
+    /// (one library's markers seen, another's not yet: fetches without their backwards).
+    pub armed: u64,
+    /// The step in progress is the attach window's: the attach may have cut its window, so it
+    /// is a step only when it has as many micro-batches as the next window.
+    first_window: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +167,7 @@ pub(crate) fn cut_exits(
 pub(crate) fn cut_windows(c: &mut Cutter, t: &ThreadTrace, w: u64, at_end: bool, cut: &mut Cut) {
     // (ts, order, mark): at one instant an exit comes before what the next call enters.
     let mut marks: Vec<(u64, u8, Option<Mark>)> = Vec::new();
-    let fresh = |ts: u64| ts >= c.cursor && ts < w;
+    let fresh = |ts: u64| ts >= c.cursor.max(c.armed) && ts < w;
     for &x in t.optimizer_exits.iter().filter(|&&x| fresh(x)) {
         marks.push((x, 0, None));
     }
@@ -341,12 +347,19 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
     .flatten()
     .min()
     .expect("a window with fetches has a boundary");
+    let first_window = std::mem::take(&mut c.first_window);
     if let Some(s) = c.open.take() {
-        push_step(cut, s, boundary, Some(c.micro));
-        c.last_step_ns = boundary.saturating_sub(s);
+        if first_window && b > c.micro {
+            // The attach window, cut by the attach: fewer micro-batches than this window.
+            cut.partial += 1;
+        } else {
+            push_step(cut, s, boundary, Some(c.micro));
+            c.last_step_ns = boundary.saturating_sub(s);
+        }
     } else if !c.started && boundary > t.first_ts {
         // The attach fragment before the first boundary.
         cut.partial += 1;
+        c.first_window = true;
     }
     c.started = true;
     if let Some(e) = eval_start {

@@ -477,6 +477,10 @@ pub struct Engine {
     /// Probe-set switches `(ts, frame evaluator armed, watching, frame evaluator steady)`,
     /// applied in timestamp order.
     python_marks: std::collections::BinaryHeap<std::cmp::Reverse<(u64, bool, bool, bool)>>,
+    /// The attach's probe set's instant (a probe set ahead of every event): every probe of the
+    /// attach in place (the libraries are probed one after another, for up to a second or so:
+    /// before it, one library's markers are seen and another's not yet).
+    armed_ts: Option<u64>,
     /// Python events are folded (false from a detach to a re-arm: frames entered while the
     /// kernel was still detaching would never report an exit).
     python_on: bool,
@@ -526,6 +530,7 @@ impl Engine {
             released_ts: 0,
             reordered: 0,
             python_marks: Default::default(),
+            armed_ts: None,
             python_on: true,
             folds: HashMap::new(),
             execs: HashMap::new(),
@@ -591,6 +596,10 @@ impl Engine {
                 self.codes.insert(c.ptr, c.class);
             }
             StreamItem::ProbeSet(p) => {
+                if self.events == 0 {
+                    // The attach's probe set, written before the first event is read.
+                    self.armed_ts.get_or_insert(p.ts);
+                }
                 self.python_marks.push(std::cmp::Reverse((
                     p.ts,
                     p.python,
@@ -747,6 +756,7 @@ impl Engine {
         let mut cut = Cut::default();
         let consumed = match boundary {
             _ if windowed => {
+                self.cutter.armed = self.armed_ts.unwrap_or(0);
                 cut_windows(&mut self.cutter, t, w, self.ending, &mut cut);
                 t.input_calls.iter().take_while(|c| c.ts < w).count()
             }

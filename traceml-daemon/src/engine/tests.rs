@@ -1728,3 +1728,38 @@ fn an_epoch_end_seen_by_markers_only_is_no_evaluation() {
             .collect::<Vec<_>>()
     );
 }
+
+/// Attached in the middle of a window of 4 micro-batches, its libraries probed one after
+/// another: before every probe is in (the attach's probe set), fetches are seen without their
+/// backwards; then the window's last 2 micro-batches. Neither is evaluation nor a step: the
+/// steps are the full windows, 4 micro-batches each.
+#[test]
+fn the_window_cut_by_the_attach_is_no_step() {
+    let mut t = Trace::new();
+    let armed = 1_000;
+    t.arm(armed, true);
+    // Before the probe set: two fetches whose backwards' probe was not in yet.
+    t.fetch(100, 50).fetch(400, 50);
+    // The cut window's last 2 micro-batches, then its optimizer step.
+    let mut ts = armed + 100;
+    for _ in 0..2 {
+        t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100);
+        ts += 250;
+    }
+    t.opt(ts, 50);
+    ts += 50;
+    for _ in 0..5 {
+        for _ in 0..4 {
+            t.fetch(ts, 50).fwd_bwd(ts + 50, 100, 100);
+            ts += 250;
+        }
+        t.opt(ts, 50);
+        ts += 50;
+    }
+    t.stop(ts);
+    let out = t.codes().run();
+    assert_eq!(out.evaluation.segments, 0, "{:?}", out.evaluation);
+    assert_eq!(out.steps.len(), 5, "{:?}", out.steps);
+    assert!(out.steps.iter().all(|s| s.micro_batches == 4));
+    assert!(out.steps.iter().all(|s| s.duration_ns() == 1_050));
+}

@@ -520,6 +520,16 @@ pub fn run_framework_workload(workload: &str, args: &[&str], label: &str) -> Opt
     })
 }
 
+/// When every probe of the attach was in place (CLOCK_MONOTONIC ns): the recording's first
+/// probe set, written before any event. Between [`attach_ns`] and this instant the libraries
+/// are probed one after another (up to a second on a loaded machine).
+pub fn probes_in_ns(items: &[StreamItem]) -> Option<u64> {
+    items.iter().find_map(|i| match i {
+        StreamItem::ProbeSet(p) => Some(p.ts),
+        _ => None,
+    })
+}
+
 /// The daemon's attach instant (CLOCK_MONOTONIC ns) from the recording's target record.
 pub fn attach_ns(items: &[StreamItem]) -> Option<u64> {
     items.iter().find_map(|i| match i {
