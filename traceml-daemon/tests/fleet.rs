@@ -151,6 +151,13 @@ fn sweep_units_verify() {
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success() && err.is_empty(), "{err}");
         }
-        Err(e) => eprintln!("systemd-analyze not available ({e}): units not verified"),
+        // Under `cargo xtask test` (CI) the tool is installed: missing, the test fails.
+        Err(e) => {
+            assert!(
+                std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
+                "systemd-analyze not available ({e}): install systemd (cargo xtask setup does)"
+            );
+            eprintln!("skipped: systemd-analyze not available ({e}): units not verified")
+        }
     }
 }

@@ -234,7 +234,14 @@ fn unit_file_verifies_and_its_capability_set_is_enough() {
             "systemd-analyze verify: {}",
             String::from_utf8_lossy(&out.stderr)
         ),
-        Err(e) => eprintln!("systemd-analyze not available ({e}): unit not verified"),
+        // Under `cargo xtask test` (CI) the tool is installed: missing, the test fails.
+        Err(e) => {
+            assert!(
+                std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
+                "systemd-analyze not available ({e}): install systemd (cargo xtask setup does)"
+            );
+            eprintln!("skipped: systemd-analyze not available ({e}): unit not verified")
+        }
     }
     // The same ExecStart, as an unprivileged user holding exactly the unit's capabilities.
     let caps: Vec<String> = unit_caps(&unit)

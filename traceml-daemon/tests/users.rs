@@ -75,13 +75,49 @@ fn serve_as_directory_node(dir: &Path, config: &str, log: &Path) -> Proc {
     serve
 }
 
-/// The ground-truth job, run as uid 4242 with the system's Python (readable by that user).
+/// The ground-truth job, run as uid 4242 with the system's Python (readable by that user). What
+/// it runs is copied into the test's scratch directory first: the checkout may lie where uid
+/// 4242 cannot read (a clone under `mktemp -d`'s 0700 directory).
 fn job_as_bob(dir: &Path) -> Proc {
     let out = dir.join("job");
     std::fs::create_dir_all(&out).unwrap();
     // SAFETY: chmod of a path we made; the job (uid 4242) writes its truth there.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let code = dir.join("code");
+    std::fs::create_dir_all(code.join("workloads")).unwrap();
+    for f in ["input_bound_single.py", "groundtruth.py"] {
+        std::fs::copy(
+            workspace().join("tests/workloads").join(f),
+            code.join("workloads").join(f),
+        )
+        .unwrap();
+    }
+    // faketorch finds its native half and the stand-in CUDA runtime in ../build.
+    for (from, to) in [
+        (workspace().join("tests/faketorch"), code.join("faketorch")),
+        (tests_build(), code.join("build")),
+    ] {
+        let st = Command::new("cp")
+            .arg("-r")
+            .arg(&from)
+            .arg(&to)
+            .status()
+            .expect("cp");
+        assert!(
+            st.success(),
+            "copying {} to {}",
+            from.display(),
+            to.display()
+        );
+    }
+    // Readable and searchable by every user, whatever the umask.
+    let st = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir)
+        .status()
+        .expect("chmod");
+    assert!(st.success());
     let cmd = Command::new("setpriv")
         .args([
             "--reuid",
@@ -91,7 +127,7 @@ fn job_as_bob(dir: &Path) -> Proc {
             "--clear-groups",
         ])
         .arg("/usr/bin/python3")
-        .arg(workspace().join("tests/workloads/input_bound_single.py"))
+        .arg(code.join("workloads/input_bound_single.py"))
         .args([
             "--steps",
             &STEPS.to_string(),
@@ -99,8 +135,8 @@ fn job_as_bob(dir: &Path) -> Proc {
             "--truth",
         ])
         .arg(out.join("truth.json"))
-        .env("PYTHONPATH", workspace().join("tests/faketorch"))
-        .env("TRACEML_TESTS_BUILD", tests_build())
+        .env("PYTHONPATH", code.join("faketorch"))
+        .env("TRACEML_TESTS_BUILD", code.join("build"))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
