@@ -28,6 +28,7 @@ DEFAULTS = dict(
     batch_size=2,
     num_workers=0,
     getitem_ns=1 * MS,          # sleep in Dataset.__getitem__ (per item)
+    getitem_cpu_ns=0,           # CPU burnt in decode_sample() per item (thread CPU time)
     item_bytes=4096,            # bytes of one item's input tensor (H2D bytes/step = batch*item)
     pinned=False,               # pin_memory=True in the DataLoader
     non_blocking=True,          # x.to('cuda', non_blocking=...)
@@ -47,6 +48,22 @@ DEFAULTS = dict(
 )
 
 
+def schedstat():
+    """This thread's (ns on a CPU, ns runnable waiting for one), from the kernel."""
+    with open("/proc/thread-self/schedstat") as f:
+        run, wait, _ = f.read().split()
+    return int(run), int(wait)
+
+
+def decode_sample(ns):
+    """Burns `ns` of this thread's CPU time: stands for decoding and augmentation."""
+    end = time.thread_time_ns() + ns
+    x = 0
+    while time.thread_time_ns() < end:
+        x += 1
+    return x
+
+
 def make_dataset(cfg):
     import torch
     from torch.utils.data import Dataset
@@ -59,7 +76,20 @@ def make_dataset(cfg):
             return self.n
 
         def __getitem__(self, i):
-            time.sleep(cfg["getitem_ns"] / 1e9)
+            t0, (c0, q0) = time.perf_counter_ns(), schedstat()
+            if cfg["getitem_ns"]:
+                time.sleep(cfg["getitem_ns"] / 1e9)
+            if cfg["getitem_cpu_ns"]:
+                decode_sample(cfg["getitem_cpu_ns"])
+            log = cfg.get("items_log")
+            if log:
+                # One line per item, appended (O_APPEND: whole lines from every worker): the
+                # item's wall time, time on a CPU and time runnable waiting for one, in the
+                # process that made it (the kernel's schedstat): the truth of how much of a
+                # worker's busy time it was not asleep.
+                c1, q1 = schedstat()
+                with open(log, "a") as f:
+                    f.write(f"{os.getpid()} {time.perf_counter_ns() - t0} {c1 - c0} {q1 - q0}\n")
             return torch.empty(cfg["item_bytes"] // 4), torch.empty(1)
 
     return SlowDataset(cfg["steps"] * cfg["batch_size"])
@@ -100,6 +130,8 @@ def run(name, overrides, argv_args=None):
     cfg.update(overrides)
     a = argv_args or parse(name, cfg)
     cfg["steps"] = a.steps
+    if a.truth:
+        cfg["items_log"] = a.truth + ".items"
     import torch
     torch.cuda.set_bandwidth(cfg["bandwidth"])
     model = make_model(cfg).cuda()

@@ -77,7 +77,11 @@ impl Collector {
                 self.last_stack = Some((**s).clone());
                 self.engine.push(item);
             }
-            StreamItem::Code(_) => self.engine.push(item),
+            StreamItem::Code(_) | StreamItem::WorkerStack(_) => self.engine.push(item),
+            StreamItem::Func(_) => {
+                self.engine.push(item);
+                self.kept.push(item.clone());
+            }
             StreamItem::Sample(_) => self.samples.push(item.clone()),
             StreamItem::Lost(_) => self.lost = Some(item.clone()),
             // The cost estimate is linear in the counters' deltas: the reading before each
@@ -305,6 +309,8 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         step_samples: step_samples(steps),
         job: None,
         ranks: Vec::new(),
+        what_if: Vec::new(),
+        stragglers: None,
     };
     summary.evaluation = evaluation(&engine.evaluation, summary.run.duration_s);
     let switched_to_count = items
@@ -314,10 +320,12 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         count_mode_launches(&mut summary, items);
     }
     add_top_functions(&mut summary, engine, items);
+    add_worker_profile(&mut summary, engine, items, &samples);
     blocked_compute(&mut summary);
     let (primary, findings) = crate::diagnosis::diagnose(&summary);
     summary.primary_diagnosis = primary;
     summary.findings = findings;
+    summary.what_if = crate::whatif::what_if(&summary);
     summary
 }
 
@@ -355,23 +363,73 @@ fn blocked_compute(summary: &mut Summary) {
 }
 
 /// Names the functions inside each phase from the stack samples the engine placed.
-fn add_top_functions(summary: &mut Summary, engine: &EngineOutput, items: &[StreamItem]) {
-    if engine.samples.is_empty() {
-        return;
-    }
-    let funcs: HashMap<u32, crate::event::FuncInfo> = items
+/// The stream's stack-sample function names, by id.
+fn funcs_of(items: &[StreamItem]) -> HashMap<u32, crate::event::FuncInfo> {
+    items
         .iter()
         .filter_map(|i| match i {
             StreamItem::Func(f) => Some((f.id, (**f).clone())),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+fn add_top_functions(summary: &mut Summary, engine: &EngineOutput, items: &[StreamItem]) {
+    if engine.samples.is_empty() {
+        return;
+    }
+    let funcs = funcs_of(items);
     let profile = crate::profile::profile(&engine.samples, &funcs);
     for p in Phase::ALL {
         let stats = &mut summary.phases[p];
         stats.stack_samples = profile.samples[p.index()];
         stats.top_functions = profile.top[p.index()].clone();
+        stats.blocked_in = profile.blocked[p.index()].clone();
     }
+}
+
+/// The workers' profile ([`crate::pipeline`]): their folded stack samples, their CPU seconds
+/// between the first and the last /proc reading that saw them (per worker, last reading minus
+/// first), and the batches the training thread fetched between those readings (the
+/// micro-batches of the steps inside that window).
+fn add_worker_profile(
+    summary: &mut Summary,
+    engine: &EngineOutput,
+    items: &[StreamItem],
+    samples: &[&Sample],
+) {
+    if engine.workers.samples == 0 {
+        return;
+    }
+    let funcs = funcs_of(items);
+    let mut span: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+    let mut window: Option<(u64, u64)> = None;
+    for s in samples {
+        for w in &s.workers {
+            if let Some(c) = w.cpu_seconds.filter(|c| c.is_finite()) {
+                let e = span.entry(w.pid).or_insert((c, c));
+                e.0 = e.0.min(c);
+                e.1 = e.1.max(c);
+                let (a, b) = window.get_or_insert((s.ts, s.ts));
+                *a = (*a).min(s.ts);
+                *b = (*b).max(s.ts);
+            }
+        }
+    }
+    let cpu_s = (!span.is_empty()).then(|| span.values().map(|(a, b)| b - a).sum::<f64>());
+    let batches = window
+        .map(|(a, b)| {
+            engine
+                .steps
+                .iter()
+                .filter(|s| s.start_ns >= a && s.end_ns <= b)
+                .map(|s| u64::from(s.micro_batches.max(1)))
+                .sum::<u64>()
+                * engine.step_stride.max(1)
+        })
+        .filter(|&b| b > 0);
+    summary.workers.profile =
+        crate::pipeline::worker_profile(&engine.workers, &funcs, cpu_s, batches);
 }
 
 /// The daemon's estimated cost from the probe counters and the probe-set changes in the stream.
@@ -791,6 +849,7 @@ fn worker_stats(samples: &[&Sample]) -> WorkerStats {
             .filter(|s| s.workers.iter().any(|w| w.rss_bytes.is_some()))
             .map(|s| s.workers.iter().filter_map(|w| w.rss_bytes).sum::<u64>())
             .max(),
+        profile: None,
     }
 }
 

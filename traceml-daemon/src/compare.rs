@@ -153,6 +153,45 @@ pub struct Comparison {
     /// Multi-rank jobs: each rank of either run, side by side (empty for jobs of one process).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RankDelta>,
+    /// What fixing it buys in A and in B, per phase either run names a what-if for (A's order
+    /// first): the bound moving between the runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub what_if: Vec<WhatIfDelta>,
+}
+
+/// One phase's what-if in run A and run B (`None`: that run names none for it: under 5 % of
+/// its step, under a 1.1× gain, or no floor known).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WhatIfDelta {
+    pub phase: Phase,
+    pub a_step_ms_if: Option<f64>,
+    pub b_step_ms_if: Option<f64>,
+    pub a_factor: Option<f64>,
+    pub b_factor: Option<f64>,
+}
+
+/// The what-ifs of A and B side by side, by phase.
+fn what_if_deltas(a: &Summary, b: &Summary) -> Vec<WhatIfDelta> {
+    let mut phases: Vec<Phase> = Vec::new();
+    for w in a.what_if.iter().chain(&b.what_if) {
+        if !phases.contains(&w.phase) {
+            phases.push(w.phase);
+        }
+    }
+    phases
+        .into_iter()
+        .map(|p| {
+            let of = |s: &Summary| s.what_if.iter().find(|w| w.phase == p).cloned();
+            let (wa, wb) = (of(a), of(b));
+            WhatIfDelta {
+                phase: p,
+                a_step_ms_if: wa.as_ref().map(|w| w.step_ms_if),
+                b_step_ms_if: wb.as_ref().map(|w| w.step_ms_if),
+                a_factor: wa.map(|w| w.throughput_factor),
+                b_factor: wb.map(|w| w.throughput_factor),
+            }
+        })
+        .collect()
 }
 
 /// One rank of a multi-rank job in run A and run B (`None`: the rank is not in that run). Its
@@ -288,6 +327,7 @@ pub fn compare(a: &Summary, b: &Summary) -> Comparison {
         evaluation_share_of_wall,
         notes,
         ranks,
+        what_if: what_if_deltas(a, b),
     }
 }
 

@@ -382,6 +382,11 @@ fn input_next(s: &Summary, why: &mut String) -> String {
     if let Some(next) = input_off_loader(s, why) {
         return next;
     }
+    if let (Some(k), Some(p)) = (w.count.filter(|&k| k > 0), &w.profile)
+        && p.busy > 0.0
+    {
+        return pipeline_next(s, p, k, why);
+    }
     match (w.count, w.cpu_pct_one_core_mean, w.state) {
         (Some(0), _, _) => {
             why.push_str(
@@ -435,6 +440,142 @@ fn input_next(s: &Summary, why: &mut String) -> String {
         }
         _ => "increase DataLoader num_workers and prefetch_factor (worker CPU was not sampled)"
             .to_owned(),
+    }
+}
+
+/// The workers' profile in one line: "2 workers sampled · making a batch 95% of the time: 96%
+/// blocked, 4% on CPU, 0% in I/O · in dataset.py:Slow.__getitem__ 92%".
+pub fn pipeline_line(p: &crate::summary::WorkerProfile) -> String {
+    let top = p
+        .top_functions
+        .first()
+        .map(|f| {
+            format!(
+                " · in {}:{} {:.0}%",
+                crate::profile::short_file(&f.file),
+                f.function,
+                f.share * 100.0
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{} sampled · making a batch {:.0}% of the time: {:.0}% on CPU, {:.0}% blocked, {:.0}% in \
+         I/O{top}",
+        plural(p.workers_sampled, "worker"),
+        p.busy * 100.0,
+        p.on_cpu * 100.0,
+        p.blocked * 100.0,
+        p.io * 100.0
+    )
+}
+
+fn plural(n: u32, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// Input-bound with DataLoader workers whose stacks were sampled: what limits them, where, and
+/// how many workers keep pace (numbers from their CPU per batch or their busy time per batch
+/// against the step's own work).
+fn pipeline_next(
+    s: &Summary,
+    p: &crate::summary::WorkerProfile,
+    k: u32,
+    why: &mut String,
+) -> String {
+    use crate::summary::PipelineBound;
+    let func = |list: &[crate::profile::TopFunction]| {
+        list.first()
+            .map(|f| format!("{}:{}", crate::profile::short_file(&f.file), f.function))
+    };
+    why.push_str(&format!(
+        "; its {k} DataLoader workers made batches {:.0}% of the time, {:.0}% of it on a CPU, \
+         {:.0}% blocked, {:.0}% in I/O",
+        p.busy * 100.0,
+        p.on_cpu * 100.0,
+        p.blocked * 100.0,
+        p.io * 100.0
+    ));
+    let compute = match (s.step_ms.mean, s.phases.input_wait.mean_ms) {
+        (Some(step), Some(input)) if step > input => Some(step - input),
+        _ => None,
+    };
+    let batches = s
+        .steps
+        .micro_batches
+        .as_ref()
+        .map(|m| m.total)
+        .unwrap_or(u64::from(s.steps.count));
+    let cores = s.system.num_cpus;
+    let sys = s.system.cpu_pct_mean;
+    match p.bound {
+        PipelineBound::Cpu => {
+            let f = func(&p.cpu_in).unwrap_or_else(|| "the dataset's code".into());
+            let saturated = sys.is_some_and(|c| c >= 85.0);
+            let need = p
+                .batch_cpu_ms
+                .zip(compute)
+                .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)));
+            match need {
+                _ if saturated => format!(
+                    "the workers are CPU-bound in {f} and no core is free (system CPU {}): more \
+                     workers will not help; make that per-sample work cheaper (pre-process once, \
+                     decode on the GPU, smaller samples)",
+                    opt_pct(sys)
+                ),
+                Some((b, c, (n, headroom))) if cores.is_none_or(|cores| headroom < cores) => {
+                    format!(
+                        "the workers are CPU-bound in {f}: one batch takes {b:.0} ms of one core \
+                         and a step's own work is {c:.0} ms: num_workers ≥ {n}, {headroom} with \
+                         headroom (now {k}, {} cores)",
+                        cores.map_or("?".into(), |c| c.to_string())
+                    )
+                }
+                Some((b, c, (n, _))) => format!(
+                    "the workers are CPU-bound in {f}: one batch takes {b:.0} ms of one core and a \
+                     step's own work is {c:.0} ms: keeping pace needs {n} workers, more than the \
+                     {} cores: more workers will not help; make that per-sample work cheaper",
+                    cores.map_or("?".into(), |c| c.to_string())
+                ),
+                None => format!(
+                    "the workers are CPU-bound in {f}: add workers while cores are free (system \
+                     CPU {}), or make that per-sample work cheaper",
+                    opt_pct(sys)
+                ),
+            }
+        }
+        PipelineBound::Wait | PipelineBound::Io => {
+            let f = func(&p.blocked_in).unwrap_or_else(|| "the dataset's code".into());
+            let what = if p.bound == PipelineBound::Io {
+                "in storage I/O (uninterruptible reads): faster or local storage, larger \
+                 sequential reads or shards"
+            } else {
+                "asleep (a lock, a queue, a sleep, a network or pipe read), not computing"
+            };
+            // A worker's wall time per batch: its share of busy samples over the run.
+            let per_batch = s
+                .run
+                .measured_s
+                .or(s.run.duration_s)
+                .filter(|_| batches > 0)
+                .map(|wall| {
+                    p.busy * f64::from(p.workers_sampled.max(1)) * wall * 1e3 / batches as f64
+                });
+            let more = per_batch
+                .zip(compute)
+                .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)))
+                .map(|(b, c, (n, headroom))| {
+                    format!(
+                        "; a batch keeps a worker {b:.0} ms and a step's own work is {c:.0} ms: \
+                         num_workers ≥ {n}, {headroom} with headroom overlaps the waits (now {k})"
+                    )
+                })
+                .unwrap_or_default();
+            format!("the workers wait in {f}, {what}{more}")
+        }
     }
 }
 

@@ -36,6 +36,9 @@ pub enum StreamItem {
     Func(Box<FuncInfo>),
     /// A Python stack sample of one thread (outermost frame first).
     Stack(Box<StackSample>),
+    /// A Python stack sample of a DataLoader worker process's main thread, with its
+    /// scheduler state when sampled.
+    WorkerStack(Box<WorkerStackSample>),
     /// The end of the run.
     End(End),
 }
@@ -105,6 +108,41 @@ pub struct FuncInfo {
 pub struct StackSample {
     pub ts: u64,
     pub tid: u32,
+    pub frames: Vec<u32>,
+}
+
+/// A process's scheduler state as `/proc/<pid>/stat` shows it at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcState {
+    /// `R`: on a CPU, or runnable and waiting for one.
+    Running,
+    /// `S`: asleep, interruptibly (a lock, a queue, `sleep`, a pipe or network read).
+    Sleeping,
+    /// `D`: in uninterruptible sleep (disk I/O, page faults from storage).
+    DiskSleep,
+    /// Anything else (stopped, zombie, idle kernel state).
+    Other,
+}
+
+impl ProcState {
+    pub fn from_stat(state: char) -> ProcState {
+        match state {
+            'R' => ProcState::Running,
+            'S' => ProcState::Sleeping,
+            'D' => ProcState::DiskSleep,
+            _ => ProcState::Other,
+        }
+    }
+}
+
+/// One sample of a DataLoader worker's Python stack (its main thread: the worker loop), with
+/// [`FuncInfo`] ids, outermost first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStackSample {
+    pub ts: u64,
+    pub pid: u32,
+    pub state: ProcState,
     pub frames: Vec<u32>,
 }
 

@@ -39,6 +39,7 @@ pub mod host;
 pub mod metrics;
 pub mod overhead;
 pub mod phase;
+pub mod pipeline;
 pub mod profile;
 pub mod ranks;
 pub mod record;
@@ -53,6 +54,7 @@ pub mod summary;
 pub mod sweep;
 pub mod text;
 pub mod units;
+pub mod whatif;
 
 /// The compiled eBPF object, built by `build.rs`.
 #[cfg(feature = "live")]

@@ -17,7 +17,7 @@ use crate::engine::{N_PHASES, Phase, PhaseSample};
 use crate::event::FuncInfo;
 
 /// Share of in-step samples that must hold a frame for it to be part of the loop's prefix.
-pub const LOOP_FRAME_SHARE: f64 = 0.9;
+pub const LOOP_FRAME_SHARE: f64 = crate::engine::LOOP_QUORUM;
 /// Functions listed per phase.
 pub const TOP_N: usize = 5;
 
@@ -39,6 +39,9 @@ pub struct TopFunction {
 pub struct Profile {
     pub samples: [u64; N_PHASES],
     pub top: [Vec<TopFunction>; N_PHASES],
+    /// The innermost functions of the samples taken while the thread was blocked (asleep or in
+    /// I/O), per phase: what the blocked time waited in.
+    pub blocked: [Vec<TopFunction>; N_PHASES],
     /// The loop function the residual is attributed under, when found.
     pub loop_function: Option<String>,
 }
@@ -46,21 +49,12 @@ pub struct Profile {
 /// Depth of the loop frame: the longest prefix of frames held by [`LOOP_FRAME_SHARE`] of the
 /// samples (a frame is the same when its function id is).
 fn loop_depth(samples: &[PhaseSample]) -> Option<usize> {
-    let need = (samples.len() as f64 * LOOP_FRAME_SHARE).ceil() as usize;
-    let mut depth = None;
-    for d in 0.. {
-        let mut counts: HashMap<(&[u32], u32), usize> = HashMap::new();
-        for s in samples {
-            if let Some(&f) = s.frames.get(d) {
-                *counts.entry((&s.frames[..d], f)).or_default() += 1;
-            }
-        }
-        match counts.into_values().max() {
-            Some(n) if n >= need && n > 0 => depth = Some(d),
-            _ => break,
-        }
-    }
-    depth
+    crate::engine::loop_prefix(
+        samples.iter().map(|s| s.frames.as_slice()),
+        LOOP_FRAME_SHARE,
+    )
+    .len()
+    .checked_sub(1)
 }
 
 /// Ranks the functions of each phase.
@@ -75,6 +69,8 @@ pub fn profile(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Profi
             .map(|f| f.function.clone());
     }
     let mut counts: [HashMap<u32, u64>; N_PHASES] = Default::default();
+    let mut blocked: [HashMap<u32, u64>; N_PHASES] = Default::default();
+    let mut blocked_n = [0u64; N_PHASES];
     for s in samples {
         let key = if s.phase == Phase::Residual {
             depth.and_then(|d| s.frames.get(d + 1).or_else(|| s.frames.get(d)))
@@ -86,28 +82,43 @@ pub fn profile(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Profi
         if let Some(&k) = key {
             *counts[p].entry(k).or_default() += 1;
         }
+        if s.off_cpu.is_some_and(|o| o.blocked()) {
+            blocked_n[p] += 1;
+            if let Some(&k) = s.frames.last() {
+                *blocked[p].entry(k).or_default() += 1;
+            }
+        }
     }
     for p in Phase::ALL {
         let i = p.index();
-        let total = out.samples[i];
-        let mut ranked: Vec<(u32, u64)> = counts[i].iter().map(|(&k, &n)| (k, n)).collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        out.top[i] = ranked
-            .into_iter()
-            .take(TOP_N)
-            .filter_map(|(id, n)| {
-                let f = funcs.get(&id)?;
-                Some(TopFunction {
-                    function: f.function.clone(),
-                    file: f.file.clone(),
-                    line: f.line,
-                    share: n as f64 / total as f64,
-                    samples: n,
-                })
-            })
-            .collect();
+        out.top[i] = ranked(&counts[i], out.samples[i], funcs);
+        out.blocked[i] = ranked(&blocked[i], blocked_n[i], funcs);
     }
     out
+}
+
+/// The [`TOP_N`] functions of `counts`, with their share of `total` samples.
+pub fn ranked(
+    counts: &HashMap<u32, u64>,
+    total: u64,
+    funcs: &HashMap<u32, FuncInfo>,
+) -> Vec<TopFunction> {
+    let mut ranked: Vec<(u32, u64)> = counts.iter().map(|(&k, &n)| (k, n)).collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked
+        .into_iter()
+        .take(TOP_N)
+        .filter_map(|(id, n)| {
+            let f = funcs.get(&id)?;
+            Some(TopFunction {
+                function: f.function.clone(),
+                file: f.file.clone(),
+                line: f.line,
+                share: n as f64 / total as f64,
+                samples: n,
+            })
+        })
+        .collect()
 }
 
 /// `site-packages/transformers/trainer.py` → `transformers/trainer.py`: the path a user
@@ -177,6 +188,7 @@ mod tests {
 
     fn s(phase: Phase, frames: &[u32]) -> PhaseSample {
         PhaseSample {
+            off_cpu: None,
             ts: 0,
             step: 0,
             phase,

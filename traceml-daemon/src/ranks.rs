@@ -46,7 +46,7 @@ pub struct RankRun {
 }
 
 /// A rank that stopped completing steps.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Stuck {
     pub rank: u32,
     /// Seconds since its last completed step.
@@ -78,6 +78,17 @@ fn aligned(runs: &[RankRun]) -> Vec<Vec<(f64, f64)>> {
         .collect()
 }
 
+/// The median step time over every rank's aligned steps; `None` when there is none or it is 0.
+fn step_median(steps: &[Vec<(f64, f64)>]) -> Option<f64> {
+    median(
+        &steps
+            .iter()
+            .flat_map(|st| st.iter().map(|x| x.0))
+            .collect::<Vec<_>>(),
+    )
+    .filter(|&m| m > 0.0)
+}
+
 fn phase_median(s: &Summary, p: Phase) -> f64 {
     s.phases[p].median_ms.unwrap_or(0.0)
 }
@@ -94,15 +105,7 @@ pub fn straggler(runs: &[RankRun]) -> Option<Finding> {
     let own_median: Vec<f64> = (0..runs.len())
         .map(|r| median(&steps.iter().map(|st| st[r].1).collect::<Vec<_>>()).unwrap_or(0.0))
         .collect();
-    let step_median = median(
-        &steps
-            .iter()
-            .flat_map(|st| st.iter().map(|x| x.0))
-            .collect::<Vec<_>>(),
-    )?;
-    if step_median <= 0.0 {
-        return None;
-    }
+    let step_median = step_median(&steps)?;
     let culprit = (0..runs.len()).max_by(|&a, &b| own_median[a].total_cmp(&own_median[b]))?;
     let others: Vec<f64> = (0..runs.len())
         .filter(|&r| r != culprit)
@@ -197,6 +200,178 @@ pub fn straggler(runs: &[RankRun]) -> Option<Finding> {
     })
 }
 
+/// A slow step's excess is at least this many standard deviations of a rank's own step-to-step
+/// noise (on a small shared machine one rank's own work moves by milliseconds between steps).
+pub const NOISE_SIGMAS: f64 = 3.0;
+/// Slow steps with the same culprit at most this many steps apart are one episode.
+pub const EPISODE_GAP: usize = 2;
+/// An episode has at least this many slow steps.
+pub const MIN_EPISODE_STEPS: usize = 5;
+/// Rotating: at least this share of the aligned steps slow, with no episode holding half of
+/// them.
+pub const ROTATING_SHARE: f64 = 0.2;
+
+/// How the straggling of a job is spread over its aligned steps: per step, the rank whose own
+/// work exceeds the median of the others' the most is slow when that excess is at least
+/// [`STRAGGLER_WARNING`] of the job's median step and [`NOISE_SIGMAS`] times the ranks' own
+/// step-to-step noise. Persistent: one rank slow in at least
+/// [`STRAGGLER_PERSISTENCE`] of all steps. Transient: else, one episode (same rank, gaps of at
+/// most [`EPISODE_GAP`] steps, at least [`MIN_EPISODE_STEPS`]) holds at least half of the slow
+/// steps. Rotating: else, at least [`ROTATING_SHARE`] of the steps slow. `None` otherwise.
+pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Stragglers> {
+    use crate::summary::{StragglerClass, StragglerEpisode, Stragglers};
+    if runs.len() < 2 {
+        return None;
+    }
+    let steps = aligned(runs);
+    if steps.len() < MIN_ALIGNED_STEPS {
+        return None;
+    }
+    let step_median = step_median(&steps)?;
+    let stride = u64::from(
+        runs.iter()
+            .map(|r| r.summary.step_samples.stride)
+            .max()
+            .unwrap_or(1)
+            .max(1),
+    );
+    // Per aligned step: the rank whose own work exceeds the others' median the most, by how
+    // much (ms).
+    let top: Vec<Option<(usize, f64)>> = steps
+        .iter()
+        .map(|st| {
+            (0..st.len())
+                .filter_map(|r| {
+                    let others: Vec<f64> =
+                        (0..st.len()).filter(|&o| o != r).map(|o| st[o].1).collect();
+                    Some((r, st[r].1 - median(&others)?))
+                })
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+        })
+        .collect();
+    // The noise of one rank's own work from step to step, where it was not the slowest (the
+    // median over ranks of its median absolute deviation there, scaled to a standard
+    // deviation): a step is slow only well above it.
+    let noise = median(
+        &(0..runs.len())
+            .filter_map(|r| {
+                let own: Vec<f64> = steps
+                    .iter()
+                    .zip(&top)
+                    .filter(|(_, t)| t.is_none_or(|t| t.0 != r))
+                    .map(|(st, _)| st[r].1)
+                    .collect();
+                let m = median(&own)?;
+                median(&own.iter().map(|x| (x - m).abs()).collect::<Vec<_>>())
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap_or(0.0)
+        * 1.4826;
+    let floor = (STRAGGLER_WARNING * step_median).max(NOISE_SIGMAS * noise);
+    let slow: Vec<Option<(usize, f64)>> = top
+        .into_iter()
+        .map(|t| t.filter(|&(_, x)| x >= floor))
+        .collect();
+    let n_slow = slow.iter().flatten().count();
+    if n_slow == 0 {
+        return None;
+    }
+    let lost_ms = slow.iter().flatten().map(|s| s.1).sum::<f64>() * stride as f64;
+    // Episodes.
+    let mut episodes: Vec<(usize, usize, usize, usize, f64)> = Vec::new(); // rank, from, to, n, lost
+    for (k, s) in slow.iter().enumerate() {
+        let Some((r, x)) = *s else { continue };
+        match episodes.last_mut() {
+            Some(e) if e.0 == r && k - (e.2 - 1) <= EPISODE_GAP + 1 => {
+                e.2 = k + 1;
+                e.3 += 1;
+                e.4 += x;
+            }
+            _ => episodes.push((r, k, k + 1, 1, x)),
+        }
+    }
+    episodes.retain(|e| e.3 >= MIN_EPISODE_STEPS);
+    let mut per_rank = vec![0usize; runs.len()];
+    for &(r, _) in slow.iter().flatten() {
+        per_rank[r] += 1;
+    }
+    let (top, top_n) = per_rank
+        .iter()
+        .enumerate()
+        .max_by_key(|&(_, n)| *n)
+        .map(|(r, &n)| (r, n))?;
+    let longest = episodes.iter().max_by_key(|e| e.3);
+    let class = if top_n as f64 >= STRAGGLER_PERSISTENCE * steps.len() as f64 {
+        StragglerClass::Persistent
+    } else if longest.is_some_and(|e| e.3 * 2 >= n_slow) {
+        StragglerClass::Transient
+    } else if n_slow as f64 >= ROTATING_SHARE * steps.len() as f64 {
+        StragglerClass::Rotating
+    } else {
+        return None;
+    };
+    let rank = match class {
+        StragglerClass::Persistent => Some(runs[top].rank),
+        StragglerClass::Transient => longest.map(|e| runs[e.0].rank),
+        StragglerClass::Rotating => None,
+    };
+    Some(Stragglers {
+        class,
+        rank,
+        steps: steps.len() as u64 * stride,
+        slow_share: n_slow as f64 / steps.len() as f64,
+        episodes: episodes
+            .iter()
+            .map(|&(r, from, to, _, lost)| StragglerEpisode {
+                rank: runs[r].rank,
+                from_step: from as u64 * stride,
+                to_step: to as u64 * stride,
+                lost_ms: lost * stride as f64,
+            })
+            .collect(),
+        lost_ms,
+    })
+}
+
+/// The finding of a transient straggler (persistent ones are [`straggler`]'s; rotating ones
+/// name no rank): the longest episode, when it cost the others at least
+/// [`STRAGGLER_WARNING`] of its steps' time.
+pub fn transient_finding(s: &crate::summary::Stragglers, step_median: f64) -> Option<Finding> {
+    use crate::summary::StragglerClass;
+    if s.class != StragglerClass::Transient {
+        return None;
+    }
+    let e = s.episodes.iter().max_by_key(|e| e.to_step - e.from_step)?;
+    let n = (e.to_step - e.from_step).max(1);
+    let per_step = e.lost_ms / n as f64;
+    Some(Finding {
+        kind: DiagnosisKind::Straggler,
+        severity: Severity::Warning,
+        why: format!(
+            "rank {} made the others wait in steps {}–{} of {} ({} steps, {:.0}% of the run): \
+             {per_step:.1} ms of its own work per step beyond the other ranks', {:.1} s of the \
+             others' time in all; a transient episode, not the whole run",
+            e.rank,
+            e.from_step,
+            e.to_step,
+            s.steps,
+            n,
+            n as f64 / s.steps.max(1) as f64 * 100.0,
+            e.lost_ms / 1e3,
+        ),
+        next: format!(
+            "look at what rank {} did in that stretch: a checkpoint or evaluation only it runs, a \
+             noisy neighbour or throttled device on its host, a shard with larger samples",
+            e.rank
+        ),
+        phase: Some(Phase::CollectiveWait),
+        share: (step_median > 0.0).then(|| per_step / step_median),
+        confidence: Confidence::Medium,
+        culprit_rank: Some(e.rank),
+    })
+}
+
 /// Python functions a rank blocked in a collective sits in (explicit collectives, or DDP's
 /// all-reduce inside backward).
 const IN_COLLECTIVE: [&str; 8] = [
@@ -218,6 +393,57 @@ pub fn in_collective(stack: &[String]) -> bool {
         .rev()
         .take(4)
         .any(|f| IN_COLLECTIVE.iter().any(|k| f.contains(k)))
+}
+
+/// The floor of a collective hang: ranks waiting inside a collective this long (or 10 of the
+/// job's mean steps, when longer) while another rank is outside it. A job with no rank in a
+/// collective keeps the slower rule of the group (`hang_after`, 60 s by default).
+pub const COLLECTIVE_HANG_FLOOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One running rank at one look, for [`collective_hang`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Look {
+    pub rank: u32,
+    /// Since its last completed step (`None`: no step yet).
+    pub idle: Option<std::time::Duration>,
+    pub mean_step: std::time::Duration,
+    /// How long it has been inside a collective, continuously (`None`: not in one now).
+    pub in_collective_for: Option<std::time::Duration>,
+}
+
+/// A hang named in seconds: some ranks have waited inside a collective for
+/// max(10 × the job's mean step, [`COLLECTIVE_HANG_FLOOR`]) while at least one rank is outside
+/// every collective, and no rank completed a step for that long. Every rank is stuck then
+/// ([`hang`] names the one outside from its stack).
+pub fn collective_hang(looks: &[Look]) -> Option<Vec<Stuck>> {
+    if looks.len() < 2 {
+        return None;
+    }
+    let mean = looks.iter().map(|l| l.mean_step).max()?;
+    let threshold = (mean * 10).max(COLLECTIVE_HANG_FLOOR);
+    let waiting = looks.iter().filter(|l| l.in_collective_for.is_some());
+    let outside = looks
+        .iter()
+        .filter(|l| l.in_collective_for.is_none())
+        .count();
+    if outside == 0
+        || waiting.clone().count() == 0
+        || !waiting
+            .clone()
+            .all(|l| l.in_collective_for >= Some(threshold))
+        || !looks.iter().all(|l| l.idle.is_some_and(|i| i >= threshold))
+    {
+        return None;
+    }
+    Some(
+        looks
+            .iter()
+            .map(|l| Stuck {
+                rank: l.rank,
+                idle_s: l.idle.unwrap_or_default().as_secs_f64(),
+            })
+            .collect(),
+    )
 }
 
 /// HANG for the stuck ranks, naming each rank's current stack's innermost frames.
@@ -257,6 +483,35 @@ pub fn hang(runs: &[RankRun], stuck: &[Stuck]) -> Option<Finding> {
             let outside: Vec<&RankRun> = runs.iter().filter(|r| !in_collective(&r.stack)).collect();
             (outside.len() == 1).then(|| outside[0].rank)
         },
+    })
+}
+
+/// The job's what-if when rank `culprit` (an index into `runs`) ran at the median pace of the
+/// others: per aligned step, the step less the culprit's own work beyond the median of the
+/// others' (what the others waited for it); the mean over the aligned steps.
+pub fn straggler_what_if(runs: &[RankRun], culprit: u32) -> Option<crate::summary::WhatIf> {
+    let c = runs.iter().position(|r| r.rank == culprit)?;
+    let steps = aligned(runs);
+    if steps.is_empty() || runs.len() < 2 {
+        return None;
+    }
+    let (mut now, mut then) = (0.0, 0.0);
+    for st in &steps {
+        let others: Vec<f64> = (0..st.len()).filter(|&r| r != c).map(|r| st[r].1).collect();
+        let pace = median(&others)?;
+        let step = st.iter().map(|x| x.0).fold(0.0, f64::max);
+        now += step;
+        then += step - (st[c].1 - pace).max(0.0);
+    }
+    let n = steps.len() as f64;
+    let (now, then) = (now / n, (then / n).max(now / n * 1e-3));
+    (now > 0.0).then(|| crate::summary::WhatIf {
+        phase: Phase::CollectiveWait,
+        change: format!("rank {culprit} at the median rank's pace"),
+        step_ms: now,
+        step_ms_if: then,
+        throughput_factor: now / then,
+        assumption: "the others' wait for it goes; the job's communication itself stays".into(),
     })
 }
 
@@ -304,11 +559,25 @@ pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Opt
     let mut job_findings: Vec<Finding> = Vec::new();
     job_findings.extend(hang(&runs, stuck));
     job_findings.extend(straggler(&runs));
+    out.stragglers = classify_stragglers(&runs);
+    if job_findings.is_empty()
+        && let Some(s) = &out.stragglers
+    {
+        job_findings.extend(transient_finding(s, out.step_ms.median.unwrap_or(0.0)));
+    }
     if let Some(f) = job_findings.first() {
         out.primary_diagnosis = Finding {
             confidence: out.data_quality.confidence,
             ..f.clone()
         };
+    }
+    let straggler_rank = job_findings
+        .iter()
+        .find(|f| f.kind == crate::summary::DiagnosisKind::Straggler)
+        .and_then(|f| f.culprit_rank);
+    if let Some(w) = straggler_rank.and_then(|r| straggler_what_if(&runs, r)) {
+        out.what_if.insert(0, w);
+        out.what_if.truncate(crate::whatif::MAX_WHAT_IFS);
     }
     let mut findings = job_findings;
     findings.append(&mut out.findings);
@@ -369,6 +638,13 @@ mod tests {
         assert_eq!(s.primary_diagnosis.kind, DiagnosisKind::Straggler);
         assert_eq!(s.ranks.len(), 3);
         assert_eq!(s.job.as_ref().unwrap().ranks_measured, 3);
+        // At the median pace the job's step loses rank 1's excess: 44.5 − 29.75 ms of own
+        // work, within the jitter (the job's step is its slowest rank's, per aligned step).
+        let w = &s.what_if[0];
+        assert_eq!(w.phase, Phase::CollectiveWait);
+        assert!(w.change.contains("rank 1"), "{w:?}");
+        assert!((w.step_ms - w.step_ms_if - 14.75).abs() < 0.6, "{w:?}");
+        assert!((w.throughput_factor - w.step_ms / w.step_ms_if).abs() < 1e-9);
     }
 
     #[test]
@@ -425,6 +701,98 @@ mod tests {
             rank(1, 3, 45.0, 0.0, 25.0, 0.0),
         ];
         assert_eq!(straggler(&runs), None);
+    }
+
+    /// Ranks of `n` steps of 50 ms; `slow(step) -> Some(rank)` is 20 ms slower in that step
+    /// (its own work 40 ms, the others' 20 ms: they wait 30 ms, it 10 ms).
+    fn job(n: usize, ranks: u32, slow: impl Fn(usize) -> Option<u32>) -> Vec<RankRun> {
+        (0..ranks)
+            .map(|r| {
+                let mut run = rank(r, n, 50.0, 30.0, 10.0, 0.0);
+                run.summary.step_samples.step_ms = vec![50.0; n];
+                run.summary.step_samples.phase_ms[Phase::CollectiveWait] = (0..n)
+                    .map(|k| if slow(k) == Some(r) { 10.0 } else { 30.0 })
+                    .collect();
+                run
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stragglers_are_persistent_transient_or_rotating() {
+        use crate::summary::StragglerClass as C;
+        // Rank 1 slow throughout.
+        let s = classify_stragglers(&job(80, 4, |_| Some(1))).unwrap();
+        assert_eq!((s.class, s.rank), (C::Persistent, Some(1)));
+        assert_eq!(s.steps, 80);
+        assert!((s.slow_share - 1.0).abs() < 1e-9);
+        // Rank 2 slow in steps 20..40 only: one episode, the others lost 20 ms a step there.
+        let runs = job(80, 4, |k| (20..40).contains(&k).then_some(2));
+        let s = classify_stragglers(&runs).unwrap();
+        assert_eq!((s.class, s.rank), (C::Transient, Some(2)));
+        assert_eq!(s.episodes.len(), 1);
+        let e = &s.episodes[0];
+        assert_eq!((e.rank, e.from_step, e.to_step), (2, 20, 40));
+        assert!((e.lost_ms - 20.0 * 20.0).abs() < 1e-6, "{e:?}");
+        // ... which the persistent rule alone did not name, and the job's summary now does.
+        assert_eq!(straggler(&runs), None);
+        let sum = combine(runs, JobInfo::default(), &[]).unwrap();
+        assert_eq!(sum.primary_diagnosis.kind, DiagnosisKind::Straggler);
+        assert_eq!(sum.primary_diagnosis.culprit_rank, Some(2));
+        assert!(
+            sum.primary_diagnosis.why.contains("steps 20–40"),
+            "{}",
+            sum.primary_diagnosis.why
+        );
+        // The slow rank moves every 5 steps: rotating, no rank named.
+        let s = classify_stragglers(&job(80, 2, |k| Some((k / 5 % 2) as u32))).unwrap();
+        assert_eq!((s.class, s.rank), (C::Rotating, None));
+        // An even job: nothing.
+        assert_eq!(classify_stragglers(&job(80, 4, |_| None)), None);
+        // A few scattered slow steps: nothing either.
+        assert_eq!(
+            classify_stragglers(&job(80, 4, |k| (k % 20 == 3).then_some(1))),
+            None
+        );
+    }
+
+    #[test]
+    fn a_collective_hang_is_named_after_seconds_not_a_minute() {
+        use std::time::Duration as D;
+        let look = |rank, idle: u64, coll: Option<u64>| Look {
+            rank,
+            idle: Some(D::from_millis(idle)),
+            mean_step: D::from_millis(50),
+            in_collective_for: coll.map(D::from_millis),
+        };
+        // Rank 1 sleeps outside; rank 0 has waited 5.2 s in the all-reduce: a hang.
+        let stuck = collective_hang(&[look(0, 5300, Some(5200)), look(1, 5300, None)]).unwrap();
+        assert_eq!(stuck.len(), 2);
+        assert!((stuck[0].idle_s - 5.3).abs() < 1e-9);
+        // 4.9 s is not yet; every rank in a collective is not this rule (no one outside);
+        // a rank still stepping is progress.
+        assert_eq!(
+            collective_hang(&[look(0, 5000, Some(4900)), look(1, 5000, None)]),
+            None
+        );
+        assert_eq!(
+            collective_hang(&[look(0, 9000, Some(9000)), look(1, 9000, Some(9000))]),
+            None
+        );
+        assert_eq!(
+            collective_hang(&[look(0, 9000, Some(9000)), look(1, 20, None)]),
+            None
+        );
+        // Slow steps: 10 of them.
+        let slow = |rank, coll| Look {
+            mean_step: D::from_secs(2),
+            ..look(rank, 15_000, coll)
+        };
+        assert_eq!(
+            collective_hang(&[slow(0, Some(15_000)), slow(1, None)]),
+            None
+        );
+        assert_eq!(collective_hang(&[look(0, 6000, Some(6000))]), None);
     }
 
     #[test]

@@ -342,6 +342,14 @@ fn verdict(s: &Summary, p: &Painter, out: &mut Lines) {
     ));
     labeled(out, "Why", &d.why);
     labeled(out, "Next", &d.next);
+    for (i, w) in s.what_if.iter().enumerate() {
+        let label = if i == 0 { "What if" } else { "" };
+        labeled(
+            out,
+            label,
+            &format!("{} ({})", crate::whatif::sentence(w), w.assumption),
+        );
+    }
 }
 
 fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
@@ -447,11 +455,18 @@ fn thread_text(s: &Summary) -> Option<String> {
             let share = |v: f64| (v / mean * 100.0).round();
             let io = st.io_ms.filter(|&v| share(v) >= 1.0);
             let runq = st.runnable_ms.filter(|&v| share(v) >= 1.0);
+            // Where a fifth or more of the phase was blocked: the function it waited in.
+            let within = st
+                .blocked_in
+                .first()
+                .filter(|f| share(blocked) >= 20.0 && f.share >= 0.3)
+                .map(|f| format!(" in {} {}", f.function, pct(f.share)));
             Some(format!(
-                "{} {:.0}% on CPU, {:.0}% blocked{}{}",
+                "{} {:.0}% on CPU, {:.0}% blocked{}{}{}",
                 phase.name(),
                 share(cpu),
                 share(blocked),
+                within.unwrap_or_default(),
                 io.map(|v| format!(" ({:.0}% in I/O)", share(v)))
                     .unwrap_or_default(),
                 runq.map(|v| format!(", {:.0}% waiting for a CPU", share(v)))
@@ -648,6 +663,9 @@ fn system(s: &Summary, p: &Painter, out: &mut Lines) {
         (Some(n), None) => format!("{n} · CPU not measured"),
     };
     labeled(out, "workers", &text);
+    if let Some(p) = &w.profile {
+        labeled(out, "", &crate::diagnosis::pipeline_line(p));
+    }
     match &s.gpu {
         None => labeled(out, "GPU", "GPU metrics unavailable"),
         Some(g) => {
@@ -737,6 +755,47 @@ fn ranks(s: &Summary, out: &mut Lines) {
         }
         labeled(out, "", &format!("(ms, medians) {}", parts.join(" · ")));
     }
+    if let Some(st) = &s.stragglers {
+        labeled(out, "", &stragglers_line(st));
+    }
+}
+
+/// "stragglers: transient: rank 2 in steps 20–40 (20 steps), 0.4 s of the others' time · slow
+/// steps 25% of 80".
+pub fn stragglers_line(st: &crate::summary::Stragglers) -> String {
+    let who = match st.rank {
+        Some(r) => format!("rank {r}"),
+        None => "the slow rank changes every few steps".to_owned(),
+    };
+    let episodes: Vec<String> = st
+        .episodes
+        .iter()
+        .take(3)
+        .map(|e| {
+            format!(
+                "rank {} in steps {}–{} ({:.1} s lost)",
+                e.rank,
+                e.from_step,
+                e.to_step,
+                e.lost_ms / 1e3
+            )
+        })
+        .collect();
+    let more = st.episodes.len().saturating_sub(3);
+    let mut text = format!(
+        "stragglers: {}: {who} · slow steps {:.0}% of {} · {:.1} s of the others' time",
+        st.class.as_str(),
+        st.slow_share * 100.0,
+        st.steps,
+        st.lost_ms / 1e3
+    );
+    if !episodes.is_empty() {
+        text.push_str(&format!(" · episodes: {}", episodes.join(", ")));
+        if more > 0 {
+            text.push_str(&format!(" and {more} more"));
+        }
+    }
+    text
 }
 
 /// An elastic job's restarts, as the job's line says them.

@@ -58,6 +58,82 @@ pub struct Summary {
     /// the lowest rank measured), with the job-level findings (STRAGGLER, HANG) added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RankSummary>,
+    /// What fixing it buys: for the cause and the next phases worth naming, the step time if
+    /// that phase fell to its floor, each with the assumption that makes it a bound (see
+    /// `whatif`). A multi-rank job with a straggler leads with the job's step at the median
+    /// rank's pace. Empty: nothing to gain that the daemon can bound.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub what_if: Vec<WhatIf>,
+    /// A multi-rank job whose ranks made each other wait: how the straggling is spread over
+    /// the steps (`ranks::classify_stragglers`). Absent: no rank was slow in a step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stragglers: Option<Stragglers>,
+}
+
+/// How a job's straggling is spread over its steps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stragglers {
+    pub class: StragglerClass,
+    /// The rank: the persistent one, or the longest episode's; `null` when rotating.
+    pub rank: Option<u32>,
+    /// Aligned steps compared, and the share in which one rank made the others wait (its own
+    /// work over the others' median by at least the straggler warning share of the step).
+    pub steps: u64,
+    pub slow_share: f64,
+    /// Episodes: runs of slow steps with the same culprit (gaps of up to 2 steps), of at least
+    /// 5 steps, in step order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub episodes: Vec<StragglerEpisode>,
+    /// The others' wait the slow steps cost, in all: the sum of each slow step's excess, ms.
+    pub lost_ms: f64,
+}
+
+/// Persistent (one rank most of the time), transient (an episode: one rank for a stretch), or
+/// rotating (the slow rank changes every few steps: noise, or a cause the ranks share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StragglerClass {
+    Persistent,
+    Transient,
+    Rotating,
+}
+
+impl StragglerClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StragglerClass::Persistent => "persistent",
+            StragglerClass::Transient => "transient",
+            StragglerClass::Rotating => "rotating",
+        }
+    }
+}
+
+/// One rank slow for a stretch of steps (aligned steps, from the end of the run; `from`
+/// inclusive, `to` exclusive, counted in steps: decimated samples scaled by their stride).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StragglerEpisode {
+    pub rank: u32,
+    pub from_step: u64,
+    pub to_step: u64,
+    /// The others' wait it cost: the sum of its steps' excess, ms.
+    pub lost_ms: f64,
+}
+
+/// One what-if: the step if `phase` fell to its floor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WhatIf {
+    /// The phase that falls (`collective_wait` for a straggler running at the median pace).
+    pub phase: Phase,
+    /// What falls, and to what: `input_wait → 0`, `rank 2 at the median pace`.
+    pub change: String,
+    /// Mean step time now, ms.
+    pub step_ms: f64,
+    /// Mean step time with the change, ms.
+    pub step_ms_if: f64,
+    /// `step_ms / step_ms_if`: the factor on steps per second.
+    pub throughput_factor: f64,
+    /// Why the figure is a bound: what it assumes.
+    pub assumption: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -485,6 +561,12 @@ pub struct PhaseStats {
     /// without stack samples.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top_functions: Vec<crate::profile::TopFunction>,
+    /// Where the blocked time waited: the innermost Python functions of the phase's stack
+    /// samples taken while the training thread was blocked (asleep or in I/O), with their share
+    /// of those samples (`get_batch` reading a file, `Queue.get`, `time.sleep`). Empty without
+    /// stack samples or thread states.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_in: Vec<crate::profile::TopFunction>,
     /// Stack samples that fell in this phase (absent: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stack_samples: u64,
@@ -597,6 +679,65 @@ pub struct WorkerStats {
     pub state: Option<WorkerState>,
     /// Largest total RSS of all workers in one sample.
     pub rss_bytes_max_total: Option<u64>,
+    /// What the workers did, from their Python stacks and scheduler states (absent: no worker
+    /// stack was sampled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<WorkerProfile>,
+}
+
+/// The DataLoader workers' own profile: how often they were making a batch, in which state, in
+/// which functions, and what a batch costs them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerProfile {
+    /// Stack samples of the workers' main threads (about 10 a second each).
+    pub samples: u64,
+    /// Workers sampled.
+    pub workers_sampled: u32,
+    /// Share of the samples in which a worker was making a batch (inside the DataLoader's
+    /// fetcher); in the others it waited for its next index: the loader was ahead.
+    pub busy: f64,
+    /// Of the busy samples: on a CPU or runnable (`R`), asleep (`S`: a lock, a queue, `sleep`, a
+    /// pipe or network read), in uninterruptible I/O (`D`: disk).
+    pub on_cpu: f64,
+    pub blocked: f64,
+    pub io: f64,
+    /// What limits a busy worker: `cpu`, `wait` (asleep) or `io` (the largest of the three).
+    pub bound: PipelineBound,
+    /// The innermost Python functions of the busy samples, with their share of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_functions: Vec<crate::profile::TopFunction>,
+    /// Of those, the busy samples on a CPU and those asleep or in I/O.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_in: Vec<crate::profile::TopFunction>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_in: Vec<crate::profile::TopFunction>,
+    /// The workers' CPU time per batch the training thread fetched, ms of one core (`null`:
+    /// no fetch or no CPU reading).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_cpu_ms: Option<f64>,
+}
+
+/// What limits a busy DataLoader worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineBound {
+    /// Running: decoding, transforms, collate.
+    #[default]
+    Cpu,
+    /// Asleep: a lock, a queue, `sleep`, a network or pipe read.
+    Wait,
+    /// Uninterruptible I/O: storage.
+    Io,
+}
+
+impl PipelineBound {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PipelineBound::Cpu => "cpu",
+            PipelineBound::Wait => "wait",
+            PipelineBound::Io => "io",
+        }
+    }
 }
 
 /// The GPUs, from NVML. Present only when at least one sample had GPU metrics.

@@ -32,8 +32,10 @@ const LAYERS: &[&[&str]] = &[
     &["profile"],
     // The summary model (serde types, schema).
     &["summary"],
+    // The input pipeline's profile: workers' folded stacks → the model's worker profile.
+    &["pipeline"],
     // Verdict rules: read the model, write findings.
-    &["diagnosis"],
+    &["diagnosis", "whatif"],
     // Aggregation: steps and samples → the model, diagnosed; a job's ranks → the job's model.
     &["analysis"],
     &["ranks"],
@@ -48,6 +50,7 @@ const LAYERS: &[&[&str]] = &[
     &["runtime::settings"],
     // The runtime: a target's live run, its task and sinks, the view, a job's group, the
     // supervisors.
+    &["runtime::workers"],
     &["runtime::target"],
     &["runtime::task"],
     &["runtime::sinks", "runtime::view"],

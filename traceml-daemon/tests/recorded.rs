@@ -95,6 +95,16 @@ fn input_bound_run_against_its_fix_is_an_improvement_naming_input_wait() {
         c.reason
     );
     assert_eq!(compare::exit_code(&c), 0);
+    // The bound moved: fixing input bought A ~9× and buys B little.
+    let w = c
+        .what_if
+        .iter()
+        .find(|w| w.phase == traceml_daemon::engine::Phase::InputWait)
+        .expect("input_wait what-if in the comparison");
+    assert!(
+        w.a_factor.unwrap() > 5.0 && w.b_factor.is_none_or(|f| f < 1.5),
+        "{w:?}"
+    );
     let mut text = Vec::new();
     render::render_compare_text(&c, &mut text).unwrap();
     insta::assert_snapshot!(
@@ -113,4 +123,51 @@ fn a_run_against_itself_is_equivalent() {
     let s = summary("balanced");
     let c = compare::compare(&s, &s);
     assert_eq!(c.verdict, Verdict::Equivalent, "{c:?}");
+}
+
+/// What fixing it buys, against the fix itself. These recordings carry no stack samples, so
+/// the input what-if is the upper bound (input wait → 0): the fixed run, by its own timers, can
+/// be no faster than it (2 % for noise between runs), and no slower than it plus the input
+/// wait the fix left (the fixed run's own truth: its samples still take 0.2 ms each).
+#[test]
+fn input_bound_what_if_brackets_the_fixed_runs_measured_step() {
+    let before = summary("input_bound_single");
+    let w = before
+        .what_if
+        .first()
+        .expect("an input-bound run has a what-if");
+    assert_eq!(w.phase, traceml_daemon::engine::Phase::InputWait, "{w:?}");
+    assert!(w.assumption.contains("upper bound"), "{w:?}");
+    let fixed = truth("input_bound_fixed");
+    let steps = fixed["steps"].as_array().unwrap();
+    let mean = |f: &dyn Fn(&serde_json::Value) -> f64| {
+        steps.iter().map(f).sum::<f64>() / steps.len() as f64 / 1e6
+    };
+    let wall = mean(&|s| s["wall_ns"].as_f64().unwrap());
+    let input = mean(&|s| s["phases_ns"]["input_wait"].as_f64().unwrap());
+    eprintln!(
+        "what-if {:.3} ms per step; the fixed run measured {wall:.3} ms, {input:.3} ms of it \
+         input wait",
+        w.step_ms_if
+    );
+    assert!(w.step_ms_if <= wall * 1.02, "{} vs {wall}", w.step_ms_if);
+    assert!(
+        w.step_ms_if >= (wall - input) * 0.98,
+        "{} vs {}",
+        w.step_ms_if,
+        wall - input
+    );
+    // The step it starts from is the one the run before measured.
+    let own: Vec<f64> = truth("input_bound_single")["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["wall_ns"].as_f64().unwrap() / 1e6)
+        .collect();
+    let own = own.iter().sum::<f64>() / own.len() as f64;
+    assert!(
+        (w.step_ms - own).abs() / own <= 0.05,
+        "{} vs {own}",
+        w.step_ms
+    );
 }

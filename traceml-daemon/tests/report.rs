@@ -142,6 +142,14 @@ fn report_renders_in_headless_chromium() {
     }
     assert!(dom.contains("<path class=\"series\""), "no line drawn");
     assert!(dom.contains("<rect class=\"bar\""), "no phase bars drawn");
+    // What fixing it buys: the input-bound recording's what-if table, with its bars.
+    let what_if = dom
+        .split("<table id=\"what-if\">")
+        .nth(1)
+        .expect("the what-if table is in the DOM");
+    let what_if = &what_if[..what_if.find("</table>").expect("closed")];
+    assert!(what_if.contains("input_wait → 0"), "{what_if}");
+    assert_eq!(what_if.matches("class=\"bar\"").count(), 2, "{what_if}");
 
     let png = dir.path().join("report.png");
     let out = browser(

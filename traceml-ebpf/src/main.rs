@@ -58,6 +58,10 @@ static TARGET_TGID: u32 = 0;
 static TASK_PID_OFFSET: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_STATE_OFFSET: u64 = 0;
+/// 1 when `tgid` follows `pid` in `task_struct` (every kernel so far): one 8-byte read gives
+/// both, and a switch to another process's thread returns before any map lookup.
+#[unsafe(no_mangle)]
+static TASK_TGID_AFTER_PID: u64 = 0;
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
@@ -557,10 +561,12 @@ pub fn mark_exit(ctx: ProbeContext) -> u32 {
 /// `sched_process_exec` (every exec on the host: one compare for the others): the target
 /// exec'd. The uprobes placed in its old program stay registered on its task and fire in the
 /// new one (same libraries, same task) until userspace removes them; this event, in timestamp
-/// order with the rest, is where the run ends. Wakes userspace.
+/// order with the rest, is where the run ends. Wakes userspace. The exec'ing thread (now the
+/// leader, `tid == tgid`; `old_pid` before) stops being watched: its switches in the new
+/// program are not the old program's time.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
-    let (tgid, _) = current();
+pub fn process_exec(ctx: RawTracePointContext) -> i32 {
+    let (tgid, tid) = current();
     let target = global(&TARGET_TGID);
     if target == 0 || tgid != target {
         return 0;
@@ -571,6 +577,12 @@ pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
         BPF_RB_FORCE_WAKEUP,
         |_| {},
     );
+    // TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm).
+    let old_pid: u64 = ctx.arg(1);
+    for t in [tid, old_pid as u32] {
+        let _ = THREADS.remove(&t);
+        let _ = OFFCPU.remove(&t);
+    }
     0
 }
 
@@ -599,8 +611,9 @@ fn kernel_read<T>(base: u64, offset: u64) -> Option<T> {
 /// target's watched threads, those the probes keep state for (`THREADS`: the threads that run
 /// the training loop's probed calls; not torch's intra-op pool). A watched thread leaving its
 /// CPU notes when and why in `OFFCPU`; when it is switched back in, one [`EventKind::OffCpu`]
-/// event carries the whole interval. Other processes cost a compare, one kernel read and one
-/// hash lookup (of the thread coming in).
+/// event carries the whole interval. A switch between other processes' threads costs a
+/// compare and one kernel read (the incoming thread's pid and tgid), or one hash lookup more
+/// where `tgid` does not follow `pid` (`BENCHMARKS.md`: the node's cost per context switch).
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
     let target = global(&TARGET_TGID);
@@ -608,14 +621,12 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
     if target == 0 || pid_off == 0 {
         return 0;
     }
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
     // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, ...).
-    let preempt: u64 = ctx.arg(0);
     let prev: u64 = ctx.arg(1);
     let next: u64 = ctx.arg(2);
     let (tgid, tid) = current();
     if tgid == target && THREADS.get_ptr(tid).is_some() {
+        let preempt: u64 = ctx.arg(0);
         let state_off = global(&TASK_STATE_OFFSET);
         let state: u32 = if state_off == 0 {
             1
@@ -623,14 +634,27 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
             kernel_read(prev, state_off).unwrap_or(1)
         };
         let since = OffCpuSince {
-            ts_ns: now,
+            // SAFETY: helper without preconditions.
+            ts_ns: unsafe { bpf_ktime_get_ns() },
             state: OffCpuState::from_switch(preempt & 0xff != 0, state) as u32,
             _pad: 0,
         };
         let _ = OFFCPU.insert(tid, &since, 0);
     }
-    let Some(next_tid) = kernel_read::<u32>(next, pid_off) else {
-        return 0;
+    let next_tid = if global(&TASK_TGID_AFTER_PID) != 0 {
+        // Little-endian (x86-64, arm64): pid in the low half, tgid in the high one.
+        let Some(ids) = kernel_read::<u64>(next, pid_off) else {
+            return 0;
+        };
+        if (ids >> 32) as u32 != target {
+            return 0;
+        }
+        ids as u32
+    } else {
+        let Some(t) = kernel_read::<u32>(next, pid_off) else {
+            return 0;
+        };
+        t
     };
     if next_tid == 0 {
         return 0;
@@ -640,6 +664,8 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
         return 0;
     };
     let _ = OFFCPU.remove(next_tid);
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
     emit(EventKind::OffCpu, ProbeId::SchedSwitch as u32, |e| {
         e.ts_ns = now;
         e.tgid = target;

@@ -16,6 +16,9 @@ Faults (all ranks get the same arguments; each rank decides from its own RANK):
                   --straggler-how sleep: time.sleep instead of the busy loop (no CPU taken from the
                   other ranks on a small machine; the time is still inside forward / __getitem__,
                   but the rank is off-CPU during it).
+                  --straggler-from K --straggler-to K2: slow only in steps K..K2-1 (a transient
+                  episode); --straggler-every N: rotating, the slow rank of step i is
+                  (i // N) % world_size (--straggler-rank not needed).
 --hang-rank R --hang-after K
                   rank R completes steps 0..K-1 and then, in step K, right before the gradient
                   all-reduce (allreduce mode: after backward; ddp mode: before loss.backward(),
@@ -90,6 +93,11 @@ def main():
     ap.add_argument("--straggler-rank", type=int)
     ap.add_argument("--straggler-phase", choices=("compute", "input"), default="compute")
     ap.add_argument("--straggler-ms", type=float, default=15.0)
+    ap.add_argument("--straggler-from", type=int, default=0,
+                    help="the straggler is slow from this step on (0-based; a transient episode)")
+    ap.add_argument("--straggler-to", type=int, help="... and before this step (default: to the end)")
+    ap.add_argument("--straggler-every", type=int,
+                    help="rotating: the slow rank is (step // N) % world_size, N steps each")
     ap.add_argument("--straggler-how", choices=("busy", "sleep"), default="busy",
                     help="busy: CPU loop (steals a core from the other ranks on a small machine); sleep: "
                          "time.sleep (the same extra wall time without CPU contention)")
@@ -141,8 +149,14 @@ def main():
     else:
         dist.init_process_group(a.backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
-    straggler = a.straggler_rank is not None and a.straggler_rank == rank
+    straggler = (a.straggler_rank is not None and a.straggler_rank == rank) or a.straggler_every is not None
     burn_compute_ns = int(a.straggler_ms * MS) if straggler and a.straggler_phase == "compute" else 0
+
+    def slow_at(i):
+        """Whether this rank is the slow one in step i (--straggler-from/-to/-every)."""
+        if a.straggler_every is not None:
+            return (i // a.straggler_every) % world == rank
+        return straggler and i >= a.straggler_from and (a.straggler_to is None or i < a.straggler_to)
     burn_input_ns = int(a.straggler_ms * MS) if straggler and a.straggler_phase == "input" else 0
     hang_step = a.hang_after if a.hang_rank is not None else None
     is_hang_rank = a.hang_rank is not None and a.hang_rank == rank
@@ -177,8 +191,9 @@ def main():
 
         def __getitem__(self, i):
             t = now()
-            burn(getitem_ns + burn_input_ns)
-            input_clock["burn"] += burn_input_ns
+            b = burn_input_ns if slow_at(i) else 0
+            burn(getitem_ns + b)
+            input_clock["burn"] += b
             out = self.x[i], self.y[i]
             input_clock["span"] = (t, now())
             return out
@@ -371,6 +386,8 @@ def main():
             sys.stdout.flush()
             os._exit(1)
         t0 = now()
+        step_burn_ns = burn_compute_ns if slow_at(i) else 0
+        mlp.burn_ns = step_burn_ns
         input_clock.update(span=None, burn=0)
         try:
             x, y = next(it)
@@ -420,7 +437,7 @@ def main():
         del out, loss, x, y
         t8 = now()
         raw.append({"t0": t0, "t1": t1, "t2": t2, "t3": t3, "t4": t4, "t5": t5, "t6": t6,
-                    "t7": t7, "t8": t8, "ds_ns": ds_ns, "burn_ns": burn_ns + burn_compute_ns,
+                    "t7": t7, "t8": t8, "ds_ns": ds_ns, "burn_ns": burn_ns + step_burn_ns,
                     "coll_ns": coll["ns"], "coll_calls": coll["calls"], "coll_bytes": coll["bytes"],
                     "coll_first": coll["first"], "coll_last": coll["last"], "pack_ns": coll["pack"],
                     "coll_each": coll["each"],

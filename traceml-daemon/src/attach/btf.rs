@@ -123,10 +123,20 @@ pub fn members(
     Err(BtfError::NoStruct(name.into()))
 }
 
-/// Offsets in `task_struct` of `pid` and of the task's state (`__state`, `state` before Linux
-/// 5.14; `None` when neither is found: every off-CPU interval is then called a sleep).
-pub fn task_offsets(btf: &[u8]) -> Result<(u64, Option<u64>), BtfError> {
-    let m = members(btf, "task_struct", &["pid", "__state", "state"])?;
+/// Offsets in `task_struct` the scheduler program reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskOffsets {
+    /// `pid` (the thread id).
+    pub pid: u64,
+    /// The task's state (`__state`, `state` before Linux 5.14; `None` when neither is found:
+    /// every off-CPU interval is then called a sleep).
+    pub state: Option<u64>,
+    /// `tgid` sits right after `pid` (one 8-byte read gives both).
+    pub tgid_after_pid: bool,
+}
+
+pub fn task_offsets(btf: &[u8]) -> Result<TaskOffsets, BtfError> {
+    let m = members(btf, "task_struct", &["pid", "tgid", "__state", "state"])?;
     let pid = m
         .get("pid")
         .ok_or_else(|| BtfError::NoMember("task_struct".into(), "pid".into()))?
@@ -135,17 +145,22 @@ pub fn task_offsets(btf: &[u8]) -> Result<(u64, Option<u64>), BtfError> {
         .get("__state")
         .or_else(|| m.get("state"))
         .map(|m| m.offset);
-    Ok((pid, state))
+    let tgid_after_pid = m.get("tgid").is_some_and(|t| t.offset == pid + 4);
+    Ok(TaskOffsets {
+        pid,
+        state,
+        tgid_after_pid,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A BTF blob with an INT, a struct `task_struct { int x; int pid; unsigned int __state; }`
-    /// and a trailing PTR.
+    /// A BTF blob with an INT, a struct `task_struct { int x; int pid; int tgid; unsigned int
+    /// __state; }` and a trailing PTR.
     fn blob(kind_flag: bool) -> Vec<u8> {
-        let strings = b"\0int\0task_struct\0x\0pid\0__state\0".to_vec();
+        let strings = b"\0int\0task_struct\0x\0pid\0tgid\0__state\0".to_vec();
         let s = |n: &str| {
             let hay = std::str::from_utf8(&strings).unwrap();
             hay.find(&format!("\0{n}\0")).unwrap() as u32 + 1
@@ -157,14 +172,19 @@ mod tests {
         push(&mut types, 1 << 24);
         push(&mut types, 4);
         push(&mut types, 32);
-        // STRUCT task_struct, 3 members.
+        // STRUCT task_struct, 4 members.
         push(&mut types, s("task_struct"));
         push(
             &mut types,
-            (4 << 24) | 3 | if kind_flag { 1 << 31 } else { 0 },
+            (4 << 24) | 4 | if kind_flag { 1 << 31 } else { 0 },
         );
         push(&mut types, 64);
-        for (n, off) in [("x", 0u32), ("pid", 32 * 8), ("__state", 40 * 8)] {
+        for (n, off) in [
+            ("x", 0u32),
+            ("pid", 32 * 8),
+            ("tgid", 36 * 8),
+            ("__state", 40 * 8),
+        ] {
             push(&mut types, s(n));
             push(&mut types, 1);
             push(&mut types, off);
@@ -194,7 +214,14 @@ mod tests {
     #[test]
     fn finds_task_struct_offsets() {
         for kf in [false, true] {
-            assert_eq!(task_offsets(&blob(kf)), Ok((32, Some(40))));
+            assert_eq!(
+                task_offsets(&blob(kf)),
+                Ok(TaskOffsets {
+                    pid: 32,
+                    state: Some(40),
+                    tgid_after_pid: true
+                })
+            );
         }
     }
 
@@ -216,8 +243,14 @@ mod tests {
     #[test]
     fn the_running_kernels_task_struct() {
         let b = kernel().expect("/sys/kernel/btf/vmlinux (the daemon needs a kernel with BTF)");
-        let (pid, state) = task_offsets(&b).expect("task_struct in the kernel's BTF");
+        let TaskOffsets {
+            pid,
+            state,
+            tgid_after_pid,
+        } = task_offsets(&b).expect("task_struct in the kernel's BTF");
         assert!(pid > 0 && pid < 16384, "pid at {pid}");
         assert!(state.is_some_and(|s| s < pid), "state at {state:?}");
+        // `pid_t pid; pid_t tgid;` in every kernel so far: the fast path of the switch program.
+        assert!(tgid_after_pid);
     }
 }

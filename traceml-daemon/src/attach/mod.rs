@@ -472,19 +472,20 @@ pub struct FileReport {
 impl Attacher {
     pub fn load(pid: NonZeroU32, cfg: LoadConfig) -> Result<Self, AttachError> {
         // The scheduler program's offsets; without them it does nothing (no thread states).
-        let (pid_off, state_off) = match btf::kernel()
+        let (pid_off, state_off, tgid_after_pid) = match btf::kernel()
             .map_err(|e| e.to_string())
             .and_then(|b| btf::task_offsets(&b).map_err(|e| e.to_string()))
         {
-            Ok((pid, state)) => (pid, state.unwrap_or(0)),
+            Ok(t) => (t.pid, t.state.unwrap_or(0), u64::from(t.tgid_after_pid)),
             Err(e) => {
                 tracing::warn!("threads' on-CPU and blocked time will not be measured: {e}");
-                (0, 0)
+                (0, 0, 0)
             }
         };
         let ebpf = EbpfLoader::new()
             .override_global("TASK_PID_OFFSET", &pid_off, true)
             .override_global("TASK_STATE_OFFSET", &state_off, true)
+            .override_global("TASK_TGID_AFTER_PID", &tgid_after_pid, true)
             .override_global("FRAME_CODE_OFFSET", &cfg.frame_code_offset, true)
             .override_global("CODE_PTR_MASK", &cfg.code_ptr_mask, true)
             .override_global("CODE_NAME_OFFSET", &cfg.code_name_offset, true)
@@ -829,7 +830,8 @@ impl Attacher {
             .map_err(|e| format!("uprobe_multi link of {name} in {}: {e}", host.display()))
     }
 
-    /// Attaches the entry (and return) program of `spec` at `file_offset`; returns the links.
+    /// Attaches the entry (and return) program of `spec` at `file_offset`; returns the links,
+    /// entry first (the order they are taken out in), though the return probe went in first.
     fn place(
         &mut self,
         spec: &ProbeSpec,
@@ -838,14 +840,15 @@ impl Attacher {
     ) -> Result<Vec<Placed>, String> {
         if self.multi {
             let cookie = [spec.probe as u64];
-            let entry = self.place_multi(spec.entry, host, &[file_offset], &cookie, false)?;
-            let mut links = vec![Placed::Multi(entry)];
+            // The return probe goes in first (see the perf path below); on failure of the entry
+            // the exit link goes with `links`.
+            let mut links = Vec::with_capacity(2);
             if spec.exit {
-                // On failure the entry link goes with `links`: never an entry without its
-                // return probe.
                 let exit = self.place_multi(EXIT_PROGRAM, host, &[file_offset], &cookie, true)?;
                 links.push(Placed::Multi(exit));
             }
+            let entry = self.place_multi(spec.entry, host, &[file_offset], &cookie, false)?;
+            links.insert(0, Placed::Multi(entry));
             return Ok(links);
         }
         let pid = self.pid;
@@ -853,24 +856,30 @@ impl Attacher {
             location: UProbeAttachLocation::AbsoluteOffset(file_offset),
             cookie: Some(spec.probe as u64),
         };
-        let entry = self.program(spec.entry).map_err(|e| e.to_string())?;
-        let entry_link = entry
-            .attach(point(), host, UProbeScope::OneProcess(pid))
-            .map_err(|e| error_chain(&e))?;
-        let mut links = vec![Placed::Perf(spec.entry, entry_link)];
+        // The return probe goes in before the entry probe. A uretprobe only fires for calls
+        // entered after it was placed, so a call entered between the two attaches is seen
+        // either as an exit without its entry (counted unmatched, harmless) or not at all;
+        // the other order would record an entry whose exit never comes, and a `backward`
+        // left open for the rest of the run takes every later forward with it.
+        let mut links = Vec::with_capacity(2);
         if spec.exit {
             let exit = self.program(EXIT_PROGRAM).map_err(|e| e.to_string())?;
-            match exit.attach(point(), host, UProbeScope::OneProcess(pid)) {
-                Ok(l) => links.push(Placed::Perf(EXIT_PROGRAM, l)),
-                Err(e) => {
-                    // Never leave an entry without its return probe.
-                    if let Some(Placed::Perf(name, link)) = links.pop()
-                        && let Ok(p) = self.program(name)
-                    {
-                        let _ = p.detach(link);
-                    }
-                    return Err(error_chain(&e));
+            let l = exit
+                .attach(point(), host, UProbeScope::OneProcess(pid))
+                .map_err(|e| error_chain(&e))?;
+            links.push(Placed::Perf(EXIT_PROGRAM, l));
+        }
+        let entry = self.program(spec.entry).map_err(|e| e.to_string())?;
+        match entry.attach(point(), host, UProbeScope::OneProcess(pid)) {
+            Ok(l) => links.insert(0, Placed::Perf(spec.entry, l)),
+            Err(e) => {
+                // Never leave a return probe without its entry.
+                if let Some(Placed::Perf(name, link)) = links.pop()
+                    && let Ok(p) = self.program(name)
+                {
+                    let _ = p.detach(link);
                 }
+                return Err(error_chain(&e));
             }
         }
         Ok(links)

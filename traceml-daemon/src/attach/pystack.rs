@@ -533,6 +533,36 @@ impl StackReader {
     }
 }
 
+impl StackReader {
+    /// The `PyThreadState` of the main thread, else the first of the main interpreter's
+    /// threads: in a forked child (a DataLoader worker) only the forking thread's state is left,
+    /// whatever `_PyRuntime.main_thread` still says.
+    pub fn main_or_first_thread(
+        &self,
+        mem: &TargetMemory,
+        runtime: u64,
+    ) -> Result<u64, StackError> {
+        match self.main_thread(mem, runtime) {
+            Ok(t) => Ok(t),
+            Err(StackError::NoMainThread { .. }) => {
+                let o = self.offsets;
+                let interp = mem.read_u64(runtime + o.runtime_interp_main)?;
+                let t = if plausible(interp) {
+                    mem.read_u64(interp + o.interp_threads_head)?
+                } else {
+                    0
+                };
+                if plausible(t) {
+                    Ok(t)
+                } else {
+                    Err(StackError::NoMainThread { pid: mem.pid() })
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// The runtime address of `_PyRuntime` in the target (same file as `PyCode_Type`).
 pub fn runtime_addr(target: &PythonTarget) -> Result<u64, StackError> {
     let code_type = target

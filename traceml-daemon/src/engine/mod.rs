@@ -90,16 +90,20 @@ use serde::{Deserialize, Serialize};
 use crate::event::{Class, Kind, StreamItem};
 
 mod cutter;
+mod prep;
+pub(crate) use prep::{LOOP_QUORUM, loop_prefix};
 #[cfg(test)]
 mod tests;
 mod thread;
 mod timeline;
+mod workers;
 
 use cutter::{Cutter, cut_dataloader, cut_exits, cut_windows};
 use thread::{Dir, InputCall, ThreadFold, ThreadTrace};
 use timeline::{Cut, Timeline};
 
 pub use crate::phase::{N_PHASES, Phase};
+pub use workers::{FETCH_FILE, WorkerFold};
 
 /// What delimits steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,6 +225,9 @@ pub struct EngineOutput {
     /// Off-CPU intervals of the training thread were reported (the scheduler program runs).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub thread_states: bool,
+    /// DataLoader workers' stack samples, folded (see [`WorkerFold`]).
+    #[serde(skip)]
+    pub workers: WorkerFold,
 }
 
 /// A thread that fetches batches for the training thread (see [`EngineOutput::feeders`]).
@@ -286,6 +293,10 @@ pub struct PhaseSample {
     pub phase: Phase,
     /// [`crate::event::FuncInfo`] ids, outermost first.
     pub frames: Vec<u32>,
+    /// The thread was off its CPU at the sample, and why (`None`: on CPU, or no thread-state
+    /// source): the blocked time's functions (`PhaseStats::blocked_in`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_cpu: Option<crate::event::OffCpu>,
 }
 
 /// Per-step sums over every step the engine measured (the stored [`EngineOutput::steps`] are a
@@ -481,6 +492,8 @@ pub struct Engine {
     /// attach in place (the libraries are probed one after another, for up to a second or so:
     /// before it, one library's markers are seen and another's not yet).
     armed_ts: Option<u64>,
+    /// What each sampled function is (the model's, a library's, the user's): see [`prep`].
+    func_kinds: HashMap<u32, prep::FuncKind>,
     /// Python events are folded (false from a detach to a re-arm: frames entered while the
     /// kernel was still detaching would never report an exit).
     python_on: bool,
@@ -512,6 +525,7 @@ pub struct Engine {
     markers: TrainingMarkers,
     feeders: std::collections::BTreeMap<u32, Feeder>,
     thread_states: bool,
+    workers: WorkerFold,
 }
 
 impl Default for Engine {
@@ -531,6 +545,7 @@ impl Engine {
             reordered: 0,
             python_marks: Default::default(),
             armed_ts: None,
+            func_kinds: HashMap::new(),
             python_on: true,
             folds: HashMap::new(),
             execs: HashMap::new(),
@@ -553,6 +568,7 @@ impl Engine {
             markers: TrainingMarkers::default(),
             feeders: Default::default(),
             thread_states: false,
+            workers: WorkerFold::default(),
         }
     }
 
@@ -585,6 +601,8 @@ impl Engine {
     pub fn with_codes_of(other: &Engine) -> Engine {
         Engine {
             codes: other.codes.clone(),
+            func_kinds: other.func_kinds.clone(),
+            workers: other.workers.with_funcs(),
             ..Engine::new()
         }
     }
@@ -608,6 +626,11 @@ impl Engine {
                 )));
             }
             StreamItem::Stack(s) => self.stacks.push((**s).clone()),
+            StreamItem::WorkerStack(s) => self.workers.push(s),
+            StreamItem::Func(f) => {
+                self.func_kinds.insert(f.id, prep::FuncKind::of(&f.file));
+                self.workers.func(f);
+            }
             StreamItem::Event(e) => {
                 self.events += 1;
                 if e.ts < self.max_ts {
@@ -826,7 +849,20 @@ impl Engine {
         let mut stacks = std::mem::take(&mut self.stacks);
         stacks.sort_by_key(|s| s.ts);
         let (placed, later): (Vec<_>, Vec<_>) = stacks.into_iter().partition(|s| s.ts < last_end);
-        for p in place_samples(&placed, tid, &steps, &timeline) {
+        let mut placed = place_samples(&placed, tid, &steps, &timeline);
+        // The thread's off-CPU intervals are disjoint and in time order.
+        let off = &t.off_cpu;
+        let off_at = |ts: u64| {
+            let i = off.partition_point(|&(_, b, _)| b <= ts);
+            off.get(i)
+                .filter(|&&(a, _, _)| a <= ts)
+                .map(|&(_, _, st)| st)
+        };
+        for p in &mut placed {
+            p.off_cpu = off_at(p.ts);
+        }
+        prep::apply(&mut steps, &mut placed, &self.func_kinds);
+        for p in placed {
             self.samples.push(p);
         }
         self.stacks = later;
@@ -880,6 +916,7 @@ impl Engine {
             last_ts: self.first_ts.map(|_| self.last_ts),
             after_exec_events: self.after_exec,
             markers: self.markers,
+            workers: std::mem::take(&mut self.workers),
             ..EngineOutput::default()
         };
         if self.first_ts.is_none() {
@@ -946,6 +983,7 @@ fn place_samples(
                 step: step.index,
                 phase: timeline.phase_at(s.ts),
                 frames: s.frames.clone(),
+                off_cpu: None,
             })
         })
         .collect()

@@ -1447,6 +1447,51 @@ fn zipped_loaders_are_the_steps_input_not_evaluation() {
     }
 }
 
+/// Zipped loaders on a busy machine: the thread preempted for 0.95 ms of a 1 ms gap between the
+/// two fetches (in wall time over a tenth of the 2 ms fetch) still fetched them back to back;
+/// the same gap spent running (the model's forward of an evaluation) separates them.
+#[test]
+fn a_preemption_between_zipped_fetches_keeps_them_one_group() {
+    for preempted in [false, true] {
+        let mut t = Trace::new();
+        let (a, b, gap) = (2_000_000, 100_000, 1_000_000);
+        let mut ts = 1_000_000;
+        for _ in 0..10 {
+            t.fetch(ts, a);
+            if preempted {
+                t.off_cpu(
+                    ts + a + gap - 20_000,
+                    PID,
+                    ts + a + 30_000,
+                    crate::event::OffCpu::Runnable,
+                );
+            }
+            t.fetch(ts + a + gap, b);
+            let f = ts + a + gap + b;
+            t.fwd_bwd(f, 1_000_000, 1_000_000)
+                .opt(f + 2_000_000, 500_000);
+            ts = f + 2_500_000;
+        }
+        t.stop(ts);
+        let out = t.codes().run();
+        // The trace's first windows go to the attach (learning, the window it cut).
+        assert!(
+            out.steps.len() >= 3,
+            "preempted: {preempted}: {:?}",
+            out.steps
+        );
+        for s in &out.steps[1..] {
+            if preempted {
+                // Both fetches are the step's input (the preemption between them too).
+                assert!(s.phase(Phase::InputWait) >= a + b, "{s:?}");
+            } else {
+                // The slow fetch is a group no backward consumed: not this step's input.
+                assert!(s.phase(Phase::InputWait) < a, "{s:?}");
+            }
+        }
+    }
+}
+
 /// No DataLoader: a `get_batch()` between the optimizer step and the model's first call is
 /// input preparation; `zero_grad` inside it keeps its own phase.
 #[test]
@@ -1762,4 +1807,124 @@ fn the_window_cut_by_the_attach_is_no_step() {
     assert_eq!(out.steps.len(), 5, "{:?}", out.steps);
     assert!(out.steps.iter().all(|s| s.micro_batches == 4));
     assert!(out.steps.iter().all(|s| s.duration_ns() == 1_050));
+}
+
+impl Trace {
+    /// A function the stack sampler named (`file` decides what it is: see `prep::FuncKind`).
+    fn func(&mut self, id: u32, function: &str, file: &str) -> &mut Trace {
+        self.items
+            .push(StreamItem::Func(Box::new(crate::event::FuncInfo {
+                id,
+                function: function.into(),
+                file: file.into(),
+                line: 1,
+            })));
+        self
+    }
+    fn stack(&mut self, ts: u64, frames: &[u32]) -> &mut Trace {
+        self.items
+            .push(StreamItem::Stack(Box::new(crate::event::StackSample {
+                ts,
+                tid: PID,
+                frames: frames.to_vec(),
+            })));
+        self
+    }
+}
+
+/// Markers only (the frame evaluator detached, no device), six steps of 1000 ns: a DataLoader
+/// fetch (100), 500 ns of the user's own augmentation (300 of them asleep), 100 ns in the model,
+/// backward, optimizer. `samples(k, base)` adds step k's stack samples: frames 0 `<module>`,
+/// 1 the loop (in an installed package when `framework`), 2 `augment`, 3 a `torch/nn` module,
+/// 4 `Tensor.backward`.
+fn augment_loop(framework: bool, mut samples: impl FnMut(&mut Trace, u64, u64)) -> EngineOutput {
+    use crate::event::OffCpu;
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    let site = "/venv/lib/python3.11/site-packages";
+    let loop_file = if framework {
+        format!("{site}/lightning/fit_loop.py")
+    } else {
+        "/home/u/train.py".to_owned()
+    };
+    let mut t = Trace::new();
+    t.detach(0)
+        .func(0, "<module>", "/home/u/train.py")
+        .func(1, "train", &loop_file)
+        .func(2, "augment", "/home/u/train.py")
+        .func(
+            3,
+            "Module._call_impl",
+            &format!("{site}/torch/nn/modules/module.py"),
+        )
+        .func(4, "Tensor.backward", &format!("{site}/torch/_tensor.py"));
+    for k in 1..=6u64 {
+        let b = k * 1_000;
+        t.rec(b, PID, dl).rec_end(b + 100, PID);
+        t.off_cpu(b + 500, PID, b + 200, OffCpu::Sleeping);
+        samples(&mut t, k, b);
+        t.call(b + 700, PID, Api::TorchBackward)
+            .ret(b + 850, PID, Api::TorchBackward);
+        t.rec(b + 860, PID, OPT_REC).rec_end(b + 950, PID);
+    }
+    t.rec(7_000, PID, dl).rec_end(7_100, PID);
+    let out = t.codes().run();
+    assert!(
+        out.steps.len() >= 4,
+        "framework {framework}: {:?}",
+        out.steps
+    );
+    for s in &out.steps {
+        let (input, fwd, blocked) = if framework {
+            (100, 600, 0)
+        } else {
+            (600, 100, 300)
+        };
+        assert_eq!(
+            s.phase(Phase::InputWait),
+            input,
+            "framework {framework}: {s:?}"
+        );
+        assert_eq!(s.phase(Phase::Forward), fwd, "framework {framework}: {s:?}");
+        assert_eq!(s.blocked_ns[Phase::InputWait.index()], blocked, "{s:?}");
+        assert_eq!(s.blocked_ns[Phase::Forward.index()], 300 - blocked, "{s:?}");
+    }
+    out
+}
+
+/// The markers alone call fetch-end → backward forward; the samples show the first 5 of its 6
+/// samples in the user's `augment`, below a loop in the user's file: those 500 ns are input.
+/// The same loop run by a framework (its loop frame in an installed package) is left as it is.
+#[test]
+fn augmentation_seen_in_stack_samples_is_input() {
+    for framework in [false, true] {
+        let out = augment_loop(framework, |t, _, b| {
+            for s in [150, 250, 350, 450, 550] {
+                t.stack(b + s, &[0, 1, 2]);
+            }
+            t.stack(b + 650, &[0, 1, 3]).stack(b + 750, &[0, 1, 4]);
+        });
+        let augment_input = out
+            .samples
+            .iter()
+            .filter(|p| p.frames == [0, 1, 2] && p.phase == Phase::InputWait)
+            .count();
+        let expect = if framework { 0 } else { 5 * out.steps.len() };
+        assert_eq!(augment_input, expect, "framework {framework}");
+    }
+}
+
+/// The same loop sampled sparsely (a service's 10 samples a second): one sample a step, five
+/// of six steps' samples in `augment`, one in the model. No step has samples enough of its own;
+/// the share pooled over the steps (5 of 6) moves from each step's forward.
+#[test]
+fn sparse_samples_move_the_pooled_share() {
+    for framework in [false, true] {
+        augment_loop(framework, |t, k, b| {
+            if k == 4 {
+                t.stack(b + 650, &[0, 1, 3]);
+            } else {
+                t.stack(b + 350, &[0, 1, 2]);
+            }
+        });
+    }
 }

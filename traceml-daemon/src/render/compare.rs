@@ -18,6 +18,7 @@ pub fn render_compare(c: &Comparison, w: &mut impl Write, color: bool) -> io::Re
     heading(c, &p, &mut out);
     time_rows(c, &mut out);
     rank_rows(c, &mut out);
+    what_if_rows(c, &mut out);
     value_rows(c, &mut out);
     for n in &c.notes {
         for line in wrap_safe(&format!("note: {n}"), WIDTH) {
@@ -126,6 +127,31 @@ fn rank_rows(c: &Comparison, out: &mut Vec<String>) {
                 v(&r.b_verdict)
             ));
         }
+    }
+}
+
+/// What fixing each phase would buy in A and in B (the throughput factor and the step it
+/// leaves): the bound moving between the runs.
+fn what_if_rows(c: &Comparison, out: &mut Vec<String>) {
+    if c.what_if.is_empty() {
+        return;
+    }
+    out.push("─".repeat(WIDTH));
+    out.push(format!(
+        "{:<22}{:>22}{:>22}",
+        "WHAT IF (to its floor)", "A", "B"
+    ));
+    let cell = |step: Option<f64>, factor: Option<f64>| match (step, factor) {
+        (Some(s), Some(f)) => format!("{f:.1}× ({})", ms(Some(s))),
+        _ => "—".to_owned(),
+    };
+    for w in &c.what_if {
+        out.push(format!(
+            "{:<22}{:>22}{:>22}",
+            w.phase.name(),
+            cell(w.a_step_ms_if, w.a_factor),
+            cell(w.b_step_ms_if, w.b_factor)
+        ));
     }
 }
 

@@ -175,6 +175,41 @@ fn verdict(s: &Summary) -> Markup {
             }
         }
         "\n"
+        (what_if(s))
+    }
+}
+
+/// What fixing it buys: one bar per what-if, the step now beside the step with the change.
+fn what_if(s: &Summary) -> Markup {
+    let widest = s.what_if.iter().map(|w| w.step_ms).fold(0.0_f64, f64::max);
+    html! {
+        @if !s.what_if.is_empty() && widest > 0.0 {
+            h2 { "What if" }
+            table id="what-if" {
+                @for w in &s.what_if {
+                    tr {
+                        td { (Text(&w.change)) }
+                        td {
+                            span class="bar" style=(format!(
+                                "width:{:.1}px;background:#bbb",
+                                (w.step_ms / widest * 240.0).clamp(0.0, 240.0)
+                            )) {}
+                            br;
+                            span class="bar" style=(format!(
+                                "width:{:.1}px;background:#4c78a8",
+                                (w.step_ms_if / widest * 240.0).clamp(0.0, 240.0)
+                            )) {}
+                        }
+                        td {
+                            (Text(&crate::whatif::sentence(w)))
+                            br;
+                            span class="note" { (Text(&w.assumption)) }
+                        }
+                    }
+                }
+            }
+            "\n"
+        }
     }
 }
 
@@ -901,6 +936,11 @@ mod tests {
         assert_eq!(h.matches("<svg").count(), h.matches("</svg>").count());
         assert!(h.contains("class=\"bar\""));
         assert!(h.contains("id=\"data-quality\""));
+        // What fixing it buys: its table, the cause's sentence and assumption.
+        assert!(h.contains("<table id=\"what-if\">"), "{h:.2000}");
+        let w = &s.what_if[0];
+        assert!(h.contains(&html(&crate::whatif::sentence(w))));
+        assert!(h.contains(&html(&w.assumption)));
         no_remote(&h);
     }
 

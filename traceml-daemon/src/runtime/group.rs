@@ -1,6 +1,8 @@
 //! The ranks of one multi-rank job on this node, as one group: each rank runs its own target
 //! task ([`task::drive`]: summaries under `rank-<r>/`, its series under the job's label), and
-//! the group holds what only the job can say: a HANG as soon as a rank completes no step for
+//! the group holds what only the job can say: a HANG as soon as ranks have waited inside a
+//! collective for `max(10 × the mean step, 5 s)` while another rank is outside every collective
+//! ([`crate::ranks::collective_hang`]), or a rank completes no step for
 //! `max(10 × its mean step, hang_after)` (written to the job's `final_summary.json` at once,
 //! with every running rank's stack), the job's verdict on `/metrics` from every rank, and once
 //! no rank runs the job's summary ([`crate::ranks::combine`]: STRAGGLER and the ranks table).
@@ -100,6 +102,8 @@ pub struct Group {
     /// The ranks stuck at the last check, and every rank's stack then (for the HANG).
     hung: Vec<Stuck>,
     hang_stacks: HashMap<u32, Vec<String>>,
+    /// Since when each rank has been inside a collective (at the group's looks).
+    in_collective: HashMap<u32, Instant>,
     last_verdict: Option<Instant>,
 }
 
@@ -113,6 +117,7 @@ impl Group {
             written: 0,
             hung: Vec::new(),
             hang_stacks: HashMap::new(),
+            in_collective: HashMap::new(),
             last_verdict: None,
         }
     }
@@ -205,20 +210,41 @@ impl Group {
         });
     }
 
-    /// Ranks that completed no step for max(10 × their mean step, the floor).
-    fn stuck(&self, now: Instant) -> Vec<Stuck> {
+    /// Ranks that completed no step for max(10 × their mean step, the floor); else, when some
+    /// ranks have waited in a collective for seconds while another is outside it, every rank
+    /// ([`crate::ranks::collective_hang`]).
+    fn stuck(&mut self, now: Instant) -> Vec<Stuck> {
         let floor = self.cfg.hang_after;
-        self.ranks
-            .iter()
-            .filter(|r| r.running())
-            .filter_map(|r| {
-                let idle = r.folds.borrow_mut().observe(now).hung(now, floor)?;
-                Some(Stuck {
+        let mut looks = Vec::new();
+        let mut slow = Vec::new();
+        for r in self.ranks.iter().filter(|r| r.running()) {
+            let mut f = r.folds.borrow_mut();
+            let progress = *f.observe(now);
+            let in_collective = f.in_collective();
+            drop(f);
+            let since = if in_collective {
+                Some(*self.in_collective.entry(r.proc.rank).or_insert(now))
+            } else {
+                self.in_collective.remove(&r.proc.rank);
+                None
+            };
+            looks.push(crate::ranks::Look {
+                rank: r.proc.rank,
+                idle: progress.idle(now),
+                mean_step: progress.mean(),
+                in_collective_for: since.map(|s| now.duration_since(s)),
+            });
+            if let Some(idle) = progress.hung(now, floor) {
+                slow.push(Stuck {
                     rank: r.proc.rank,
                     idle_s: idle.as_secs_f64(),
-                })
-            })
-            .collect()
+                });
+            }
+        }
+        if !slow.is_empty() {
+            return slow;
+        }
+        crate::ranks::collective_hang(&looks).unwrap_or_default()
     }
 
     /// Once a second while ranks run: the hang check (a HANG is written to the job's

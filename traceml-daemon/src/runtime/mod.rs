@@ -13,3 +13,4 @@ pub mod supervisor;
 pub mod target;
 pub mod task;
 pub mod view;
+pub mod workers;

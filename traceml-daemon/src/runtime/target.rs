@@ -18,7 +18,7 @@ use crate::attach::{self, AttachError, Attacher, LoadConfig, maps};
 use crate::classify::{self, RecordClass};
 use crate::event::{
     self, Api, Class, CodeInfo, End, EndReason, FuncInfo, Kind, LaunchTotals, LibraryInfo, Lost,
-    ProbeSet, ProbeStats, StackSample, StreamItem, TargetInfo,
+    ProbeSet, ProbeStats, StackSample, StreamItem, TargetInfo, WorkerStackSample,
 };
 use crate::host::ending;
 use crate::host::procinfo;
@@ -52,6 +52,15 @@ pub struct Options {
     /// Ends the run when it holds a reason (a supervisor holding many targets: `serve`). With
     /// it, the run leaves SIGINT/SIGTERM/SIGHUP to the supervisor; without, it ends on them.
     pub stop: Option<tokio::sync::watch::Receiver<Option<EndReason>>>,
+}
+
+/// DataLoader workers' stacks per second each, at most (fewer when the training thread's rate
+/// is lower: they are taken on its ticks).
+pub const WORKER_STACK_RATE: u32 = 10;
+
+/// Workers are sampled every this many training-thread stack ticks.
+fn worker_every(stack_rate: u32) -> u64 {
+    u64::from((stack_rate / WORKER_STACK_RATE).max(1))
 }
 
 impl Options {
@@ -247,6 +256,10 @@ struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
     /// find the training thread while running.
     thread_markers: HashMap<u32, (u64, u64, u64)>,
     stacks: Option<StackReader>,
+    /// The DataLoader workers' stack readers, and the stack ticks so far (workers are sampled
+    /// every [`WORKER_EVERY`]th).
+    workers: super::workers::WorkerStacks,
+    stack_ticks: u64,
     /// Stack sample functions named so far.
     funcs: HashMap<(std::sync::Arc<str>, std::sync::Arc<str>, u32), u32>,
     stack_errors: u64,
@@ -389,13 +402,15 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         }
     }
 
-    /// The thread that looks like the training thread so far (most DataLoader records, then
-    /// optimizer steps, then backward passes), with its `PyThreadState*` when known.
+    /// The thread that looks like the training thread so far, as the engine decides it: the one
+    /// that runs the most optimizer steps and backward passes (a feeder thread iterating the
+    /// DataLoader into a queue runs none), then the most DataLoader records; with its
+    /// `PyThreadState*` when known.
     fn training_thread(&self) -> Option<(u32, Option<u64>)> {
         self.thread_markers
             .iter()
             .filter(|(_, m)| **m != (0, 0, 0))
-            .max_by_key(|(tid, m)| (**m, std::cmp::Reverse(**tid)))
+            .max_by_key(|(tid, m)| (m.1 + m.2, m.0, std::cmp::Reverse(**tid)))
             .map(|(&tid, _)| (tid, self.tstates.get(&tid).copied()))
     }
 
@@ -417,6 +432,12 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                 return Ok(());
             }
         };
+        let frames = self.intern(stack)?;
+        self.emit(StreamItem::Stack(Box::new(StackSample { ts, tid, frames })))
+    }
+
+    /// The frames of `stack` as function ids, naming each new function in the stream first.
+    fn intern(&mut self, stack: crate::attach::pystack::Stack) -> Result<Vec<u32>, LiveError> {
         let mut frames = Vec::with_capacity(stack.frames.len());
         for f in stack.frames {
             let key = (f.function, f.file, f.line);
@@ -436,7 +457,22 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             };
             frames.push(id);
         }
-        self.emit(StreamItem::Stack(Box::new(StackSample { ts, tid, frames })))
+        Ok(frames)
+    }
+
+    /// Samples each DataLoader worker's Python stack (see [`super::workers`]).
+    fn sample_workers(&mut self) -> Result<(), LiveError> {
+        let ts = monotonic_ns();
+        for (pid, state, stack) in self.workers.sample(self.opts.pid) {
+            let frames = self.intern(stack)?;
+            self.emit(StreamItem::WorkerStack(Box::new(WorkerStackSample {
+                ts,
+                pid,
+                state,
+                frames,
+            })))?;
+        }
+        Ok(())
     }
 
     /// Reads and classifies the code object at `address`, known to events as `id`.
@@ -810,6 +846,8 @@ pub async fn run(
         markers: Markers::default(),
         thread_markers: HashMap::new(),
         stacks: None,
+        workers: Default::default(),
+        stack_ticks: 0,
         funcs: HashMap::new(),
         stack_errors: 0,
         execed: false,
@@ -870,6 +908,10 @@ pub async fn run(
     for p in probed {
         run.probed(p)?;
     }
+    // Every probe is in from here: the attach's probe set is stamped now, before the ready file
+    // lets a waiting workload start (the engine drops marks from before it as the attach's
+    // fragment).
+    let armed_at = monotonic_ns();
     if let Some(f) = &opts.ready_file {
         std::fs::write(f, "attached\n")
             .map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
@@ -878,17 +920,19 @@ pub async fn run(
         "attached to {pid} in {:.0} ms",
         t0.elapsed().as_secs_f64() * 1e3
     );
-    let (mut sampler, mut governor) = start_governing(&mut run, &mut k)?;
+    let (mut sampler, mut governor) = start_governing(&mut run, &mut k, armed_at)?;
     // Subscribed before the loop: the target's exit or exec is reported while it happens.
     let mut watch = ending::Watch::new(pid, start, run.python_base);
     let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, &mut watch).await?;
     finish(run, k, watch, reason)
 }
 
-/// The samplers and the governor, started; the first counters and probe set in the stream.
+/// The samplers and the governor, started; the first counters and probe set (stamped
+/// `armed_at`, when the last probe went in) in the stream.
 fn start_governing<F: FnMut(&StreamItem) -> Result<(), String>>(
     run: &mut Run<'_, F>,
     k: &mut Kernel,
+    armed_at: u64,
 ) -> Result<(Sampler, Governor), LiveError> {
     let opts = run.opts;
     let pid = opts.pid;
@@ -906,7 +950,7 @@ fn start_governing<F: FnMut(&StreamItem) -> Result<(), String>>(
     );
     run.emit(StreamItem::ProbeStats(k.probe_stats()))?;
     run.emit(StreamItem::ProbeSet(Box::new(ProbeSet {
-        ts: monotonic_ns(),
+        ts: armed_at,
         python,
         launch_events: opts.launch_events,
         reason: match opts.policy {
@@ -1212,6 +1256,10 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             }
             _ = stack.tick(), if run.opts.stack_rate > 0 && run.stacks.is_some() => {
                 run.sample_stack()?;
+                run.stack_ticks += 1;
+                if run.stack_ticks.is_multiple_of(worker_every(run.opts.stack_rate)) {
+                    run.sample_workers()?;
+                }
             }
             _ = govern.tick() => {
                 run.govern(k, governor)?;

@@ -84,6 +84,16 @@ impl Progress {
         }
     }
 
+    /// How long since the run's last completed step (`None`: no step yet).
+    pub fn idle(&self, now: Instant) -> Option<Duration> {
+        (self.steps > 0).then(|| now.duration_since(self.since))
+    }
+
+    /// The run's mean step when its step count last grew.
+    pub fn mean(&self) -> Duration {
+        self.mean
+    }
+
     /// How long the run has completed no step, when that is a hang: over max(10 × its mean
     /// step, `floor`) with at least one step done.
     pub fn hung(&self, now: Instant, floor: Duration) -> Option<Duration> {

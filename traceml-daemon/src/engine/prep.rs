@@ -1,0 +1,201 @@
+//! Input preparation seen only in stack samples.
+//!
+//! With the frame-evaluator probe detached and no device (a CPU loop), nothing marks where the
+//! model's forward starts after a fetch: the span from the fetch's return to backward is all
+//! `forward`, augmentation on the training thread included. The stack samples say more. When
+//! the loop is the user's own code (the deepest frame every sample of the steps holds is not in
+//! an installed package: a hand-written loop, not a framework's), a step's forward samples
+//! before the first one inside the model (a frame of `torch/nn/`), whose frame below the loop
+//! is the user's code too (`augment(x)`, a `get_batch()`, a transform), are input preparation.
+//! A sample in the loop's own frame (tensor ops written in the loop) neither ends the
+//! preparation nor counts as one, and nothing moves where no sample ever shows the model (a model of raw tensor ops has no frame
+//! that says where preparation ends). A framework's loop is left as it was.
+//!
+//! The share moved: a step with [`MIN_STEP_SAMPLES`] forward samples or more moves its own
+//! share of prep samples (with the off-CPU time those samples saw); a step with fewer (a
+//! service's 10 samples a second on 70 ms steps: most steps have none) moves the share pooled
+//! over the steps harvested together. Per step the estimate is coarse (a sample is 10 ms apart
+//! at `--pid`'s rate), over many steps it is the sampled share of the forward span.
+
+use std::collections::HashMap;
+
+use super::{Phase, PhaseSample, Step};
+
+/// What a sampled function is, by its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FuncKind {
+    /// torch's `nn` package: modules, functional (the model and its loss).
+    Model,
+    /// An installed package or the standard library.
+    Library,
+    /// The user's own code.
+    User,
+}
+
+impl FuncKind {
+    pub(crate) fn of(file: &str) -> FuncKind {
+        if file.contains("/torch/nn/") {
+            FuncKind::Model
+        } else if file.contains("/site-packages/")
+            || file.contains("/dist-packages/")
+            || file.contains("/lib/python3")
+            || file.starts_with('<')
+        {
+            FuncKind::Library
+        } else {
+            FuncKind::User
+        }
+    }
+}
+
+/// Fewest forward samples for a step's own share; fewer take the pooled one.
+const MIN_STEP_SAMPLES: usize = 3;
+
+/// Fewest samples over the steps to find the loop frame.
+const MIN_SAMPLES: usize = 3;
+
+/// Share of the samples that must hold a prefix for it to be the loop's (also the profile's
+/// loop frame, `crate::profile`).
+pub(crate) const LOOP_QUORUM: f64 = 0.9;
+
+/// The loop's frames: the longest prefix that `share` of `stacks` start with (a stack too
+/// short or torn, the sampler reading while the interpreter switches frames, counts against
+/// it). Empty when none.
+pub(crate) fn loop_prefix<'a>(stacks: impl Iterator<Item = &'a [u32]>, share: f64) -> Vec<u32> {
+    let stacks: Vec<&[u32]> = stacks.collect();
+    let need = ((stacks.len() as f64 * share).ceil() as usize).max(1);
+    let mut prefix: Vec<u32> = Vec::new();
+    loop {
+        let d = prefix.len();
+        let mut next: HashMap<u32, usize> = HashMap::new();
+        for f in &stacks {
+            if f.len() > d && f.starts_with(&prefix) {
+                *next.entry(f[d]).or_default() += 1;
+            }
+        }
+        match next
+            .into_iter()
+            .max_by_key(|&(id, n)| (n, std::cmp::Reverse(id)))
+        {
+            Some((id, n)) if n >= need => prefix.push(id),
+            _ => return prefix,
+        }
+    }
+}
+
+/// Moves each step's input preparation found in `samples` from forward to input_wait (the
+/// samples too), and the off-CPU time the samples saw (`PhaseSample::off_cpu`).
+pub(crate) fn apply(
+    steps: &mut [Step],
+    samples: &mut [PhaseSample],
+    kinds: &HashMap<u32, FuncKind>,
+) {
+    let kind = |f: &u32| kinds.get(f).copied().unwrap_or(FuncKind::Library);
+    let Some(first) = steps.first().map(|s| s.index) else {
+        return;
+    };
+    // Indices of each step's forward samples, in time order.
+    let mut forward: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+    let mut inside: Vec<usize> = Vec::new();
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    order.sort_by_key(|&i| samples[i].ts);
+    for i in order {
+        let Some(k) = samples[i]
+            .step
+            .checked_sub(first)
+            .map(|k| k as usize)
+            .filter(|&k| k < steps.len())
+        else {
+            continue;
+        };
+        inside.push(i);
+        if samples[i].phase == Phase::Forward {
+            forward[k].push(i);
+        }
+    }
+    // The loop frame: the deepest frame held by nearly every sample of the steps (a torn read
+    // or an empty stack, the sampler reading while the interpreter switches frames, is no vote).
+    if inside.len() < MIN_SAMPLES {
+        return;
+    }
+    let prefix = loop_prefix(
+        inside.iter().map(|&i| samples[i].frames.as_slice()),
+        LOOP_QUORUM,
+    );
+    let common = prefix.len();
+    let Some(&loop_frame) = prefix.last() else {
+        return;
+    };
+    // Forward samples without the loop's frames are left out of the counts.
+    for v in &mut forward {
+        v.retain(|&i| samples[i].frames.starts_with(&prefix));
+    }
+    let in_model = |s: &PhaseSample| s.frames.iter().any(|f| kind(f) == FuncKind::Model);
+    // The model must be seen at all: a model of raw tensor ops in the user's file (no
+    // `torch/nn` frame ever) gives no point where input preparation ends.
+    if kind(&loop_frame) != FuncKind::User
+        || !forward.iter().flatten().any(|&i| in_model(&samples[i]))
+    {
+        return;
+    }
+    // Per step: its forward samples, how many lead as preparation, and the off-CPU ones of each.
+    // A sample in the loop's own frame (between its statements: `for` taking the batch,
+    // tensor ops written in the loop) is neither: it does not end the preparation and stays
+    // forward.
+    let is_prep = |s: &PhaseSample| {
+        !in_model(s)
+            && s.frames
+                .get(common)
+                .is_some_and(|f| kind(f) == FuncKind::User)
+    };
+    let prep_samples: Vec<Vec<usize>> = forward
+        .iter()
+        .map(|idx| {
+            idx.iter()
+                .copied()
+                .take_while(|&i| samples[i].frames.len() == common || is_prep(&samples[i]))
+                .filter(|&i| samples[i].frames.len() > common)
+                .collect()
+        })
+        .collect();
+    let off = |v: &[usize]| v.iter().filter(|&&i| samples[i].off_cpu.is_some()).count() as u64;
+    let counts: Vec<(usize, usize, u64, u64)> = forward
+        .iter()
+        .zip(&prep_samples)
+        .map(|(idx, prep)| (idx.len(), prep.len(), off(idx), off(prep)))
+        .collect();
+    let sum = |f: fn(&(usize, usize, u64, u64)) -> u64| counts.iter().map(f).sum::<u64>();
+    let pooled = (
+        sum(|c| c.0 as u64),
+        sum(|c| c.1 as u64),
+        sum(|c| c.2),
+        sum(|c| c.3),
+    );
+    if pooled.1 == 0 {
+        return;
+    }
+    let (fw, iw) = (Phase::Forward.index(), Phase::InputWait.index());
+    for (step, &(n, prep, off_all, off_prep)) in steps.iter_mut().zip(&counts) {
+        // (prep, of all) forward samples, and (prep, of all) off-CPU forward samples.
+        let ((p, all), (op, oall)) = if n >= MIN_STEP_SAMPLES {
+            ((prep as u64, n as u64), (off_prep, off_all))
+        } else {
+            ((pooled.1, pooled.0), (pooled.3, pooled.2))
+        };
+        let moved = (step.phase_ns[fw] * p).checked_div(all).unwrap_or(0);
+        step.phase_ns[fw] -= moved;
+        step.phase_ns[iw] += moved;
+        for a in [&mut step.blocked_ns, &mut step.io_ns, &mut step.runnable_ns] {
+            let share = (a[fw] * op).checked_div(oall).unwrap_or(0);
+            // Never more off-CPU time than the phase has left.
+            let m = share
+                .max(a[fw].saturating_sub(step.phase_ns[fw]))
+                .min(a[fw]);
+            a[fw] -= m;
+            a[iw] += m;
+        }
+    }
+    for i in prep_samples.into_iter().flatten() {
+        samples[i].phase = Phase::InputWait;
+    }
+}

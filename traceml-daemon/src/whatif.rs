@@ -1,0 +1,301 @@
+//! What fixing it buys: the step time if one phase fell to its floor, for the verdict's cause and
+//! the next phases worth naming, each a bound with its assumption stated. Pure: reads the
+//! summary's per-phase means (exclusive times that sum to the step), writes [`WhatIf`]s.
+//!
+//! Floors, by phase (the mean step minus what falls):
+//! - `input_wait` → the DataLoader's own work on the training thread (collate, hand-over): its
+//!   share of the phase's stack samples in `torch/utils/data`, at most the phase's on-CPU time;
+//!   without samples → 0, an upper bound.
+//! - `h2d` → 0: the copies overlapped with compute (pinned memory, `non_blocking=True`).
+//! - `gpu_wait` → the device's own time: with no blocking sync the host queues ahead, but the
+//!   step cannot be shorter than the GPU's busy time (its utilisation × the step) where NVML
+//!   says it; without GPU metrics the wait may be the device's own work: no what-if.
+//! - `residual` → 0: the loop's own work between the phases (logging, metrics, a checkpoint)
+//!   moved off the step.
+//! - `forward`, `backward`, `optimizer` → their time on a CPU: only where the thread states show
+//!   the phase mostly blocked with no device work in it (then its blocked time is waiting, not
+//!   compute); compute itself has no floor the daemon can know.
+//!
+//! A straggler's what-if (the job's step at the median rank's pace) is the job's: `ranks`.
+use crate::phase::Phase;
+use crate::summary::{Summary, WhatIf};
+
+/// Phases below this share of the step are not worth a what-if line.
+pub const MIN_SHARE: f64 = 0.05;
+/// What-ifs on the card and in the summary: the cause and the next two.
+pub const MAX_WHAT_IFS: usize = 3;
+/// A compute phase gets a what-if when at least this share of it is blocked.
+pub const BLOCKED_SHARE: f64 = 0.5;
+/// Gains below this throughput factor are not worth a line (a 10 % gain).
+pub const MIN_FACTOR: f64 = 1.1;
+
+/// The what-ifs of `s`: the cause's first, then the largest gains.
+pub fn what_if(s: &Summary) -> Vec<WhatIf> {
+    let Some(step) = s.step_ms.mean.filter(|&m| m > 0.0) else {
+        return Vec::new();
+    };
+    let mut out: Vec<WhatIf> = Phase::ALL
+        .into_iter()
+        .filter(|&p| s.phases[p].share.unwrap_or(0.0) >= MIN_SHARE)
+        .filter_map(|p| floor(s, p, step))
+        .filter(|w| w.throughput_factor >= MIN_FACTOR)
+        .collect();
+    let cause = s.primary_diagnosis.phase;
+    out.sort_by(|a, b| {
+        (Some(b.phase) == cause)
+            .cmp(&(Some(a.phase) == cause))
+            .then(a.step_ms_if.total_cmp(&b.step_ms_if))
+    });
+    out.truncate(MAX_WHAT_IFS);
+    out
+}
+
+/// The what-if of phase `p` in a step of `step` ms (mean), if it has a floor.
+fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
+    let st = &s.phases[p];
+    let mean = st.mean_ms.filter(|&m| m > 0.0)?;
+    let (to, left, assumption) = match p {
+        Phase::InputWait => match loader_floor(st, mean) {
+            Some((floor, share)) => (
+                format!("the loader's own {}", crate::units::ms(Some(floor))),
+                floor,
+                format!(
+                    "the next batch ready when the loop asks, loading overlapped with compute; \
+                     the DataLoader's own work on this thread stays (collate and hand-over: \
+                     {:.0} % of its samples)",
+                    share * 100.0
+                ),
+            ),
+            None => (
+                "0".to_owned(),
+                0.0,
+                "an upper bound: the next batch ready when the loop asks, loading fully \
+                 overlapped with compute"
+                    .to_owned(),
+            ),
+        },
+        Phase::H2d => (
+            "0".to_owned(),
+            0.0,
+            "an upper bound: the copies overlapped with compute, from pinned memory with \
+             non_blocking=True"
+                .to_owned(),
+        ),
+        Phase::GpuWait => match s.gpu.as_ref().and_then(|g| g.util_pct_mean) {
+            Some(util) => {
+                // The device's busy time per step stays; what the host waited beyond it goes.
+                let busy = step * (util / 100.0).clamp(0.0, 1.0);
+                let without = step - mean;
+                let left = (busy - without).clamp(0.0, mean);
+                (
+                    "GPU busy time".to_owned(),
+                    left,
+                    format!(
+                        "no blocking sync: the host queues work ahead; the GPU's busy time \
+                         ({util:.0} % of the step) stays"
+                    ),
+                )
+            }
+            // Without the device's busy time the wait may be the device's own work (a
+            // GPU-bound step): no bound to give.
+            None => return None,
+        },
+        Phase::Residual => (
+            "0".to_owned(),
+            0.0,
+            "an upper bound: the loop's own work between phases moved off the step".to_owned(),
+        ),
+        Phase::Forward | Phase::Backward | Phase::Optimizer => {
+            let blocked = st.blocked_ms?;
+            let device_work = st.launches_per_step.is_some_and(|l| l >= 1.0);
+            if device_work || blocked / mean < BLOCKED_SHARE {
+                return None;
+            }
+            let cpu = (mean - blocked).max(0.0);
+            let wait = st
+                .blocked_in
+                .first()
+                .map(|f| format!(", in {},", f.function))
+                .unwrap_or_default();
+            (
+                format!("its on-CPU {}", crate::units::ms(Some(cpu))),
+                cpu,
+                format!("its blocked time{wait} is waiting, not compute, and goes"),
+            )
+        }
+        // A single process's collective wait has no floor of its own: the straggler's
+        // what-if is the job's (`ranks`).
+        Phase::CollectiveWait => return None,
+    };
+    let step_if = (step - mean + left).max(step * 1e-3);
+    Some(WhatIf {
+        phase: p,
+        change: format!("{} → {to}", p.name()),
+        step_ms: step,
+        step_ms_if: step_if,
+        throughput_factor: step / step_if,
+        assumption,
+    })
+}
+
+/// Where DataLoader code runs on the training thread (collate, fetch, hand-over): what stays
+/// when the data is ready.
+const LOADER_FILES: &str = "torch/utils/data";
+
+/// The input wait that stays when the batch is ready, from the phase's stack samples: its
+/// mean × the share of samples in the DataLoader's own code, at most its on-CPU time (a worker
+/// queue's wait is not work). `None` without samples: then the floor is 0. Returns (floor ms,
+/// the loader's share of the samples).
+fn loader_floor(st: &crate::summary::PhaseStats, mean: f64) -> Option<(f64, f64)> {
+    if st.stack_samples == 0 || st.top_functions.is_empty() {
+        return None;
+    }
+    let share: f64 = st
+        .top_functions
+        .iter()
+        .filter(|f| f.file.contains(LOADER_FILES) || f.function.contains(LOADER_FILES))
+        .map(|f| f.share)
+        .sum();
+    if share <= 0.0 {
+        return None;
+    }
+    let mut floor = mean * share.clamp(0.0, 1.0);
+    if let Some(cpu) = st.cpu_ms {
+        floor = floor.min(cpu.max(0.0));
+    }
+    Some((floor, share))
+}
+
+/// The card's and the HTML's sentence for `w`: "input_wait → 0: 34.3 → 3.6 ms per step, 9.5×
+/// the throughput".
+pub fn sentence(w: &WhatIf) -> String {
+    format!(
+        "{}: {} → {} per step, {:.1}× the throughput",
+        w.change,
+        crate::units::ms(Some(w.step_ms)),
+        crate::units::ms(Some(w.step_ms_if)),
+        w.throughput_factor
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures::{self, Scenario};
+
+    fn approx(a: f64, b: f64, tol: f64) {
+        assert!((a - b).abs() <= tol, "{a} vs {b} (± {tol})");
+    }
+
+    #[test]
+    fn the_cause_leads_and_its_floor_removes_its_mean() {
+        let s = fixtures::summary(&fixtures::input_bound());
+        assert_eq!(s.primary_diagnosis.phase, Some(Phase::InputWait));
+        let w = &s.what_if;
+        assert!(!w.is_empty() && w.len() <= MAX_WHAT_IFS, "{w:?}");
+        assert_eq!(w[0].phase, Phase::InputWait);
+        let step = s.step_ms.mean.unwrap();
+        let input = s.phases.input_wait.mean_ms.unwrap();
+        approx(w[0].step_ms, step, 1e-9);
+        approx(w[0].step_ms_if, step - input, 1e-9);
+        approx(w[0].throughput_factor, step / (step - input), 1e-9);
+        assert!(w[0].assumption.contains("upper bound"));
+        // Compute phases with no blocked time have no floor: never a what-if.
+        assert!(
+            w.iter()
+                .all(|x| !matches!(x.phase, Phase::Forward | Phase::Backward)),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn the_loaders_own_samples_stay_in_the_input_floor() {
+        let mut s = fixtures::summary(&fixtures::input_bound());
+        let input = s.phases.input_wait.mean_ms.unwrap();
+        let f = |file: &str, share: f64| crate::profile::TopFunction {
+            function: format!("{file}:f"),
+            file: file.to_owned(),
+            line: 1,
+            share,
+            samples: (share * 100.0) as u64,
+        };
+        s.phases.input_wait.stack_samples = 100;
+        s.phases.input_wait.top_functions = vec![
+            f("train.py", 0.9),
+            f(
+                "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/collate.py",
+                0.06,
+            ),
+            f(
+                "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py",
+                0.04,
+            ),
+        ];
+        s.phases.input_wait.cpu_ms = Some(input * 0.5);
+        let w = what_if(&s);
+        let step = s.step_ms.mean.unwrap();
+        approx(w[0].step_ms_if, step - input + input * 0.10, 1e-6);
+        assert!(!w[0].assumption.contains("upper bound"), "{w:?}");
+        // The floor is never more than the phase's time on a CPU.
+        s.phases.input_wait.cpu_ms = Some(input * 0.02);
+        approx(what_if(&s)[0].step_ms_if, step - input + input * 0.02, 1e-6);
+    }
+
+    #[test]
+    fn gpu_wait_keeps_the_devices_busy_time() {
+        let sc = Scenario {
+            // input, h2d, fwd, bwd, opt, gpu_wait, residual
+            phase_ms: [1.0, 1.0, 10.0, 10.0, 2.0, 60.0, 1.0],
+            gpu_util: 80.0,
+            jitter: 0.0,
+            ..Scenario::default()
+        };
+        let s = fixtures::summary(&sc);
+        let w = s
+            .what_if
+            .iter()
+            .find(|w| w.phase == Phase::GpuWait)
+            .expect("gpu_wait what-if");
+        let step = s.step_ms.mean.unwrap();
+        let util = s.gpu.as_ref().unwrap().util_pct_mean.unwrap();
+        // The step cannot fall below the device's busy time.
+        approx(w.step_ms_if, step * util / 100.0, 1e-6);
+        assert!(w.step_ms_if > step - s.phases.gpu_wait.mean_ms.unwrap());
+    }
+
+    #[test]
+    fn a_mostly_blocked_forward_falls_to_its_cpu_time() {
+        let mut s = fixtures::summary(&Scenario {
+            phase_ms: [1.0, 0.0, 60.0, 10.0, 2.0, 0.0, 1.0],
+            cuda: false,
+            gpu: false,
+            jitter: 0.0,
+            ..Scenario::default()
+        });
+        let f = s.phases.forward.mean_ms.unwrap();
+        s.phases.forward.blocked_ms = Some(f * 0.9);
+        s.phases.forward.launches_per_step = None;
+        let w = what_if(&s);
+        let fw = w
+            .iter()
+            .find(|w| w.phase == Phase::Forward)
+            .expect("forward what-if");
+        approx(fw.step_ms_if, s.step_ms.mean.unwrap() - f * 0.9, 1e-6);
+        // Not blocked: no floor.
+        s.phases.forward.blocked_ms = Some(f * 0.1);
+        assert!(what_if(&s).iter().all(|w| w.phase != Phase::Forward));
+    }
+
+    #[test]
+    fn small_phases_and_empty_runs_have_none() {
+        let mut s = fixtures::summary(&Scenario {
+            steps: 0,
+            ..Scenario::default()
+        });
+        assert!(what_if(&s).is_empty());
+        s = fixtures::summary(&Scenario::default());
+        for w in what_if(&s) {
+            assert!(s.phases[w.phase].share.unwrap() >= MIN_SHARE, "{w:?}");
+        }
+    }
+}
