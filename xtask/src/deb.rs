@@ -63,24 +63,39 @@ pub fn build(profile: Profile) -> anyhow::Result<PathBuf> {
     cargo_deb()?;
     let root = root();
     let mut build = Command::new("cargo");
-    match profile {
-        Profile::Release => build.args(["build", "--release", "-p", "traceml-daemon"]),
+    let build_dir = match profile {
+        // Linked by zig against glibc 2.28's symbols (RHEL/Rocky 8, Ubuntu 20.04 and newer).
+        Profile::Release => {
+            build
+                .args(["zigbuild", "--release", "-p", "traceml-daemon", "--target"])
+                .arg(format!("{}.{}", setup::SHIP_TARGET, setup::SHIP_GLIBC))
+                .env("PATH", setup::zig()?);
+            root.join("target").join(setup::SHIP_TARGET).join(build_dir)
+        }
         // The binary the integration tests run (`CARGO_BIN_EXE_traceml-daemon`, built with the
         // dev-dependencies' features, which a plain `cargo build` leaves out): after the tests'
-        // build in `cargo xtask test` nothing is compiled again.
-        Profile::Dev => build.args(["test", "-p", "traceml-daemon", "--tests", "--no-run"]),
+        // build in `cargo xtask test` nothing is compiled again. Linked on this machine: its
+        // floor is the build machine's glibc (`GLIBC_MAX_HOST_BUILD`).
+        Profile::Dev => {
+            build.args(["test", "-p", "traceml-daemon", "--tests", "--no-run"]);
+            root.join("target").join(build_dir)
+        }
     };
     run(build.current_dir(&root))?;
-    let build_dir = root.join("target").join(build_dir);
     let daemon = build_dir.join("traceml-daemon");
-    let needs = crate::elfneeds::check(&daemon).map_err(anyhow::Error::msg)?;
+    let floor = match profile {
+        Profile::Release => crate::elfneeds::GLIBC_MAX,
+        Profile::Dev => crate::elfneeds::GLIBC_MAX_HOST_BUILD,
+    };
+    let needs = crate::elfneeds::check(&daemon, floor).map_err(anyhow::Error::msg)?;
     eprintln!(
         "xtask deb: {} needs {} at most and links {}",
         daemon.display(),
         crate::elfneeds::newest_glibc(&needs),
         needs.libs.join(", ")
     );
-    // cargo-deb reads the assets named `target/release/...` from the profile's directory.
+    // cargo-deb reads the assets named `target/release/...` from the profile's directory
+    // (`target/<triple>/release/...` with `--target`).
     write_assets(&root, &daemon, &build_dir.join("deb-assets"))?;
     let out_dir = root.join("target").join(out);
     let deb = out_dir.join(format!(
@@ -98,6 +113,10 @@ pub fn build(profile: Profile) -> anyhow::Result<PathBuf> {
             "--profile",
             cargo_profile,
         ])
+        .args(match profile {
+            Profile::Release => vec!["--target", setup::SHIP_TARGET, "--variant", "glibc228"],
+            Profile::Dev => vec![],
+        })
         .arg("--output")
         .arg(&out_dir)
         .current_dir(&root))?;
@@ -115,17 +134,7 @@ pub fn build(profile: Profile) -> anyhow::Result<PathBuf> {
 
 /// cargo-deb at [`CARGO_DEB_VERSION`], installed with `cargo install --locked` when missing.
 fn cargo_deb() -> anyhow::Result<()> {
-    let have = setup::output(Command::new("cargo").args(["deb", "--version"]));
-    if have.contains(CARGO_DEB_VERSION) {
-        return Ok(());
-    }
-    run(Command::new("cargo").args([
-        "install",
-        "cargo-deb",
-        "--version",
-        CARGO_DEB_VERSION,
-        "--locked",
-    ]))
+    setup::cargo_tool("deb", "cargo-deb", CARGO_DEB_VERSION)
 }
 
 /// The generated assets `[package.metadata.deb]` names, written afresh into `dir`.

@@ -1,12 +1,17 @@
 //! What an ELF executable needs from the system at run time (its interpreter, `DT_NEEDED`
 //! libraries, RPATH/RUNPATH and `.gnu.version_r` symbol versions, read with `object`), and
 //! what of it keeps the binary from running on an older node: a glibc symbol version newer
-//! than Ubuntu 22.04's 2.35, a library outside the base system. `cargo xtask deb` refuses to
-//! package such a binary; `traceml-daemon/tests/install.rs` includes this file (`#[path]`) and
-//! checks the test build and the installed package's binary with it.
+//! than the floor, a library outside the base system. `cargo xtask deb` refuses to package
+//! such a binary; `traceml-daemon/tests/install.rs` includes this file (`#[path]`) and checks
+//! the test build and the installed package's binary with it.
 
-/// The newest glibc symbol version the binary may need: Ubuntu 22.04's glibc is 2.35.
-pub const GLIBC_MAX: (u32, u32) = (2, 35);
+/// The newest glibc symbol version the shipped binary may need: RHEL/Rocky 8's glibc is 2.28
+/// (Ubuntu 20.04 has 2.31). The release package's binary is linked against glibc 2.28's
+/// symbols with cargo-zigbuild (docs/install.md).
+pub const GLIBC_MAX: (u32, u32) = (2, 28);
+/// The floor of a build linked on the build machine itself (the dev package `cargo xtask test`
+/// installs, `cargo install`): Ubuntu 22.04's glibc is 2.35.
+pub const GLIBC_MAX_HOST_BUILD: (u32, u32) = (2, 35);
 /// The libraries the binary may link: glibc's and libgcc's, present on every glibc
 /// distribution's base system (Debian and Ubuntu: packages libc6 and libgcc-s1).
 pub const BASE_LIBS: [&str; 8] = [
@@ -85,9 +90,9 @@ pub fn max_glibc(n: &Needs) -> Option<(u32, u32)> {
         .max()
 }
 
-/// What in `n` keeps the binary from running on a node with glibc 2.35 and only the base
+/// What in `n` keeps the binary from running on a node with glibc `max` and only the base
 /// system: one line each, empty when nothing does.
-pub fn problems(n: &Needs) -> Vec<String> {
+pub fn problems(n: &Needs, max: (u32, u32)) -> Vec<String> {
     let mut out = Vec::new();
     if n.interpreter.as_deref() != Some(INTERPRETER) {
         out.push(format!(
@@ -105,14 +110,14 @@ pub fn problems(n: &Needs) -> Vec<String> {
     }
     for (lib, v) in &n.versions {
         let fine = match glibc_version(v) {
-            Some(have) => have <= GLIBC_MAX,
+            Some(have) => have <= max,
             // libgcc_s's own versions (GCC_3.0 ... GCC_4.2.0) are in every libgcc-s1.
             None => v.starts_with("GCC_") && lib == "libgcc_s.so.1",
         };
         if !fine {
             out.push(format!(
                 "needs {v} from {lib} (newest allowed: GLIBC_{}.{})",
-                GLIBC_MAX.0, GLIBC_MAX.1
+                max.0, max.1
             ));
         }
     }
@@ -120,10 +125,10 @@ pub fn problems(n: &Needs) -> Vec<String> {
 }
 
 /// Reads the executable at `path` and checks it: its needs when it runs on a node with glibc
-/// 2.35 and only the base system, else every problem, one a line. A file in which no libc and
+/// `max` and only the base system, else every problem, one a line. A file in which no libc and
 /// no GLIBC version is found is refused too, so what the reader does not understand never
 /// passes.
-pub fn check(path: &Path) -> Result<Needs, String> {
+pub fn check(path: &Path, max: (u32, u32)) -> Result<Needs, String> {
     let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let n = needs(&data).map_err(|e| format!("{}: {e}", path.display()))?;
     if !n.libs.iter().any(|l| l == "libc.so.6") || max_glibc(&n).is_none() {
@@ -132,13 +137,13 @@ pub fn check(path: &Path) -> Result<Needs, String> {
             path.display()
         ));
     }
-    let p = problems(&n);
+    let p = problems(&n, max);
     if !p.is_empty() {
         return Err(format!(
             "{} would not run on a node with glibc {}.{} and only the base system:\n{}",
             path.display(),
-            GLIBC_MAX.0,
-            GLIBC_MAX.1,
+            max.0,
+            max.1,
             p.join("\n")
         ));
     }
@@ -171,7 +176,16 @@ mod tests {
                 ("libgcc_s.so.1".into(), "GCC_4.2.0".into()),
             ],
         };
-        assert_eq!(problems(&good()), Vec::<String>::new());
+        assert_eq!(
+            problems(&good(), GLIBC_MAX_HOST_BUILD),
+            Vec::<String>::new()
+        );
+        // The shipped floor: GLIBC_2.35 is too new for RHEL 8; GLIBC_2.28 is not.
+        let p = problems(&good(), GLIBC_MAX);
+        assert!(p.len() == 1 && p[0].contains("GLIBC_2.35"), "{p:?}");
+        let mut el8 = good();
+        el8.versions[1].1 = "GLIBC_2.28".into();
+        assert_eq!(problems(&el8, GLIBC_MAX), Vec::<String>::new());
         let mut newer = good();
         newer
             .versions
@@ -193,7 +207,7 @@ mod tests {
             (rpath, "/opt/lib"),
             (interp, "/nix/store/ld.so"),
         ] {
-            let p = problems(&bad);
+            let p = problems(&bad, GLIBC_MAX_HOST_BUILD);
             assert!(p.len() == 1 && p[0].contains(says), "{says}: {p:?}");
         }
     }

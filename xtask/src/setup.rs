@@ -23,6 +23,13 @@ const FRAMEWORK_PINS: [&str; 3] = [
     "pytorch-lightning==2.6.6",
 ];
 const CUDART_PIN: &str = "nvidia-cuda-runtime==13.2.86";
+/// zig from PyPI (the `ziglang` wheel) as the linker of the shipped binary, through
+/// cargo-zigbuild: it links against glibc 2.28's symbol versions (`elfneeds::GLIBC_MAX`).
+const ZIG_PIN: &str = "ziglang==0.17.1";
+const ZIGBUILD_VERSION: &str = "0.24.1";
+/// The target of the shipped binary: x86-64 glibc, linked for glibc 2.28 (RHEL/Rocky 8).
+pub const SHIP_TARGET: &str = "x86_64-unknown-linux-gnu";
+pub const SHIP_GLIBC: &str = "2.28";
 const TORCH_PYTHON: &str = "3.11";
 
 fn step(name: &str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
@@ -247,6 +254,46 @@ pub fn pyenv_python(minor: &str) -> anyhow::Result<PathBuf> {
     } else {
         bail!("{} is missing", py.display())
     }
+}
+
+/// The cargo subcommand `sub` from crate `krate` at `version`, installed with `cargo install
+/// --locked` when `cargo <sub> --version` does not say that version.
+pub fn cargo_tool(sub: &str, krate: &str, version: &str) -> anyhow::Result<()> {
+    if output(Command::new("cargo").args([sub, "--version"])).contains(version) {
+        return Ok(());
+    }
+    run(Command::new("cargo").args(["install", "--locked", krate, "--version", version]))
+}
+
+/// A training process of the fake torch package that waits for `ready` and then runs for good,
+/// input-bound by its design (`tests/workloads/input_bound_single.py`): what the packaging
+/// checks attach to.
+pub fn input_bound_workload(ready: &Path) -> anyhow::Result<std::process::Child> {
+    let mut target = Command::new(pyenv_python("3.11")?);
+    target
+        .arg(root().join("tests/workloads/input_bound_single.py"))
+        .args(["--steps", "100000", "--ready"])
+        .arg(ready)
+        .stdout(std::process::Stdio::null());
+    test_env()?.apply(&mut target);
+    target.spawn().context("starting the training workload")
+}
+
+/// zig (PyPI's `ziglang`, in a cached virtualenv) and cargo-zigbuild: what links the shipped
+/// binary against an older glibc. Returns the PATH to build with (the venv's `bin` first:
+/// cargo-zigbuild runs `python -m ziglang`).
+pub fn zig() -> anyhow::Result<std::ffi::OsString> {
+    let py = venv("zig", &[ZIG_PIN])?;
+    step(
+        "cargo-zigbuild (links the shipped binary for glibc 2.28)",
+        || cargo_tool("zigbuild", "cargo-zigbuild", ZIGBUILD_VERSION),
+    )?;
+    let bin = py.parent().expect("venv bin").to_path_buf();
+    let mut paths = vec![bin];
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(paths).context("PATH")
 }
 
 /// A cached virtualenv (from pyenv's CPython 3.11) with `packages`; rebuilt when the pins change.

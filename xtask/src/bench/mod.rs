@@ -26,6 +26,7 @@ mod ranks;
 mod replay;
 mod report;
 mod runs;
+mod sched;
 mod service;
 mod stats;
 mod sweep;
@@ -115,6 +116,7 @@ pub struct Only {
     pub long_minutes: Option<u32>,
     pub bystander_only: bool,
     pub ranks_only: bool,
+    pub sched_only: bool,
 }
 
 pub fn bench(only: Only) -> anyhow::Result<()> {
@@ -127,6 +129,7 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
         long_minutes,
         bystander_only,
         ranks_only,
+        sched_only,
     } = only;
     let started = Instant::now();
     let path: PathBuf = root().join("BENCHMARKS.md");
@@ -135,6 +138,9 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
     }
     if ranks_only {
         return ranks_section(&path);
+    }
+    if sched_only {
+        return sched_section(&path);
     }
     if sweep_only {
         return sweep_section(&path);
@@ -255,6 +261,20 @@ fn bystander_section(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// `--ranks-only`: attach and stop of 1, 2 and 4 ranks, `--pid` and `serve` (release build).
+/// `--sched-only`: the `sched_switch` program's cost per context switch of the node (release
+/// build), spliced into BENCHMARKS.md.
+fn sched_section(path: &std::path::Path) -> anyhow::Result<()> {
+    let mut ctx = prepare(true, false)?;
+    let load = sh("cat /proc/loadavg");
+    let s = sched::measure(&mut ctx)?;
+    let commit = sh("git -C . rev-parse --short HEAD");
+    let section = sched::section(&s, "target/release/traceml-daemon", &load, &commit);
+    eprint!("{section}");
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, sweep::splice_at(&old, sched::HEADING, &section))
+        .context("writing BENCHMARKS.md")
+}
+
 fn ranks_section(path: &std::path::Path) -> anyhow::Result<()> {
     let ctx = prepare(true, false)?;
     let load = sh("cat /proc/loadavg");

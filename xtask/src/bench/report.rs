@@ -674,6 +674,7 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
         INPROCESS,
         &[
             ("date", sh("date -u '+%Y-%m-%d %H:%M'")),
+            ("commit", sh("git -C . rev-parse --short HEAD")),
             (
                 "load_start",
                 runs.first()
@@ -916,6 +917,7 @@ mod tests {
         assert_eq!(
             names(INPROCESS),
             [
+                "commit",
                 "daemon",
                 "date",
                 "guard_s",
