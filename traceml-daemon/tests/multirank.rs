@@ -56,17 +56,6 @@ const STRAGGLER_2: [&str; 12] = [
 ];
 
 /// Starts `torchrun --nproc_per_node=n ddp_train.py args`, waits until every rank is ready.
-/// `CLOCK_MONOTONIC` now, ns: the workloads' clock.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn start(label: &str, n: u32, args: &[&str]) -> Option<Job> {
     start_with(label, n, &[], args)
 }

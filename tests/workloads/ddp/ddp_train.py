@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--pg-timeout-s", type=float, default=1800.0)
     ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                     help="nccl: model and batches on cuda:LOCAL_RANK (one GPU per rank; cargo xtask gpu-check)")
+    ap.add_argument("--node-tag", help="unused: marks this node's command lines (a test's serve "
+                    "includes only its own node's ranks when two nodes share one machine)")
     a = ap.parse_args()
     global SLEEP
     SLEEP = a.straggler_how == "sleep"

@@ -627,3 +627,14 @@ pub fn truth_shares_of(steps: &[&serde_json::Value]) -> Vec<(traceml_daemon::eng
         })
         .collect()
 }
+
+/// `CLOCK_MONOTONIC` now, ns: the workloads' clock (their progress logs and truth files).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
