@@ -552,6 +552,18 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
 #[test]
 #[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
 fn an_elastic_restart_is_followed_and_the_job_is_its_last_attempt() {
+    elastic_restart(false);
+}
+
+/// The same restart under `serve`, which finds both attempts' ranks by itself: every attempt in
+/// its own directory of the job's, the job's summary the last attempt's.
+#[test]
+#[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
+fn serve_keeps_every_attempt_of_a_restarted_job() {
+    elastic_restart(true);
+}
+
+fn elastic_restart(serve: bool) {
     let args = [
         "--mode",
         "ddp",
@@ -563,16 +575,32 @@ fn an_elastic_restart_is_followed_and_the_job_is_its_last_attempt() {
         "20",
     ];
     let elastic = ["--max-restarts=1".to_owned()];
-    let Some(mut job) = start_with("mr-elastic", 2, &elastic, &args) else {
+    let label = if serve {
+        "mr-serve-elastic"
+    } else {
+        "mr-elastic"
+    };
+    let mut service = serve.then(|| start_serve(&format!("{label}-serve"), &[]));
+    let Some(mut job) = start_with(label, 2, &elastic, &args) else {
         return;
     };
-    let (out, log) = (job.dir.join("out"), job.dir.join("daemon.log"));
-    let daemon = daemon_cmd(&job, job.torchrun.id())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let launcher = job.torchrun.id();
+    let (daemon, log) = match &service {
+        Some((_, _, log)) => {
+            release_when_attached(&job, log);
+            (None, log.clone())
+        }
+        None => {
+            let log = job.dir.join("daemon.log");
+            let child = daemon_cmd(&job, launcher)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            (Some(child), log)
+        }
+    };
     // The second attempt: both ranks ready again, released once the daemon attached to them.
     let again = |r: u32| job.dir.join(format!("rank{r}.restart1.pid"));
     wait_for("the restarted ranks", Duration::from_secs(180), || {
@@ -593,10 +621,37 @@ fn an_elastic_restart_is_followed_and_the_job_is_its_last_attempt() {
         || pids.iter().all(|&p| log_says_attached(&log, p)),
     );
     std::fs::write(job.dir.join("ready.restart1"), "go\n").unwrap();
-    let status = wait_with_timeout(daemon, Duration::from_secs(300)).status;
+    let out = match daemon {
+        Some(daemon) => {
+            let status = wait_with_timeout(daemon, Duration::from_secs(300)).status;
+            let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(status.success(), "daemon: {status}\n{log_text}");
+            let _ = job.torchrun.wait();
+            job.dir.join("out")
+        }
+        None => {
+            let t = Instant::now();
+            while job.torchrun.try_wait().unwrap().is_none() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(300),
+                    "the job did not end"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let (serve, state, _) = service.as_mut().unwrap();
+            // The job's summary once the last attempt's ranks are folded into it.
+            wait_for("the job's summary", Duration::from_secs(30), || {
+                job_dir(state, launcher).is_some_and(|d| {
+                    let f = d.join("final_summary.json");
+                    f.exists() && json(&f)["job"]["restarts"] == 1
+                })
+            });
+            let jd = job_dir(state, launcher).unwrap();
+            stop_serve(serve, Duration::from_secs(10));
+            jd
+        }
+    };
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(status.success(), "daemon: {status}\n{log_text}");
-    let _ = job.torchrun.wait();
 
     // Truth per attempt: the failing rank's truth file (status "failed"), the killed rank's
     // progress log (one line per finished step), the second attempt's truth files.
