@@ -12,19 +12,11 @@
 //!   in N s") and the frame evaluator fires no more after the back-off.
 mod support;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::*;
 use traceml_daemon::event::{ProbeSet, ProbeStats, StreamItem};
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap()
-}
 
 fn markers(v: &serde_json::Value) -> [u64; 3] {
     [

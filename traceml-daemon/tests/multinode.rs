@@ -61,13 +61,6 @@ fn pid_file(dir: &Path, r: u32) -> Option<u32> {
     v["pid"].as_u64().map(|p| p as u32)
 }
 
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap()
-}
-
 fn url_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -406,19 +399,6 @@ struct Truth {
     culprit: u32,
     score: f64,
     persistence: f64,
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
 }
 
 fn truth(dir: &Path) -> Truth {

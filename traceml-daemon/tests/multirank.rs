@@ -101,13 +101,6 @@ fn start_with(label: &str, n: u32, torchrun_args: &[String], args: &[&str]) -> O
     Some(job)
 }
 
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap()
-}
-
 fn rank_field(dir: &Path, r: u32, key: &str) -> u64 {
     json(&dir.join(format!("rank{r}.pid")))[key]
         .as_u64()
@@ -194,19 +187,6 @@ enum Expect {
     Either,
 }
 
-fn median_of(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
 fn truth_straggler(dir: &Path, n: u32) -> TruthStraggler {
     let steps: Vec<Vec<(f64, f64)>> = (0..n)
         .map(|r| {
@@ -226,9 +206,9 @@ fn truth_straggler(dir: &Path, n: u32) -> TruthStraggler {
     let len = steps.iter().map(Vec::len).min().unwrap_or(0);
     let tail = |r: usize| &steps[r][steps[r].len() - len..];
     let own_ms: Vec<f64> = (0..n as usize)
-        .map(|r| median_of(tail(r).iter().map(|x| x.1).collect()))
+        .map(|r| median(tail(r).iter().map(|x| x.1).collect()))
         .collect();
-    let step = median_of(
+    let step = median(
         (0..n as usize)
             .flat_map(|r| tail(r).iter().map(|x| x.0))
             .collect(),
@@ -236,7 +216,7 @@ fn truth_straggler(dir: &Path, n: u32) -> TruthStraggler {
     let culprit = (0..n as usize)
         .max_by(|&a, &b| own_ms[a].total_cmp(&own_ms[b]))
         .unwrap();
-    let others = median_of(
+    let others = median(
         (0..n as usize)
             .filter(|&r| r != culprit)
             .map(|r| own_ms[r])
@@ -315,7 +295,7 @@ fn check_straggler(s: &serde_json::Value, dir: &Path, out: &Path, n: u32, design
                     .enumerate()
                     .map(|(i, st)| f(st) - cw.and_then(|c| c.get(i)).map_or(0.0, f))
                     .collect();
-                let (got, want) = (median_of(own), truth.own_ms[r as usize]);
+                let (got, want) = (median(own), truth.own_ms[r as usize]);
                 let tol = (want * 0.15).max(3.0);
                 eprintln!("rank {r}: own work {got:.2} ms, truth {want:.2} ms");
                 if (got - want).abs() > tol {

@@ -140,6 +140,45 @@ fn metrics(port: u16) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// `--ulimit` options at or under this machine's own hard limits. Without them podman asks crun
+/// to raise `RLIMIT_NOFILE` and `RLIMIT_NPROC`, which needs `CAP_SYS_RESOURCE` (absent from some
+/// development machines' root, this one's among them); lowering a limit needs nothing. A
+/// Kubernetes runtime sets its own limits: the DaemonSet needs none of these.
+/// Also refuses, with what to do, a host whose cgroups crun cannot run on: hybrid mode (v1
+/// hierarchies mounted) with a controller left in the v2 one.
+fn ulimits() -> anyhow::Result<Vec<String>> {
+    let unified = Path::new("/sys/fs/cgroup/unified/cgroup.controllers");
+    if let Ok(c) = std::fs::read_to_string(unified)
+        && !c.trim().is_empty()
+    {
+        let first = c.split_whitespace().next().unwrap_or_default().to_owned();
+        bail!(
+            "crun refuses this host's cgroups: hybrid mode with controllers left in the v2 \
+             hierarchy ({}: {}). Moving each to v1 lets it run, e.g. `mkdir -p \
+             /sys/fs/cgroup/{first} && mount -t cgroup -o {first} cgroup /sys/fs/cgroup/{first}` \
+             (as done on the development machine; a node with a container runtime needs none of it)",
+            unified.display(),
+            c.trim()
+        );
+    }
+    let hard = |resource| {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct we pass.
+        let ok = unsafe { libc::getrlimit(resource, &mut r) } == 0;
+        if ok { r.rlim_max } else { 1024 }
+    };
+    let nofile = hard(libc::RLIMIT_NOFILE).min(1 << 20);
+    // A daemon's threads are a few dozen.
+    let nproc = hard(libc::RLIMIT_NPROC).min(4096) / 2;
+    Ok(vec![
+        format!("--ulimit=nofile={nofile}:{nofile}"),
+        format!("--ulimit=nproc={nproc}:{nproc}"),
+    ])
+}
+
 /// The image as the DaemonSet runs it, beside a training process of the host.
 fn run_beside_a_job(dir: &Path) -> anyhow::Result<()> {
     let state = dir.join("state");
@@ -160,9 +199,11 @@ fn run_beside_a_job(dir: &Path) -> anyhow::Result<()> {
     let pid = target.id();
     let name = "traceml-image-check";
     let _ = Command::new("podman").args(["rm", "-f", name]).output();
+    let limits = ulimits()?;
     let result = (|| -> anyhow::Result<()> {
         run(Command::new("podman")
             .args(["run", "-d", "--name", name, "--pid=host", "--network=host"])
+            .args(&limits)
             .args([
                 "--cap-drop=ALL",
                 "--cap-add=SYS_ADMIN,SYS_PTRACE,DAC_READ_SEARCH,BPF,PERFMON",

@@ -638,3 +638,17 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// A JSON file (a summary, a truth file), or a panic naming it.
+pub fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The median of `xs` (the mean of the middle two for an even count; NaN when empty): the crate's
+/// own `stats::median`.
+pub fn median(xs: Vec<f64>) -> f64 {
+    traceml_daemon::stats::median(&xs).unwrap_or(f64::NAN)
+}
