@@ -610,14 +610,7 @@ fn elastic_restart(serve: bool) {
             job.dir.join("out")
         }
         None => {
-            let t = Instant::now();
-            while job.torchrun.try_wait().unwrap().is_none() {
-                assert!(
-                    t.elapsed() < Duration::from_secs(300),
-                    "the job did not end"
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            job_ends(&mut job);
             let (serve, state, _) = service.as_mut().unwrap();
             // The job's summary once the last attempt's ranks are folded into it.
             wait_for("the job's summary", Duration::from_secs(30), || {
@@ -730,6 +723,13 @@ fn release_when_attached(job: &Job, log: &Path) {
     std::fs::write(job.dir.join("ready"), "go\n").unwrap();
 }
 
+/// Waits for the job's launcher to exit (300 s at most).
+fn job_ends(job: &mut Job) {
+    wait_for("the job's end", Duration::from_secs(300), || {
+        job.torchrun.try_wait().unwrap().is_some()
+    });
+}
+
 /// SIGTERM to serve: it must exit 0 within `budget` (10 s: the service's promise).
 fn stop_serve(serve: &mut Proc, budget: Duration) {
     // SAFETY: kill(2) of our own child.
@@ -760,14 +760,7 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
     };
     release_when_attached(&job, &log);
     let launcher = job.torchrun.id();
-    let t = Instant::now();
-    while job.torchrun.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(300),
-            "the job did not end"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    job_ends(&mut job);
     wait_for("the job's summary", Duration::from_secs(20), || {
         job_dir(&state, launcher).is_some_and(|d| d.join("final_summary.json").exists())
     });

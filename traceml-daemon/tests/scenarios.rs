@@ -312,7 +312,9 @@ fn input_bound_what_if_matches_the_fixed_rerun() {
     }
     let _ = fake_cudart();
     let py = python(11);
-    let steady_wall = |c: &Checked| {
+    // The mean of `per_step` (ms) over a run's steady steps (its first `learning_excluded` left
+    // out).
+    let steady = |c: &Checked, per_step: &dyn Fn(&serde_json::Value) -> f64| {
         let skip = c.summary["steps"]["learning_excluded"]
             .as_u64()
             .unwrap_or(0) as usize;
@@ -321,26 +323,15 @@ fn input_bound_what_if_matches_the_fixed_rerun() {
             .expect("truth steps")
             .iter()
             .skip(skip)
-            .map(|s| s["wall_ns"].as_f64().unwrap() / 1e6)
+            .map(|s| per_step(s) / 1e6)
             .collect();
         w.iter().sum::<f64>() / w.len().max(1) as f64
     };
-    let steady_without_input = |c: &Checked| {
-        let skip = c.summary["steps"]["learning_excluded"]
-            .as_u64()
-            .unwrap_or(0) as usize;
-        let w: Vec<f64> = c.truth["steps"]
-            .as_array()
-            .expect("truth steps")
-            .iter()
-            .skip(skip)
-            .map(|s| {
-                (s["wall_ns"].as_f64().unwrap() - s["phases_ns"]["input_wait"].as_f64().unwrap())
-                    / 1e6
-            })
-            .collect();
-        w.iter().sum::<f64>() / w.len().max(1) as f64
-    };
+    let wall = |s: &serde_json::Value| s["wall_ns"].as_f64().unwrap();
+    let without_input =
+        |s: &serde_json::Value| wall(s) - s["phases_ns"]["input_wait"].as_f64().unwrap();
+    let steady_wall = |c: &Checked| steady(c, &wall);
+    let steady_without_input = |c: &Checked| steady(c, &without_input);
     let before = run_scenario(
         &py,
         &scenario_script("input_bound_single"),
