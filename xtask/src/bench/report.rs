@@ -857,23 +857,7 @@ fn probe_rows(runs: &[InprocRun]) -> String {
 /// `old` with its in-process section replaced by `section` (or `section` inserted before the
 /// notes, or at the end, when it has none).
 pub fn splice_inprocess(old: &str, section: &str) -> String {
-    let section = section.trim_matches('\n');
-    if let Some(start) = old.find(INPROCESS_HEADING) {
-        let after = start + INPROCESS_HEADING.len();
-        let end = old[after..]
-            .find("\n## ")
-            .map(|i| after + i + 1)
-            .unwrap_or(old.len());
-        return format!("{}{section}\n\n{}", &old[..start], &old[end..]);
-    }
-    if let Some(notes) = old.find("\n## Reading the numbers") {
-        return format!(
-            "{}\n\n{section}\n{}",
-            old[..notes].trim_end(),
-            &old[notes..]
-        );
-    }
-    format!("{}\n\n{section}\n", old.trim_end())
+    super::sweep::splice_at(old, INPROCESS_HEADING, section)
 }
 
 #[cfg(test)]
