@@ -76,12 +76,10 @@ fn truth_verdicts(r: &Run, label: &str) -> std::collections::BTreeSet<&'static s
     verdicts_near_by(margin, &truth_shares(r), steps)
 }
 
-/// The verdict the rules give on the truth's own shares (under load the run may leave its band).
+/// The verdict the published rules give on the truth's own shares (under load the run may leave its band).
 fn truth_verdict(r: &Run) -> String {
     let steps = r.truth["step_count"].as_u64().unwrap() as u32;
-    traceml_daemon::diagnosis::kind_for_shares(&truth_shares(r), steps)
-        .as_str()
-        .to_owned()
+    published_verdict(&truth_shares(r), steps).to_owned()
 }
 
 /// The median over the truth's steps of the sum of these phases, in ms.

@@ -1,16 +1,17 @@
 //! The ground-truth scenario suite (issue 3): each workload in tests/workloads knows what it did
 //! per step and writes it to a truth file; the daemon, attached by pid, must find the same steps
-//! and phases. Checked: step count exact; each phase's median within max(2 ms, 5 %) of the
-//! truth's median; the verdict. Run on every pyenv CPython 3.9–3.13 with the stand-in CUDA
+//! and phases. Checked: step count exact; each phase's median within max(1 ms, 10 %) of the
+//! truth's median, and never 0 for a phase whose truth is over 1 ms; the verdict. Run on every pyenv CPython 3.9–3.13 with the stand-in CUDA
 //! runtime, and with real PyTorch on CPU for the input-bound, residual-heavy and balanced loops.
 //!
-//! The expected verdict is what the rules give on *this run's* truth: its phase shares of step
-//! time (`diagnosis::kind_for_shares`, the rules' own thresholds), not the verdict the workload
-//! was designed for. On a busy machine a loop's real shares move; the daemon must follow them.
+//! The expected verdict is what the published rules (docs/summary-schema.md, written out in
+//! `support::published_verdict`, not read from the daemon) give on *this run's* truth: its phase
+//! shares of step time, not the verdict the workload was designed for. On a busy machine a loop's real shares move; the daemon must follow them.
 //! A run whose truth sits within [`SHARE_MARGIN`] of a decision line may get the verdict of
 //! either side. The truth's shares are read over the steps the daemon's shares cover (it leaves
 //! the steps taken under its learning probe set out): on a busy machine those first steps are
-//! slower than the rest, and over all steps the truth's shares moved by up to 3 points. When the truth left its designed band, the test says so (stderr) and goes on.
+//! slower than the rest, and over all steps the truth's shares moved by up to 3 points. When the
+//! truth left its designed band, the test says so (stderr) and goes on.
 mod support;
 
 use std::collections::BTreeSet;
@@ -19,7 +20,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::*;
-use traceml_daemon::diagnosis::kind_for_shares;
 use traceml_daemon::engine::Phase;
 
 const PHASES: [&str; 7] = [
@@ -55,9 +55,10 @@ fn expected_kind(truth_verdict: &str) -> &'static str {
     }
 }
 
-/// Tolerance of a phase median: max(2 ms, 5 % of the truth).
+/// Tolerance of a phase median: max(1 ms, 10 % of the truth) (issue 39: a phase reported as 0 must
+/// fail wherever the loop spent over 1 ms in it).
 fn tolerance_ms(truth_ms: f64) -> f64 {
-    (truth_ms * 0.05).max(2.0)
+    (truth_ms * 0.10).max(1.0)
 }
 
 /// Mean over the truth file's steps of one per-step counter.
@@ -114,7 +115,7 @@ fn run_scenario(
     }
     let shares = truth_shares_over_daemon_steps(&truth, s);
     let truth_steps_u32 = u32::try_from(truth_steps).unwrap_or(u32::MAX);
-    let want = kind_for_shares(&shares, truth_steps_u32).as_str();
+    let want = published_verdict(&shares, truth_steps_u32);
     let accepted = verdicts_near_by(SHARE_MARGIN, &shares, truth_steps_u32);
     let shown: Vec<String> = shares
         .iter()
@@ -147,8 +148,9 @@ fn run_scenario(
         let truth_ms = truth["median_phases_ns"][phase].as_f64().unwrap() / 1e6;
         let got_ms = s["phases"][phase]["median_ms"].as_f64().unwrap_or(f64::NAN);
         let tol = tolerance_ms(truth_ms);
-        // NaN (phase missing from the summary) must fail too.
-        let within = (got_ms - truth_ms).abs() <= tol;
+        // NaN (phase missing from the summary) must fail too, and so must 0 for a phase the
+        // loop spent over 1 ms in.
+        let within = (got_ms - truth_ms).abs() <= tol && (truth_ms <= 1.0 || got_ms > 0.0);
         if !within {
             failures.push(format!(
                 "{label}: {phase} median {got_ms:.2} ms, truth {truth_ms:.2} ms (± {tol:.2})"
@@ -171,11 +173,18 @@ fn run_scenario(
             }
         }
     } else {
-        // Real torch: the model phases must be seen (present and non-zero).
+        // Real torch: the model phases against the loop's own timers (forward = the model call
+        // and the loss, backward = `loss.backward()`, optimizer = `opt.step()`), as above.
         for phase in ["forward", "backward", "optimizer"] {
-            let got_ms = s["phases"][phase]["median_ms"].as_f64().unwrap_or(0.0);
-            if got_ms.is_nan() || got_ms <= 0.0 {
-                failures.push(format!("{label}: {phase} not seen (median {got_ms} ms)"));
+            let truth_ms = truth["median_phases_ns"][phase].as_f64().unwrap() / 1e6;
+            let got_ms = s["phases"][phase]["median_ms"].as_f64().unwrap_or(f64::NAN);
+            let tol = tolerance_ms(truth_ms);
+            // NaN fails too.
+            let within = (got_ms - truth_ms).abs() <= tol && (truth_ms <= 1.0 || got_ms > 0.0);
+            if !within {
+                failures.push(format!(
+                    "{label}: {phase} median {got_ms:.2} ms, truth {truth_ms:.2} ms (± {tol:.2})"
+                ));
             }
         }
     }
@@ -273,10 +282,7 @@ fn verdicts_from_truth_shares() {
         one(&["BALANCED"])
     );
     // Residual 9.5 %: balanced by the truth, residual-heavy within the margin.
-    assert_eq!(
-        kind_for_shares(&shares(0.07, 0.095), 60).as_str(),
-        "BALANCED"
-    );
+    assert_eq!(published_verdict(&shares(0.07, 0.095), 60), "BALANCED");
     assert_eq!(
         verdicts_near_by(SHARE_MARGIN, &shares(0.07, 0.095), 60),
         one(&["BALANCED", "RESIDUAL_HEAVY"])
@@ -293,9 +299,46 @@ fn verdicts_from_truth_shares() {
     );
 }
 
-/// Real PyTorch on CPU (real DataLoader, nn.Module, autograd, SGD): step count exact, input_wait
-/// within tolerance, forward/backward/optimizer present and non-zero, the verdict its own truth
-/// gives (see the module's doc).
+/// The daemon's rules are the published table: on a grid of shares (each bottleneck phase and the
+/// compute sum at 0–40 % in 2.5-point steps, the rest idle) and step counts around the 5-step
+/// minimum, `diagnosis::kind_for_shares` gives what `support::published_verdict` gives. The
+/// scenario tests take their expectations from the table; this holds the code to it.
+#[test]
+fn the_rules_are_the_published_table() {
+    use traceml_daemon::diagnosis::kind_for_shares;
+    let grid: Vec<f64> = (0..=16).map(|i| f64::from(i) * 0.025).collect();
+    let mut checked = 0;
+    for &input in &grid {
+        for &h2d in &grid {
+            for &residual in &grid {
+                let rest = 1.0 - input - h2d - residual;
+                if rest < 0.0 {
+                    continue;
+                }
+                for compute_of_rest in [0.5, 0.9, 1.0] {
+                    let shares = [
+                        (Phase::InputWait, input),
+                        (Phase::H2d, h2d),
+                        (Phase::Residual, residual),
+                        (Phase::Forward, rest * compute_of_rest * 0.4),
+                        (Phase::Backward, rest * compute_of_rest * 0.5),
+                        (Phase::Optimizer, rest * compute_of_rest * 0.1),
+                    ];
+                    for steps in [4, 5, 60] {
+                        assert_eq!(
+                            kind_for_shares(&shares, steps).as_str(),
+                            published_verdict(&shares, steps),
+                            "{shares:?}, {steps} steps"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000, "{checked}");
+}
+
 /// What fixing it buys: the input-bound scenario's what-if for input_wait (its step if the batch
 /// were ready when asked) within 10 % of that run's own step less its time in `__next__` (the
 /// workload's timers), and within 25 % of the step that a rerun with the cause removed
@@ -510,6 +553,9 @@ fn worker_profiles_name_what_the_workers_do() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Real PyTorch on CPU (real DataLoader, nn.Module, autograd, SGD): step count exact, input_wait
+/// within tolerance, forward/backward/optimizer present and non-zero, the verdict its own truth
+/// gives (see the module's doc).
 #[test]
 #[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
 fn real_pytorch_cpu() {

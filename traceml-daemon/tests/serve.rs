@@ -53,9 +53,7 @@ fn truth_kind(truth: &Path) -> String {
             (p, ns / wall)
         })
         .collect();
-    traceml_daemon::diagnosis::kind_for_shares(&shares, t["step_count"].as_u64().unwrap() as u32)
-        .as_str()
-        .to_owned()
+    published_verdict(&shares, t["step_count"].as_u64().unwrap() as u32).to_owned()
 }
 
 fn summary(dir: &Path) -> serde_json::Value {

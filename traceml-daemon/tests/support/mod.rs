@@ -362,7 +362,63 @@ pub fn truth_shares_over_daemon_steps(
         .collect()
 }
 
-/// The verdicts the rules give for shares within `margin` of the truth's: each
+/// The verdict the published rules give for these shares of step time over `steps` complete
+/// steps: the table of docs/summary-schema.md ("Kinds and their rules"), written out here and not
+/// read from the daemon's code, so a test's expectation cannot move with the code it checks
+/// (`scenarios::the_rules_are_the_published_table` holds the code to this table):
+/// - fewer than 5 complete steps → `INSUFFICIENT_DATA`;
+/// - else the largest of `input_wait`, `h2d`, `residual` at ≥ 10 % of step time names the
+///   verdict (`INPUT_BOUND`, `H2D_BOUND`, `RESIDUAL_HEAVY`);
+/// - else compute (`forward + backward + optimizer + gpu_wait`) ≥ 90 % → `COMPUTE_BOUND`;
+/// - else `BALANCED`.
+pub fn published_verdict(
+    shares: &[(traceml_daemon::engine::Phase, f64)],
+    steps: u32,
+) -> &'static str {
+    use traceml_daemon::engine::Phase;
+    const MIN_STEPS: u32 = 5;
+    const WARNING: f64 = 0.10;
+    const COMPUTE: f64 = 0.90;
+    if steps < MIN_STEPS {
+        return "INSUFFICIENT_DATA";
+    }
+    let share = |p: Phase| -> f64 {
+        shares
+            .iter()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, s)| *s)
+            .sum()
+    };
+    let bottleneck = [
+        (Phase::InputWait, "INPUT_BOUND"),
+        (Phase::H2d, "H2D_BOUND"),
+        (Phase::Residual, "RESIDUAL_HEAVY"),
+    ]
+    .into_iter()
+    .map(|(p, kind)| (share(p), kind))
+    .filter(|&(s, _)| s >= WARNING)
+    .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((_, kind)) = bottleneck {
+        return kind;
+    }
+    let compute: f64 = [
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Optimizer,
+        Phase::GpuWait,
+    ]
+    .into_iter()
+    .map(share)
+    .sum();
+    if compute >= COMPUTE {
+        "COMPUTE_BOUND"
+    } else {
+        "BALANCED"
+    }
+}
+
+/// The verdicts the published rules ([`published_verdict`]) give for shares within `margin` of
+/// the truth's: each
 /// bottleneck phase (input_wait, h2d, residual) and the compute sum moved by −margin, 0 or
 /// +margin. One verdict when the run sits clear of every line, two (or more) near one.
 pub fn verdicts_near_by(
@@ -370,8 +426,15 @@ pub fn verdicts_near_by(
     shares: &[(traceml_daemon::engine::Phase, f64)],
     steps: u32,
 ) -> std::collections::BTreeSet<&'static str> {
-    use traceml_daemon::diagnosis::{BOTTLENECK_PHASES, COMPUTE_PHASES, kind_for_shares};
     use traceml_daemon::engine::Phase;
+    // The published table's phases (see [`published_verdict`]).
+    const BOTTLENECK_PHASES: [Phase; 3] = [Phase::InputWait, Phase::H2d, Phase::Residual];
+    const COMPUTE_PHASES: [Phase; 4] = [
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Optimizer,
+        Phase::GpuWait,
+    ];
     let share = |p: Phase| {
         shares
             .iter()
@@ -394,7 +457,7 @@ pub fn verdicts_near_by(
                 (p, (v + (f64::from(step) - 1.0) * margin).max(0.0))
             })
             .collect();
-        out.insert(kind_for_shares(&moved, steps).as_str());
+        out.insert(published_verdict(&moved, steps));
     }
     out
 }
