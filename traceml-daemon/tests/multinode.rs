@@ -433,7 +433,7 @@ fn truth(dir: &Path) -> Truth {
     }
 }
 
-/// How far the truth must sit from the rule's lines (0.10 and 0.6, the daemon's) for the
+/// How far the truth must sit from the rule's lines (0.10 and 0.6, the published ones) for the
 /// alert to be required (or forbidden): the rule sees means over a minute where the truth has
 /// medians over the run, so the margins are wider than tests/multirank.rs's.
 const SCORE_MARGIN: f64 = 0.05;
@@ -447,7 +447,10 @@ enum Expect {
 }
 
 fn expect(t: &Truth) -> Expect {
-    use traceml_daemon::ranks::{STRAGGLER_PERSISTENCE, STRAGGLER_WARNING};
+    use support::{
+        PUBLISHED_STRAGGLER_PERSISTENCE as STRAGGLER_PERSISTENCE,
+        PUBLISHED_STRAGGLER_SCORE as STRAGGLER_WARNING,
+    };
     if t.score >= STRAGGLER_WARNING + SCORE_MARGIN
         && t.persistence >= STRAGGLER_PERSISTENCE + PERSISTENCE_MARGIN
     {

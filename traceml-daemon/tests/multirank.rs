@@ -237,7 +237,10 @@ fn truth_straggler(dir: &Path, n: u32) -> TruthStraggler {
 
 impl TruthStraggler {
     fn expect(&self) -> Expect {
-        use traceml_daemon::ranks::{STRAGGLER_PERSISTENCE, STRAGGLER_WARNING};
+        use support::{
+            PUBLISHED_STRAGGLER_PERSISTENCE as STRAGGLER_PERSISTENCE,
+            PUBLISHED_STRAGGLER_SCORE as STRAGGLER_WARNING,
+        };
         if self.score >= STRAGGLER_WARNING + SCORE_MARGIN
             && self.persistence >= STRAGGLER_PERSISTENCE + PERSISTENCE_MARGIN
         {

@@ -337,6 +337,15 @@ fn the_rules_are_the_published_table() {
         }
     }
     assert!(checked > 10_000, "{checked}");
+    // The multi-rank tests' straggler lines are the published ones too.
+    assert_eq!(
+        traceml_daemon::ranks::STRAGGLER_WARNING,
+        PUBLISHED_STRAGGLER_SCORE
+    );
+    assert_eq!(
+        traceml_daemon::ranks::STRAGGLER_PERSISTENCE,
+        PUBLISHED_STRAGGLER_PERSISTENCE
+    );
 }
 
 /// What fixing it buys: the input-bound scenario's what-if for input_wait (its step if the batch

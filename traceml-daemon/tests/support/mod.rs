@@ -715,3 +715,11 @@ pub fn json(path: &Path) -> serde_json::Value {
 pub fn median(xs: Vec<f64>) -> f64 {
     traceml_daemon::stats::median(&xs).unwrap_or(f64::NAN)
 }
+
+/// The STRAGGLER rule's published lines (docs/metrics.md, the alert table; the daemon's own rule
+/// is the same, `scenarios::the_rules_are_the_published_table` checks it): the slowest rank's
+/// own work per step exceeds the others' median by at least this share of the job's median step
+/// ...
+pub const PUBLISHED_STRAGGLER_SCORE: f64 = 0.10;
+/// ... and it was the slowest in at least this share of the aligned steps.
+pub const PUBLISHED_STRAGGLER_PERSISTENCE: f64 = 0.60;
