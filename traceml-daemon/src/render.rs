@@ -740,24 +740,33 @@ fn ranks(s: &Summary, out: &mut Lines) {
         out.push(line);
     }
     if let Some(j) = &s.job {
-        let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
-        if let Some(w) = j.world_size {
-            parts.push(format!("world size {w}"));
-        }
-        if let Some(l) = j.launcher_pid {
-            parts.push(format!("launcher pid {l}"));
-        }
-        if let Some(m) = &j.master {
-            parts.push(format!("master {m}"));
-        }
-        if j.restarts > 0 {
-            parts.push(restarted(j.restarts));
-        }
-        labeled(out, "", &format!("(ms, medians) {}", parts.join(" · ")));
+        labeled(out, "", &format!("(ms, medians) {}", job_line(j)));
     }
     if let Some(st) = &s.stragglers {
         labeled(out, "", &stragglers_line(st));
     }
+}
+
+/// The job's line, for the card and the HTML report alike: ranks measured, world size, launcher,
+/// master, run id, restarts, as known.
+pub fn job_line(j: &crate::summary::JobInfo) -> String {
+    let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
+    if let Some(w) = j.world_size {
+        parts.push(format!("world size {w}"));
+    }
+    if let Some(l) = j.launcher_pid {
+        parts.push(format!("launcher pid {l}"));
+    }
+    if let Some(m) = &j.master {
+        parts.push(format!("master {m}"));
+    }
+    if let Some(r) = &j.run_id {
+        parts.push(format!("run id {r}"));
+    }
+    if j.restarts > 0 {
+        parts.push(restarted(j.restarts));
+    }
+    parts.join(" · ")
 }
 
 /// "stragglers: transient: rank 2 in steps 20–40 (20 steps), 0.4 s of the others' time · slow

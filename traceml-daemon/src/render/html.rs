@@ -16,7 +16,7 @@ use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 
 use super::svg::{self, Axis, Band, Frame, Group, Series};
 use crate::summary::Phase;
-use crate::summary::{DiagnosisKind, JobInfo, Severity, Summary};
+use crate::summary::{DiagnosisKind, Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
 
 /// One color per phase, in [`Phase::ALL`] order.
@@ -289,7 +289,7 @@ fn ranks(s: &Summary) -> Markup {
         return html! {};
     }
     let culprit = culprit_rank(s);
-    let job = s.job.as_ref().map(job_line);
+    let job = s.job.as_ref().map(crate::render::job_line);
     let hung = s.primary_diagnosis.kind == DiagnosisKind::Hang
         || s.findings.iter().any(|f| f.kind == DiagnosisKind::Hang);
     html! {
@@ -313,27 +313,6 @@ fn ranks(s: &Summary) -> Markup {
             (hang_stacks(s, culprit))
         }
     }
-}
-
-/// The job's line: ranks measured, world size, launcher, master, run id, as known.
-fn job_line(j: &JobInfo) -> String {
-    let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
-    if let Some(w) = j.world_size {
-        parts.push(format!("world size {w}"));
-    }
-    if let Some(l) = j.launcher_pid {
-        parts.push(format!("launcher pid {l}"));
-    }
-    if let Some(m) = &j.master {
-        parts.push(format!("master {m}"));
-    }
-    if let Some(r) = &j.run_id {
-        parts.push(format!("run id {r}"));
-    }
-    if j.restarts > 0 {
-        parts.push(crate::render::restarted(j.restarts));
-    }
-    parts.join(" · ")
 }
 
 /// One row per rank: pid, steps, median step, each shown phase's median (collective_wait
