@@ -270,6 +270,8 @@ struct Rank {
 struct Job {
     ranks: BTreeMap<String, Rank>,
     verdict: Option<Verdict>,
+    /// The job's straggler class (`ranks::classify_stragglers`), as of its last verdict.
+    stragglers: Option<crate::summary::Stragglers>,
 }
 
 impl Job {
@@ -334,6 +336,13 @@ impl Exporter {
     pub fn set_verdict(&mut self, job: &str, verdict: Verdict) {
         if let Some(j) = self.jobs.get_mut(&label(job)) {
             j.verdict = Some(verdict);
+        }
+    }
+
+    /// The job's classified stragglers (none: no rank made the others wait above the noise).
+    pub fn set_stragglers(&mut self, job: &str, stragglers: Option<&crate::summary::Stragglers>) {
+        if let Some(j) = self.jobs.get_mut(&label(job)) {
+            j.stragglers = stragglers.cloned();
         }
     }
 
@@ -593,6 +602,41 @@ fn phase_and_verdict_families(enc: &mut DescriptorEncoder, e: &Exporter) -> std:
          before it).",
         MetricType::Gauge,
         verdicts,
+    )?;
+    // The straggler class: 1 for the class, with the rank it names ("" when rotating), and the
+    // others' wait it cost.
+    let straggler_labels = |j: &String, job: &Job| {
+        let st = job.stragglers.as_ref()?;
+        let info = job.ranks.values().next().map(|r| r.info.clone());
+        let mut l = job_labels(j, &info.unwrap_or_default());
+        l.push(("class", st.class.as_str().to_owned()));
+        l.push(("rank", st.rank.map(|r| r.to_string()).unwrap_or_default()));
+        Some((l, st.lost_ms / 1e3))
+    };
+    let classes: Vec<(Labels, ConstGauge<i64>)> = e
+        .jobs
+        .iter()
+        .filter_map(|(j, job)| straggler_labels(j, job).map(|(l, _)| (l, ConstGauge::new(1))))
+        .collect();
+    family(
+        enc,
+        "traceml_straggler_class",
+        "1 for the job's straggler class (persistent, transient, rotating) and the rank it names \
+         (empty when rotating), from the aligned steps of every rank so far.",
+        MetricType::Gauge,
+        classes,
+    )?;
+    let lost: Vec<(Labels, ConstGauge<f64>)> = e
+        .jobs
+        .iter()
+        .filter_map(|(j, job)| straggler_labels(j, job).map(|(l, s)| (l, ConstGauge::new(s))))
+        .collect();
+    family(
+        enc,
+        "traceml_straggler_lost_seconds",
+        "The other ranks' wait the slow steps cost so far (each slow step's excess, summed).",
+        MetricType::Gauge,
+        lost,
     )?;
     Ok(())
 }

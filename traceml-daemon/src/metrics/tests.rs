@@ -59,6 +59,17 @@ fn every_series_carries_the_job_identity() {
             severity: Severity::Warning,
         },
     );
+    e.set_stragglers(
+        "torchrun-9-x",
+        Some(&crate::summary::Stragglers {
+            class: crate::summary::StragglerClass::Transient,
+            rank: Some(3),
+            steps: 80,
+            slow_share: 0.25,
+            episodes: Vec::new(),
+            lost_ms: 400.0,
+        }),
+    );
     // A job of one process: its job_id is node-qualified, never shared with another node's.
     e.attached(
         "python-1-y",
@@ -82,6 +93,20 @@ fn every_series_carries_the_job_identity() {
         lines.iter().any(|l| l.starts_with(
             r#"traceml_job_info{job="python-1-y",rank="0",job_id="node-b/python-1-y",node="node-b""#
         )),
+        "{text}"
+    );
+    // The straggler class, with the rank it names and the wait it cost.
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            r#"traceml_straggler_class{job="torchrun-9-x",job_id="10.0.0.1:29500",node="node-b""#
+        ) && l.contains(r#"class="transient",rank="3"} 1"#)),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("traceml_straggler_lost_seconds{")
+                && l.contains(r#"class="transient",rank="3"} 0.4"#)),
         "{text}"
     );
     for l in lines

@@ -306,6 +306,7 @@ impl Group {
         if let Some(exporter) = &self.cfg.metrics {
             let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
             e.set_verdict(&self.cfg.name, Verdict::of(s));
+            e.set_stragglers(&self.cfg.name, s.stragglers.as_ref());
         }
     }
 
