@@ -369,6 +369,22 @@ fn launcher_pid_names_the_straggler_of_two_ranks() {
         );
     }
     assert!(scraped.contains("traceml_job_info{"), "{scraped}");
+    // The straggler class on /metrics while the job ran: where the run's own truth has rank R
+    // clearly slow in most steps, a persistent straggler naming R.
+    if let Expect::Straggler(r) = truth_straggler(&job.dir, 2).expect() {
+        let want = format!("class=\"persistent\",rank=\"{r}\"}} 1");
+        assert!(
+            scraped
+                .lines()
+                .any(|l| l.starts_with("traceml_straggler_class{") && l.ends_with(&want)),
+            "no persistent straggler {r} on /metrics:\n{}",
+            scraped
+                .lines()
+                .filter(|l| l.starts_with("traceml_straggler") || l.starts_with("traceml_verdict"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
     // `--record`: one recording per rank, each replaying to that rank's own step count.
     for r in s["ranks"].as_array().unwrap() {
         let rank = r["rank"].as_u64().unwrap();
