@@ -4,6 +4,7 @@
 //! the kernel.
 pub mod btf;
 pub mod elf;
+pub mod linetable;
 pub mod maps;
 pub mod memory;
 pub mod multi;

@@ -24,7 +24,9 @@
 //!   offsets are not verified.
 //!
 //! A frame's line is its code object's `co_firstlineno` (the line of the `def`), not the line
-//! executing now: that would need the instruction pointer and the line table, per version.
+//! executing now: that needs the frame's instruction offset (not read yet) and the line table,
+//! whose three formats [`super::linetable`] decodes (checked against CPython 3.9–3.13's own
+//! `co_lines()`).
 //!
 //! The target runs while we read, so any read may be torn. The walk is bounded (at most
 //! [`MAX_DEPTH`] frames reported, [`MAX_WALK`] links followed), refuses misaligned pointers and
@@ -577,7 +579,7 @@ pub fn runtime_addr(target: &PythonTarget) -> Result<u64, StackError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::BTreeMap;
     use std::path::{Path, PathBuf};
     use std::process::Command;
@@ -660,7 +662,8 @@ int main(void) {
     }
 
     /// pyenv's `3.<minor>.*` install dirs.
-    fn pyenv_dirs(minor: u32) -> Vec<PathBuf> {
+    /// pyenv's installs of CPython 3.`minor` (`$PYENV_ROOT`, else `~/.pyenv`), oldest first.
+    pub(in crate::attach) fn pyenv_dirs(minor: u32) -> Vec<PathBuf> {
         let root = std::env::var_os("PYENV_ROOT")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
