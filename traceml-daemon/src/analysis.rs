@@ -446,6 +446,7 @@ fn daemon_overhead(
             StreamItem::ProbeStats(s) => Some(Observation::Stats(*s)),
             StreamItem::ProbeSet(p) => Some(Observation::Set {
                 launch_events: p.launch_events,
+                learning: p.python && !p.python_steady,
             }),
             _ => None,
         })
@@ -542,6 +543,8 @@ fn daemon_overhead(
             .collect(),
         estimated_pct_of_cpu: pct_of_cpu(est.added_ns, 0),
         steady_pct_of_cpu: pct_of_cpu(est.steady_added_ns, est.steady_from_ns),
+        learning_ms: (est.learnings > 0).then(|| est.learning_added_ns / 1e6),
+        learning_periods: est.learnings,
     })
 }
 

@@ -893,8 +893,24 @@ fn overhead(s: &Summary, out: &mut Lines) {
         Some(p) if o.probe_sets.len() > 1 => format!("; {p:.2}% over the whole run"),
         _ => String::new(),
     };
+    // What learning the loop cost, paid once per attach (and per new loop), not per step.
+    let learning = match (o.learning_ms, o.learning_periods) {
+        (Some(ms), n) => {
+            let t = if ms >= 1000.0 {
+                format!("{:.2} s", ms / 1e3)
+            } else {
+                format!("{ms:.0} ms")
+            };
+            let times = match n {
+                0 | 1 => "once".to_owned(),
+                n => format!("over {n} learnings"),
+            };
+            format!(" · learning: est. {t} of the target's time, {times}")
+        }
+        (None, _) => String::new(),
+    };
     for (i, line) in wrap_safe(
-        &format!("{set}{launches} · {cost}{budget}{whole}"),
+        &format!("{set}{launches} · {cost}{budget}{whole}{learning}"),
         out.width - 14,
     )
     .into_iter()

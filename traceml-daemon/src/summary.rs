@@ -225,6 +225,14 @@ pub struct DaemonOverhead {
     /// The same since the last probe-set change.
     #[serde(default)]
     pub steady_pct_of_cpu: Option<f64>,
+    /// The estimated target time the learning periods cost (the frame-evaluator probe armed on
+    /// every Python call to learn the loop), ms over the run: paid once per attach (and once per
+    /// new loop), not per step. `null` when no learning ran.
+    #[serde(default)]
+    pub learning_ms: Option<f64>,
+    /// How many learning periods ran.
+    #[serde(default)]
+    pub learning_periods: u32,
 }
 
 /// Hits per step of each probe.

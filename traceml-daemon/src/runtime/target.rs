@@ -22,7 +22,7 @@ use crate::event::{
 };
 use crate::host::ending;
 use crate::host::procinfo;
-use crate::overhead::{Governor, GovernorConfig, Markers, Policy, Tick};
+use crate::overhead::{Governor, GovernorConfig, Markers, Policy, Stage, Tick};
 use crate::sampler::Sampler;
 use crate::sanitize::{self, terminal};
 
@@ -735,26 +735,30 @@ async fn load(
         let mut a = Attacher::load(pid_nz, cfg)?;
         a.set_arm_python_at_attach(arm);
         let attach_ts = monotonic_ns();
-        let report = a.attach_file(&py_path, maps::Role::Python)?;
-        let python_took = !report.attached.is_empty();
-        let mut probed = vec![Probed {
-            path: py_path,
-            role: maps::Role::Python,
-            report,
-            ts: monotonic_ns(),
-        }];
-        // Without Python's probe the attach fails (the caller says why): nothing more placed.
-        if python_took {
-            for (path, role) in to_probe(&a, &mappings, held_back) {
-                let report = a.attach_file(&path, role)?;
-                probed.push(Probed {
-                    path,
-                    role,
-                    report,
-                    ts: monotonic_ns(),
-                });
-            }
+        // The libraries first, Python last: an armed frame-evaluator probe fires on every
+        // Python call of the target (a quarter of a HF Trainer's step), and placing the
+        // libraries' probes takes up to a second; the learning starts once everything is in.
+        let mut probed = vec![];
+        for (path, role) in to_probe(&a, &mappings, held_back) {
+            let report = a.attach_file(&path, role)?;
+            probed.push(Probed {
+                path,
+                role,
+                report,
+                ts: monotonic_ns(),
+            });
         }
+        let report = a.attach_file(&py_path, maps::Role::Python)?;
+        // Without Python's probe the attach fails (the caller says why).
+        probed.insert(
+            0,
+            Probed {
+                path: py_path,
+                role: maps::Role::Python,
+                report,
+                ts: monotonic_ns(),
+            },
+        );
         Ok::<_, AttachError>((a, probed, attach_ts))
     })
     .await
@@ -1197,10 +1201,18 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     // The governor looks once a second, every 250 ms while it learns the loop with every probe
     // (the costly set: it is left as soon as the markers carry the steps) or watches for the
     // first training marker (to place the other probes within a step or two).
-    let govern_every = |fast: bool| Duration::from_millis(if fast { 250 } else { 1000 });
-    let govern_fast = |g: &Governor| g.learning() || g.watching();
-    let mut govern_learning = govern_fast(governor);
-    let mut govern = interval(govern_every(govern_learning));
+    // While learning, every Python call pays the frame-evaluator probe: look often, to end it
+    // as soon as the loop is known. While watching (no probe hit), start within a second.
+    let govern_every = |stage: Stage| {
+        Duration::from_millis(match stage {
+            Stage::Learning => 50,
+            Stage::Watching => 250,
+            Stage::Steady => 1000,
+        })
+    };
+    
+    let mut govern_stage = governor.stage();
+    let mut govern = interval(govern_every(govern_stage));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
     for i in [&mut rescan, &mut sample, &mut govern, &mut stack] {
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -1263,9 +1275,9 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             }
             _ = govern.tick() => {
                 run.govern(k, governor)?;
-                if govern_fast(governor) != govern_learning {
-                    govern_learning = govern_fast(governor);
-                    let every = govern_every(govern_learning);
+                if governor.stage() != govern_stage {
+                    govern_stage = governor.stage();
+                    let every = govern_every(govern_stage);
                     govern = interval_at(tokio::time::Instant::now() + every, every);
                     govern.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 }

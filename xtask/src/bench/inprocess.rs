@@ -35,6 +35,15 @@ pub const FULL: Schedule = Schedule {
     guard_s: 1.0,
 };
 
+/// `cargo xtask bench --quick`: three on windows of 10 s (the attach cost and the order of
+/// magnitude; the full schedule for the 1 % question).
+pub const QUICK: Schedule = Schedule {
+    on: 3,
+    window_s: 10.0,
+    warmup_s: 5.0,
+    guard_s: 1.0,
+};
+
 /// A workload of the section: how to start it, and roughly how long a step takes (to size its
 /// `--steps` so that it outlives the windows).
 pub struct Workload {
@@ -59,6 +68,9 @@ pub struct Window {
     pub cpu: Vec<(u64, u64)>,
     /// On windows: the daemon's CPU time over the window, % of one core.
     pub daemon_cpu_pct: Option<f64>,
+    /// On windows: when the daemon was started and when its last probe-set change (the end of
+    /// its learning period) came, CLOCK_MONOTONIC ns: the span whose steps an attach costs.
+    pub attach_span: Option<(u64, u64)>,
 }
 
 /// CPU time the target's main (training) thread has run, ns (`/proc/P/schedstat`). Uprobe
@@ -296,6 +308,7 @@ fn run_one(ctx: &mut Ctx, w: &Workload, s: &Schedule) -> anyhow::Result<InprocRu
                 attach_s: None,
                 cpu,
                 daemon_cpu_pct: None,
+                attach_span: None,
             });
             continue;
         }
@@ -329,6 +342,7 @@ fn on_window(ctx: &Ctx, dir: &Path, pid: u32, s: &Schedule) -> anyhow::Result<Wi
     let ready = dir.join("ready");
     let out = dir.join("out");
     let t0 = Instant::now();
+    let daemon_start_ns = monotonic_ns();
     let mut d = Killer(Some(
         Command::new(&ctx.daemon)
             .args(["--pid", &pid.to_string(), "--quiet", "--duration"])
@@ -391,10 +405,11 @@ fn on_window(ctx: &Ctx, dir: &Path, pid: u32, s: &Schedule) -> anyhow::Result<Wi
         );
     }
     let summary = ctx.json("overhead", &out.join("final_summary.json")).ok();
-    let steady = summary
+    let last_change = summary
         .as_ref()
         .and_then(|kv| f(kv, "overhead.last_change_s"))
-        .map(|s| start_ns + (s.max(0.0) * 1e9) as u64)
+        .map(|s| start_ns + (s.max(0.0) * 1e9) as u64);
+    let steady = last_change
         .filter(|&from| from + 1_000_000_000 <= end_ns)
         .map(|from| Span {
             on: true,
@@ -414,5 +429,6 @@ fn on_window(ctx: &Ctx, dir: &Path, pid: u32, s: &Schedule) -> anyhow::Result<Wi
         daemon_cpu_pct: daemon_start
             .zip(daemon_end)
             .map(|(a, b)| 100.0 * (b - a) / s.window_s),
+        attach_span: Some((daemon_start_ns, last_change.unwrap_or(start_ns))),
     })
 }

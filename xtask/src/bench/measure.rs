@@ -65,6 +65,23 @@ pub struct Measured {
     pub accuracy: Vec<Accuracy>,
 }
 
+/// Runs pair `i`'s two runs, A (`false`) then B (`true`) on even pairs and B then A on odd
+/// ones (A B B A …): an effect of order or drift cancels over the pairs instead of reading as
+/// the daemon's cost. Returns (A, B).
+fn abba<R>(
+    ctx: &mut Ctx,
+    i: usize,
+    mut run: impl FnMut(&mut Ctx, bool) -> anyhow::Result<R>,
+) -> anyhow::Result<(R, R)> {
+    if i % 2 == 0 {
+        let a = run(ctx, false)?;
+        Ok((a, run(ctx, true)?))
+    } else {
+        let b = run(ctx, true)?;
+        Ok((run(ctx, false)?, b))
+    }
+}
+
 fn step_ms(kv: &Option<Kv>) -> f64 {
     kv.as_ref()
         .and_then(|t| f(t, "step_median_ms"))
@@ -100,8 +117,13 @@ pub fn realistic(ctx: &mut Ctx, plan: &Plan, m: &mut Measured) -> anyhow::Result
                 plan.pairs
             );
             let py = ctx.py.clone();
-            let a = ctx.run(&format!("real{ms}-a"), &py, &args, None)?;
-            let b = ctx.run(&format!("real{ms}-b"), &py, &args, Some(&REC))?;
+            let (a, b) = abba(ctx, i, |ctx, on| {
+                if on {
+                    ctx.run(&format!("real{ms}-b"), &py, &args, Some(&REC))
+                } else {
+                    ctx.run(&format!("real{ms}-a"), &py, &args, None)
+                }
+            })?;
             let (ta, tb) = (step_ms(&a.truth), step_ms(&b.truth));
             row.ratios.push(tb / ta);
             row.a_ms.push(ta);
@@ -158,8 +180,13 @@ pub fn real_torch(ctx: &mut Ctx, plan: &Plan, m: &mut Measured) -> anyhow::Resul
                 i + 1,
                 plan.pairs
             );
-            let a = ctx.run(&format!("torch-{sc}-a"), &tp, &args, None)?;
-            let b = ctx.run(&format!("torch-{sc}-b"), &tp, &args, Some(&REC))?;
+            let (a, b) = abba(ctx, i, |ctx, on| {
+                if on {
+                    ctx.run(&format!("torch-{sc}-b"), &tp, &args, Some(&REC))
+                } else {
+                    ctx.run(&format!("torch-{sc}-a"), &tp, &args, None)
+                }
+            })?;
             let (ta, tb) = (step_ms(&a.truth), step_ms(&b.truth));
             s.overhead.a_ms.push(ta);
             s.overhead.b_ms.push(tb);
@@ -275,8 +302,13 @@ pub fn storms(ctx: &mut Ctx, plan: &Plan, m: &mut Measured) -> anyhow::Result<()
                 plan.pairs
             );
             let py = ctx.py.clone();
-            let a = ctx.run(&format!("storm-{mode}-a"), &py, &args, None)?;
-            let b = ctx.run(&format!("storm-{mode}-b"), &py, &args, Some(extra))?;
+            let (a, b) = abba(ctx, i, |ctx, on| {
+                if on {
+                    ctx.run(&format!("storm-{mode}-b"), &py, &args, Some(extra))
+                } else {
+                    ctx.run(&format!("storm-{mode}-a"), &py, &args, None)
+                }
+            })?;
             let (na, nb) = (
                 storm_ns(&a.last_line).ok_or_else(|| anyhow::anyhow!("storm output"))?,
                 storm_ns(&b.last_line).ok_or_else(|| anyhow::anyhow!("storm output"))?,

@@ -1,5 +1,5 @@
 //! `cargo xtask bench [--quick] [--inprocess-only]`: measures traceml-daemon on this machine and
-//! (re)writes BENCHMARKS.md. Every comparison is paired (A B A B …, a fresh process per run) and
+//! (re)writes BENCHMARKS.md. Every comparison is paired (A B · B A · …, a fresh process per run) and
 //! reported as medians with min/max, because the project's machines are small and shared; the
 //! in-process section instead attaches and detaches the daemon in windows of one long run.
 //!
@@ -149,7 +149,7 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
         return service_section(&path, service_only, long_minutes);
     }
     if replay_only {
-        return replay_section(&path, if quick { 1_000_000 } else { replay::STEPS });
+        return replay_section(&path, quick);
     }
     if inprocess_only {
         // The release build, as users install it (`cargo install`) and as the full bench runs
@@ -177,7 +177,11 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
     measure::storms(&mut ctx, plan, &mut m)?;
     measure::footprint(&mut ctx, plan, &mut m)?;
     measure::accuracy(&mut ctx, quick, &mut m)?;
-    let schedule = inprocess::schedule();
+    let schedule = if quick {
+        inprocess::QUICK
+    } else {
+        inprocess::schedule()
+    };
     let inproc = inprocess::run_all(&mut ctx, &schedule);
     let header = report::Header {
         quick,
@@ -185,15 +189,44 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
         load_start,
         minutes: started.elapsed().as_secs_f64() / 60.0,
     };
+    // Every section of the report from this one run, at this commit: the paired sections, then
+    // each of the others as its `--*-only` flag measures it. A section that fails says so in
+    // its place instead of keeping an older one.
+    let stamp = Stamp::now(quick);
     let mut text = report::full(&ctx, &header, &m, &inproc, &schedule);
-    match sweep::measure(&ctx.daemon, &ctx.scratch) {
-        Ok(b) => {
-            let load = sh("cat /proc/loadavg");
-            let section = sweep::section(&b, "target/release/traceml-daemon", &load);
-            text = sweep::splice(&text, &section);
-        }
-        Err(e) => eprintln!("xtask bench: sweep section skipped: {e:#}"),
-    }
+    let daemon = "target/release/traceml-daemon";
+    let mut section = |heading: &str, r: anyhow::Result<String>| {
+        let body = r.unwrap_or_else(|e| {
+            eprintln!("xtask bench: section {heading:?} failed: {e:#}");
+            format!("{heading}\n\nNot measured in this run: {e:#}\n")
+        });
+        text = sweep::splice_at(&text, heading, &stamp.on(&body));
+    };
+    let load = || sh("cat /proc/loadavg");
+    section(
+        sweep::HEADING,
+        sweep::measure(&ctx.daemon, &ctx.scratch).map(|b| sweep::section(&b, daemon, &load())),
+    );
+    section(replay::HEADING, replay_bench(quick));
+    section(
+        service::SERVE_HEADING,
+        service::eight_jobs(&mut ctx).map(|b| service::serve_section(&b, daemon, &load())),
+    );
+    let minutes = if quick { 2 } else { 10 };
+    section(
+        service::LONG_HEADING,
+        service::long_live(&mut ctx, minutes * 600)
+            .map(|b| service::long_section(&b, daemon, &load())),
+    );
+    section(bystander::HEADING, bystander_bench(&mut ctx));
+    section(ranks::HEADING, ranks_bench(&ctx));
+    section(
+        sched::HEADING,
+        sched::measure(&mut ctx).map(|s| {
+            let commit = sh("git -C . rev-parse --short HEAD");
+            sched::section(&s, daemon, &load(), &commit)
+        }),
+    );
     std::fs::write(&path, text).context("writing BENCHMARKS.md")?;
     eprintln!(
         "xtask bench: wrote BENCHMARKS.md in {:.1} min (raw runs in {})",
@@ -201,6 +234,81 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
         ctx.scratch.display()
     );
     Ok(())
+}
+
+/// The line under each section's heading that says which code and which run measured it.
+struct Stamp(String);
+
+impl Stamp {
+    fn now(quick: bool) -> Self {
+        Stamp(format!(
+            "_Measured at commit `{}` (release build), {} UTC, by `cargo xtask bench{}`._",
+            sh("git -C . rev-parse --short HEAD"),
+            sh("date -u '+%Y-%m-%d %H:%M'"),
+            if quick { " --quick" } else { "" }
+        ))
+    }
+
+    /// `section` with the stamp after its heading line.
+    fn on(&self, section: &str) -> String {
+        let section = section.trim_start_matches('\n');
+        match section.split_once('\n') {
+            Some((heading, rest)) => format!("{heading}\n\n{}\n{rest}", self.0),
+            None => format!("{section}\n\n{}\n", self.0),
+        }
+    }
+}
+
+/// Writes one section alone into BENCHMARKS.md (a `--*-only` run), stamped.
+fn write_section(path: &std::path::Path, heading: &str, section: &str) -> anyhow::Result<()> {
+    eprint!("{section}");
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let stamped = Stamp::now(false).on(section);
+    std::fs::write(path, sweep::splice_at(&old, heading, &stamped))
+        .context("writing BENCHMARKS.md")
+}
+
+/// The replay section's measurement (the release build of the example it replays first).
+fn replay_bench(quick: bool) -> anyhow::Result<String> {
+    let root = root();
+    run(Command::new("cargo")
+        .args(["build", "--release", "-p", "traceml-daemon"])
+        .args(["--bin", "traceml-daemon", "--example", "synth_recording"])
+        .current_dir(&root))?;
+    let scratch = std::env::temp_dir().join("traceml-bench-replay");
+    std::fs::create_dir_all(&scratch)?;
+    let load = sh("cat /proc/loadavg");
+    let b = replay::measure(
+        &root.join("target/release/traceml-daemon"),
+        &root.join("target/release/examples/synth_recording"),
+        &scratch,
+        if quick { 1_000_000 } else { replay::STEPS },
+    )?;
+    Ok(replay::section(&b, "target/release/traceml-daemon", &load))
+}
+
+fn bystander_bench(ctx: &mut Ctx) -> anyhow::Result<String> {
+    let load = sh("cat /proc/loadavg");
+    let runs = ["infer", "python"]
+        .into_iter()
+        .map(|m| bystander::measure(ctx, m))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(bystander::section(
+        &runs,
+        "target/release/traceml-daemon",
+        &load,
+    ))
+}
+
+fn ranks_bench(ctx: &Ctx) -> anyhow::Result<String> {
+    let load = sh("cat /proc/loadavg");
+    let mut rows = Vec::new();
+    for mode in ["pid", "serve"] {
+        for n in ranks::RANKS {
+            rows.push(ranks::measure(ctx, mode, n)?);
+        }
+    }
+    Ok(ranks::section(&rows, "target/release/traceml-daemon", &load))
 }
 
 /// `--sweep-only`: the release daemon's `sweep` over 1,000 job pairs, spliced into
@@ -216,51 +324,21 @@ fn sweep_section(path: &std::path::Path) -> anyhow::Result<()> {
     let load = sh("cat /proc/loadavg");
     let b = sweep::measure(&root.join("target/release/traceml-daemon"), &scratch)?;
     let section = sweep::section(&b, "target/release/traceml-daemon", &load);
-    eprint!("{section}");
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, sweep::splice(&old, &section)).context("writing BENCHMARKS.md")
+    write_section(path, sweep::HEADING, &section)
 }
 
 /// `--replay-only`: the release daemon replaying a synthetic 10 M-step recording from a pipe,
 /// its memory sampled, spliced into BENCHMARKS.md (no root; with `--quick`, 1 M steps).
-fn replay_section(path: &std::path::Path, steps: u64) -> anyhow::Result<()> {
-    let root = root();
-    run(Command::new("cargo")
-        .args(["build", "--release", "-p", "traceml-daemon"])
-        .args(["--bin", "traceml-daemon", "--example", "synth_recording"])
-        .current_dir(&root))?;
-    let scratch = std::env::temp_dir().join("traceml-bench-replay");
-    std::fs::create_dir_all(&scratch)?;
-    let load = sh("cat /proc/loadavg");
-    let b = replay::measure(
-        &root.join("target/release/traceml-daemon"),
-        &root.join("target/release/examples/synth_recording"),
-        &scratch,
-        steps,
-    )?;
-    let section = replay::section(&b, "target/release/traceml-daemon", &load);
-    eprint!("{section}");
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, sweep::splice_at(&old, replay::HEADING, &section))
-        .context("writing BENCHMARKS.md")
+fn replay_section(path: &std::path::Path, quick: bool) -> anyhow::Result<()> {
+    write_section(path, replay::HEADING, &replay_bench(quick)?)
 }
 
 /// `--bystander-only`: torch processes that do not train under `serve` (release build).
 fn bystander_section(path: &std::path::Path) -> anyhow::Result<()> {
     let mut ctx = prepare(true, false)?;
-    let load = sh("cat /proc/loadavg");
-    let runs = ["infer", "python"]
-        .into_iter()
-        .map(|m| bystander::measure(&mut ctx, m))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let section = bystander::section(&runs, "target/release/traceml-daemon", &load);
-    eprint!("{section}");
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, sweep::splice_at(&old, bystander::HEADING, &section))
-        .context("writing BENCHMARKS.md")
+    write_section(path, bystander::HEADING, &bystander_bench(&mut ctx)?)
 }
 
-/// `--ranks-only`: attach and stop of 1, 2 and 4 ranks, `--pid` and `serve` (release build).
 /// `--sched-only`: the `sched_switch` program's cost per context switch of the node (release
 /// build), spliced into BENCHMARKS.md.
 fn sched_section(path: &std::path::Path) -> anyhow::Result<()> {
@@ -269,26 +347,13 @@ fn sched_section(path: &std::path::Path) -> anyhow::Result<()> {
     let s = sched::measure(&mut ctx)?;
     let commit = sh("git -C . rev-parse --short HEAD");
     let section = sched::section(&s, "target/release/traceml-daemon", &load, &commit);
-    eprint!("{section}");
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, sweep::splice_at(&old, sched::HEADING, &section))
-        .context("writing BENCHMARKS.md")
+    write_section(path, sched::HEADING, &section)
 }
 
+/// `--ranks-only`: attach and stop of 1, 2 and 4 ranks, `--pid` and `serve` (release build).
 fn ranks_section(path: &std::path::Path) -> anyhow::Result<()> {
     let ctx = prepare(true, false)?;
-    let load = sh("cat /proc/loadavg");
-    let mut rows = Vec::new();
-    for mode in ["pid", "serve"] {
-        for n in ranks::RANKS {
-            rows.push(ranks::measure(&ctx, mode, n)?);
-        }
-    }
-    let section = ranks::section(&rows, "target/release/traceml-daemon", &load);
-    eprint!("{section}");
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, sweep::splice_at(&old, ranks::HEADING, &section))
-        .context("writing BENCHMARKS.md")
+    write_section(path, ranks::HEADING, &ranks_bench(&ctx)?)
 }
 
 /// `--service-only` (serve with 8 jobs at once) and `--long-minutes M` (one `--pid` daemon on a
@@ -303,27 +368,21 @@ fn service_section(
     if eight {
         let load = sh("cat /proc/loadavg");
         let b = service::eight_jobs(&mut ctx)?;
-        let section = service::serve_section(&b, daemon, &load);
-        eprint!("{section}");
-        let old = std::fs::read_to_string(path).unwrap_or_default();
-        std::fs::write(
+        write_section(
             path,
-            sweep::splice_at(&old, service::SERVE_HEADING, &section),
-        )
-        .context("writing BENCHMARKS.md")?;
+            service::SERVE_HEADING,
+            &service::serve_section(&b, daemon, &load),
+        )?;
     }
     if let Some(m) = long_minutes {
         let load = sh("cat /proc/loadavg");
         // ~100 ms steps: 600 a minute.
         let b = service::long_live(&mut ctx, m.max(1) * 600)?;
-        let section = service::long_section(&b, daemon, &load);
-        eprint!("{section}");
-        let old = std::fs::read_to_string(path).unwrap_or_default();
-        std::fs::write(
+        write_section(
             path,
-            sweep::splice_at(&old, service::LONG_HEADING, &section),
-        )
-        .context("writing BENCHMARKS.md")?;
+            service::LONG_HEADING,
+            &service::long_section(&b, daemon, &load),
+        )?;
     }
     Ok(())
 }

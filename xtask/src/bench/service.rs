@@ -286,7 +286,7 @@ pub fn long_live(ctx: &mut Ctx, steps: u32) -> anyhow::Result<LongBench> {
 }
 
 pub const SERVE_HEADING: &str = "## Long-lived daemon: 8 jobs attached at once under `serve`";
-pub const LONG_HEADING: &str = "## Long-lived daemon: one job for an hour";
+pub const LONG_HEADING: &str = "## Long-lived daemon: one job over a long run";
 
 fn intro(heading: &str, flag: &str, daemon: &str, load: &str) -> String {
     format!(

@@ -57,8 +57,20 @@ pub fn window_steps_ms(step_ends: &[u64], w: &Span) -> Vec<f64> {
         .collect()
 }
 
+/// What an attach cost the target, ms: each step that ends in `(from_ns, to_ns]` (from the
+/// daemon's start to the end of its learning period plus a margin) less `ref_ms` (the step time
+/// of the off windows beside it), summed. `None` when no step ended there.
+pub fn attach_cost_ms(step_ends: &[u64], from_ns: u64, to_ns: u64, ref_ms: f64) -> Option<f64> {
+    let excess: Vec<f64> = step_ends
+        .windows(2)
+        .filter(|p| p[1] > from_ns && p[1] <= to_ns)
+        .map(|p| (p[1] - p[0]) as f64 / 1e6 - ref_ms)
+        .collect();
+    (!excess.is_empty() && ref_ms.is_finite()).then(|| excess.iter().sum())
+}
+
 /// The mean of the values of the off windows next to window `i` (both when there are two).
-fn off_neighbours(windows: &[Span], values: &[f64], i: usize) -> Option<f64> {
+pub fn off_neighbours(windows: &[Span], values: &[f64], i: usize) -> Option<f64> {
     let n: Vec<f64> = [i.checked_sub(1), Some(i + 1)]
         .into_iter()
         .flatten()
@@ -239,6 +251,14 @@ mod tests {
         assert_eq!(med(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(med(&[f64::NAN]).is_nan());
         assert_eq!(mmm(&[2.0, 5.0, 1.0]), (2.0, 1.0, 5.0));
+    }
+
+    #[test]
+    fn attach_cost_sums_the_excess_of_the_steps_it_covers() {
+        // 10 ms steps, two of them 13 ms while learning.
+        let ends = [0, 10, 20, 33, 46, 56, 66].map(|ms| ms * 1_000_000u64);
+        assert_eq!(attach_cost_ms(&ends, 15_000_000, 56_000_000, 10.0), Some(6.0));
+        assert_eq!(attach_cost_ms(&ends, 70_000_000, 80_000_000, 10.0), None);
     }
 
     #[test]

@@ -224,10 +224,6 @@ pub fn section(b: &SweepBench, daemon: &str, load: &str) -> String {
 /// The section's heading (what [`splice`] replaces).
 pub const HEADING: &str = "## Regression sweep: `traceml-daemon sweep` over 1,000 job pairs";
 
-/// `old` with the sweep section replaced, or inserted before the notes (or at the end).
-pub fn splice(old: &str, section: &str) -> String {
-    splice_at(old, HEADING, section)
-}
 
 /// `old` with the section under `heading` replaced, or inserted before the notes (or at the
 /// end).
@@ -285,9 +281,9 @@ mod tests {
     #[test]
     fn splices_before_the_notes() {
         let old = "# B\n\n## 5. X\n\nx\n\n## Reading the numbers\n\nn\n";
-        let new = splice(old, &format!("{HEADING}\n\ns1\n"));
+        let new = splice_at(old, HEADING, &format!("{HEADING}\n\ns1\n"));
         assert!(new.contains(&format!("x\n\n{HEADING}\n\ns1\n\n## Reading the numbers")));
-        let again = splice(&new, &format!("{HEADING}\n\ns2\n"));
+        let again = splice_at(&new, HEADING, &format!("{HEADING}\n\ns2\n"));
         assert!(again.contains("s2") && !again.contains("s1"), "{again}");
         assert!(again.contains("## Reading the numbers\n\nn"));
     }
