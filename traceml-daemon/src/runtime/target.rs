@@ -1210,7 +1210,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             Stage::Steady => 1000,
         })
     };
-    
+
     let mut govern_stage = governor.stage();
     let mut govern = interval(govern_every(govern_stage));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));

@@ -73,7 +73,7 @@ fn abba<R>(
     i: usize,
     mut run: impl FnMut(&mut Ctx, bool) -> anyhow::Result<R>,
 ) -> anyhow::Result<(R, R)> {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let a = run(ctx, false)?;
         Ok((a, run(ctx, true)?))
     } else {

@@ -264,8 +264,7 @@ fn write_section(path: &std::path::Path, heading: &str, section: &str) -> anyhow
     eprint!("{section}");
     let old = std::fs::read_to_string(path).unwrap_or_default();
     let stamped = Stamp::now(false).on(section);
-    std::fs::write(path, sweep::splice_at(&old, heading, &stamped))
-        .context("writing BENCHMARKS.md")
+    std::fs::write(path, sweep::splice_at(&old, heading, &stamped)).context("writing BENCHMARKS.md")
 }
 
 /// The replay section's measurement (the release build of the example it replays first).
@@ -308,7 +307,11 @@ fn ranks_bench(ctx: &Ctx) -> anyhow::Result<String> {
             rows.push(ranks::measure(ctx, mode, n)?);
         }
     }
-    Ok(ranks::section(&rows, "target/release/traceml-daemon", &load))
+    Ok(ranks::section(
+        &rows,
+        "target/release/traceml-daemon",
+        &load,
+    ))
 }
 
 /// `--sweep-only`: the release daemon's `sweep` over 1,000 job pairs, spliced into

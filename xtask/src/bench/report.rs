@@ -164,7 +164,7 @@ fn header(md: &mut String, ctx: &Ctx, h: &Header) {
 /// A row's verdict against `target`: pass or FAIL, or "not resolved at this noise" when the
 /// row's spread (max − min over its pairs or windows) is wider than the target itself.
 fn judged(ok: bool, spread: f64, target: f64) -> String {
-    if !(spread <= target) {
+    if spread.is_nan() || spread > target {
         "not resolved at this noise".to_owned()
     } else {
         pass(ok).to_owned()
@@ -835,7 +835,8 @@ const ATTACH_GOAL_MS: f64 = 30.0;
 
 /// Whether the daemon's estimate agrees with the measurement: within 2× or 20 ms.
 fn estimate_agrees(est: f64, measured: f64) -> bool {
-    (est - measured).abs() <= 20.0 || (measured > 0.0 && est <= 2.0 * measured && est >= measured / 2.0)
+    (est - measured).abs() <= 20.0
+        || (measured > 0.0 && est <= 2.0 * measured && est >= measured / 2.0)
 }
 
 /// The cost-of-an-attach table: per on window, the steps from the daemon's start to the end of
@@ -878,7 +879,11 @@ fn attach_rows(runs: &[InprocRun]) -> String {
                 measured.push(c);
             }
             learn_s.push(learned.saturating_sub(w.span.start_ns) as f64 / 1e9);
-            if let Some(e) = w.summary.as_ref().and_then(|s| f(s, "overhead.learning_ms")) {
+            if let Some(e) = w
+                .summary
+                .as_ref()
+                .and_then(|s| f(s, "overhead.learning_ms"))
+            {
                 est.push(e);
             }
         }

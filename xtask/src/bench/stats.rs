@@ -257,7 +257,10 @@ mod tests {
     fn attach_cost_sums_the_excess_of_the_steps_it_covers() {
         // 10 ms steps, two of them 13 ms while learning.
         let ends = [0, 10, 20, 33, 46, 56, 66].map(|ms| ms * 1_000_000u64);
-        assert_eq!(attach_cost_ms(&ends, 15_000_000, 56_000_000, 10.0), Some(6.0));
+        assert_eq!(
+            attach_cost_ms(&ends, 15_000_000, 56_000_000, 10.0),
+            Some(6.0)
+        );
         assert_eq!(attach_cost_ms(&ends, 70_000_000, 80_000_000, 10.0), None);
     }
 

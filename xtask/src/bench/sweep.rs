@@ -221,9 +221,8 @@ pub fn section(b: &SweepBench, daemon: &str, load: &str) -> String {
     )
 }
 
-/// The section's heading (what [`splice`] replaces).
+/// The section's heading (what [`splice_at`] replaces).
 pub const HEADING: &str = "## Regression sweep: `traceml-daemon sweep` over 1,000 job pairs";
-
 
 /// `old` with the section under `heading` replaced, or inserted before the notes (or at the
 /// end).
