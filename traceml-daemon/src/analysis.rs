@@ -462,7 +462,9 @@ fn daemon_overhead(
         })
         .collect();
     let initial_events = !target.is_some_and(|t| t.launch_count_only);
-    let est = crate::overhead::estimate(&seq, initial_events);
+    let costs =
+        crate::overhead::CostModel::for_machine(target.and_then(|t| t.calibration.as_ref()));
+    let est = crate::overhead::estimate(&seq, initial_events, &costs);
     let median_step_ms = median(
         &steps
             .iter()
@@ -545,6 +547,8 @@ fn daemon_overhead(
         steady_pct_of_cpu: pct_of_cpu(est.steady_added_ns, est.steady_from_ns),
         learning_ms: (est.learnings > 0).then(|| est.learning_added_ns / 1e6),
         learning_periods: est.learnings,
+        calibration: target.and_then(|t| t.calibration),
+        cost_model: costs,
     })
 }
 
@@ -1357,6 +1361,7 @@ pub(crate) mod fixtures {
             launch_count_only: false,
             overhead_budget_pct: None,
             identity: None,
+            calibration: None,
         }))];
         if sc.cuda {
             for (path, role) in [

@@ -174,6 +174,19 @@ pub struct TargetInfo {
     /// Whose job this is: user, container, pod, systemd unit (`crate::host::identity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<Identity>,
+    /// What a probe hit costs on this machine, measured at start (`crate::attach::calibrate`);
+    /// `None`: the reference cost model (a recording made before calibrations, or one failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+}
+
+/// The per-hit cost of a uprobe and a uretprobe measured on the machine the daemon ran on.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// An entry probe running the cheapest program (a counter bump), ns per hit.
+    pub uprobe_ns: f64,
+    /// A return probe whose program returns at once, ns per hit.
+    pub uretprobe_ns: f64,
 }
 
 /// Who a target is on the node (`crate::host::identity`); every field `None` when unknown.

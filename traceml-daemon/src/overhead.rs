@@ -12,7 +12,7 @@
 //! Trainer (1.3–2 µs per frame-evaluator entry + return pair, cache effects included). They
 //! are what an uprobe costs on x86-64 with a kernel that emulates the probed instruction; a
 //! single-stepped site costs ~10 µs and is never chosen (see `attach::elf`).
-use crate::event::ProbeStats;
+use crate::event::{Calibration, ProbeStats};
 
 /// Added target time per probe hit, in ns.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -34,7 +34,48 @@ pub const COSTS: CostModel = CostModel {
     launch_count_ns: 500.0,
 };
 
+impl Default for CostModel {
+    fn default() -> Self {
+        COSTS
+    }
+}
+
+/// What [`crate::attach::calibrate`] measured on the machine [`COSTS`] was measured on (this
+/// project's 2-vCPU VM, Linux 6.18): the yardstick a machine's own calibration is read against.
+pub const REFERENCE: Calibration = Calibration {
+    uprobe_ns: 600.0,
+    uretprobe_ns: 800.0,
+};
+
 impl CostModel {
+    /// [`COSTS`] scaled to a machine by its calibration: entry probes by its uprobe cost
+    /// against [`REFERENCE`]'s, return probes by its uretprobe cost (each factor held within
+    /// 0.25–8: a calibration that far off is more likely a busy machine than a kernel).
+    /// Without a calibration, [`COSTS`].
+    pub fn for_machine(c: Option<&Calibration>) -> CostModel {
+        let Some(c) = c else {
+            return COSTS;
+        };
+        let factor = |ns: f64, reference: f64| (ns / reference).clamp(0.25, 8.0);
+        let (u, r) = (
+            factor(c.uprobe_ns, REFERENCE.uprobe_ns),
+            factor(c.uretprobe_ns, REFERENCE.uretprobe_ns),
+        );
+        CostModel {
+            py_enter_ns: COSTS.py_enter_ns * u,
+            exit_ns: COSTS.exit_ns * r,
+            call_enter_ns: COSTS.call_enter_ns * u,
+            record_ns: COSTS.record_ns * u,
+            launch_event_ns: COSTS.launch_event_ns * u,
+            launch_count_ns: COSTS.launch_count_ns * u,
+        }
+    }
+
+    /// What `py_enter` frame-evaluator entries cost the target (each with its return probe), ns.
+    pub fn python(&self, py_enter: u64) -> f64 {
+        py_enter as f64 * (self.py_enter_ns + self.exit_ns)
+    }
+
     /// Added ns for the hits between two counter readings, launches costed in `launch_events`
     /// mode.
     pub fn cost(&self, d: &ProbeStats, launch_events: bool) -> f64 {
@@ -122,6 +163,8 @@ pub struct GovernorConfig {
     pub relearn_after_ns: u64,
     /// A learning that delimited no step doubles the pause needed before the next, up to this.
     pub relearn_max_ns: u64,
+    /// Per-hit costs on this machine ([`CostModel::for_machine`]).
+    pub costs: CostModel,
 }
 
 impl GovernorConfig {
@@ -138,6 +181,7 @@ impl GovernorConfig {
             learn_max_ns: 10_000_000_000,
             relearn_after_ns: 30_000_000_000,
             relearn_max_ns: 960_000_000_000,
+            costs: COSTS,
         }
     }
 }
@@ -298,8 +342,9 @@ impl Governor {
                 if steps > 0 {
                     self.learn_py += d.py_enter;
                     self.learn_wall_ns += interval;
-                    self.learn_other_ns +=
-                        (COSTS.cost(&d, self.launch_events) - python_cost(d.py_enter)).max(0.0);
+                    self.learn_other_ns += (self.cfg.costs.cost(&d, self.launch_events)
+                        - self.cfg.costs.python(d.py_enter))
+                    .max(0.0);
                 }
                 self.tick_learning(&t, steps, &mut want, &mut reasons)
             }
@@ -314,7 +359,7 @@ impl Governor {
                          steps: probe detached",
                         d.py_enter,
                         interval as f64 / 1e9,
-                        python_cost(d.py_enter) / interval.max(1) as f64 * 100.0
+                        self.cfg.costs.python(d.py_enter) / interval.max(1) as f64 * 100.0
                     ));
                 }
             }
@@ -390,7 +435,7 @@ impl Governor {
         let waited = elapsed >= self.cfg.learn_max_ns;
         if learned && (t.stacks_ready || waited) {
             let wall = self.learn_wall_ns.max(1) as f64;
-            let cost = python_cost(self.learn_py) / wall;
+            let cost = self.cfg.costs.python(self.learn_py) / wall;
             let others = self.learn_other_ns / wall;
             if self.cfg.policy == Policy::Auto
                 && self.learn_wall_ns > 0
@@ -476,7 +521,7 @@ impl Governor {
         interval: u64,
         base: u64,
     ) -> Option<String> {
-        let launch_cost = d.launch as f64 * COSTS.launch_event_ns;
+        let launch_cost = d.launch as f64 * self.cfg.costs.launch_event_ns;
         if !(base > 0 && launch_cost > base as f64 * self.cfg.budget / 2.0) {
             return None;
         }
@@ -514,16 +559,11 @@ impl Governor {
     }
 }
 
-/// What `py_enter` frame-evaluator entries cost the target (each with its return probe), ns.
-fn python_cost(py_enter: u64) -> f64 {
-    py_enter as f64 * (COSTS.py_enter_ns + COSTS.exit_ns)
-}
-
 impl Decision {
     /// Whether the frame evaluator's hits `d` over `interval` ns of steps stay within the
     /// governor's budget (kept armed: re-checked each tick, detached past the whole budget).
     fn python_steady_over(&self, d: &ProbeStats, interval: u64, g: &Governor) -> bool {
-        interval == 0 || python_cost(d.py_enter) <= interval as f64 * g.cfg.budget
+        interval == 0 || g.cfg.costs.python(d.py_enter) <= interval as f64 * g.cfg.budget
     }
 }
 
@@ -567,7 +607,7 @@ pub enum Observation {
 /// Sums the cost of every counter delta, costing launches in the mode in force when the delta
 /// ends (a change applies to the deltas after it in the stream). The steady state starts at
 /// the first reading after the last change that is not `switching`.
-pub fn estimate(seq: &[Observation], initial_launch_events: bool) -> Estimate {
+pub fn estimate(seq: &[Observation], initial_launch_events: bool, costs: &CostModel) -> Estimate {
     let mut out = Estimate::default();
     let last_set = seq
         .iter()
@@ -600,7 +640,7 @@ pub fn estimate(seq: &[Observation], initial_launch_events: bool) -> Estimate {
                 learning = l;
             }
             Observation::Stats(s) => {
-                let c = COSTS.cost(&delta(&prev, &s), mode);
+                let c = costs.cost(&delta(&prev, &s), mode);
                 out.added_ns += c;
                 learning_tail &= s.switching;
                 if learning || learning_tail {
@@ -919,7 +959,7 @@ mod tests {
             Stats(stats(3 * S, 5000, 300)),
             Stats(stats(4 * S, 5000, 400)),
         ];
-        let e = estimate(&seq, true);
+        let e = estimate(&seq, true, &COSTS);
         let py = |n: f64| n * (COSTS.py_enter_ns + COSTS.exit_ns);
         let want = py(1000.0)
             + 100.0 * COSTS.launch_event_ns
@@ -946,7 +986,11 @@ mod tests {
         assert!((e.learning_added_ns - learned).abs() < 1e-6, "{e:?}");
         assert_eq!(e.learnings, 1);
         // Without any change, the steady state is the whole run.
-        let e = estimate(&[Stats(stats(S, 10, 0)), Stats(stats(2 * S, 20, 0))], true);
+        let e = estimate(
+            &[Stats(stats(S, 10, 0)), Stats(stats(2 * S, 20, 0))],
+            true,
+            &COSTS,
+        );
         assert_eq!(e.steady_from_ns, S);
         assert_eq!(e.steady_hits.py_enter, 10);
     }

@@ -233,6 +233,14 @@ pub struct DaemonOverhead {
     /// How many learning periods ran.
     #[serde(default)]
     pub learning_periods: u32,
+    /// The per-hit costs measured on the machine at start (`null`: the reference model, e.g.
+    /// a recording made before calibrations or a calibration that failed).
+    #[serde(default)]
+    pub calibration: Option<crate::event::Calibration>,
+    /// The per-hit cost model the estimates used, ns per hit: the reference model scaled by
+    /// the calibration.
+    #[serde(default)]
+    pub cost_model: crate::overhead::CostModel,
 }
 
 /// Hits per step of each probe.

@@ -50,7 +50,7 @@ const LAYERS: &[&[&str]] = &[
     &["runtime::settings"],
     // The runtime: a target's live run, its task and sinks, the view, a job's group, the
     // supervisors.
-    &["runtime::workers"],
+    &["runtime::calibration", "runtime::workers"],
     &["runtime::target"],
     &["runtime::task"],
     &["runtime::sinks", "runtime::view"],

@@ -3,6 +3,7 @@
 //! scoped to its pid ([`Attacher`]). The only module besides `live` and `sampler` that touches
 //! the kernel.
 pub mod btf;
+pub mod calibrate;
 pub mod elf;
 pub mod linetable;
 pub mod maps;

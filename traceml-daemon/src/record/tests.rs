@@ -49,6 +49,10 @@ fn every_item() -> Vec<StreamItem> {
                 container_runtime: Some("docker".into()),
                 ..Default::default()
             }),
+            calibration: Some(crate::event::Calibration {
+                uprobe_ns: 612.5,
+                uretprobe_ns: 803.25,
+            }),
         })),
         StreamItem::Library(Box::new(LibraryInfo {
             path: "/x/libcudart.so.12".into(),

@@ -5,6 +5,7 @@
 //! [`supervisor`] holds a fixed set of targets (`--pid`), and [`serve`] adds a /proc scanner,
 //! with its [`settings`] (flags, config file and defaults, validated once).
 
+pub mod calibration;
 pub mod group;
 pub mod serve;
 pub mod settings;

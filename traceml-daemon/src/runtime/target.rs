@@ -266,6 +266,8 @@ struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
     /// The kernel marked the target's exec in the ring: the run is over (the loop confirms
     /// with the connector or the memory map at once, not at the next rescan).
     execed: bool,
+    /// This machine's per-hit probe costs, when measured (in the stream's target item).
+    calibration: Option<crate::event::Calibration>,
 }
 
 impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
@@ -698,6 +700,8 @@ struct Loaded {
     reader: CodeReader,
     probed: Vec<Probed>,
     attach_ts: u64,
+    /// This machine's per-hit probe costs, when measured.
+    calibration: Option<crate::event::Calibration>,
 }
 
 /// Reads the target's code object layout, loads the eBPF programs for it and places the probes,
@@ -732,6 +736,9 @@ async fn load(
     let held_back = Governor::defers_libraries(opts.policy, opts.watch_first);
     let (py_path, mappings) = (py.path.clone(), mappings.to_vec());
     let loaded = tokio::task::spawn_blocking(move || {
+        // This machine's per-hit costs (cached after the first daemon), before any probe is in
+        // the target: the estimate and the governor's budget are of this machine.
+        let calibration = super::calibration::this_machine();
         let mut a = Attacher::load(pid_nz, cfg)?;
         a.set_arm_python_at_attach(arm);
         let attach_ts = monotonic_ns();
@@ -759,11 +766,11 @@ async fn load(
                 ts: monotonic_ns(),
             },
         );
-        Ok::<_, AttachError>((a, probed, attach_ts))
+        Ok::<_, AttachError>((a, probed, attach_ts, calibration))
     })
     .await
     .map_err(|e| LiveError::Kernel(format!("loading the eBPF programs: {e}")))?;
-    let (mut attacher, probed, attach_ts) = match loaded {
+    let (mut attacher, probed, attach_ts, calibration) = match loaded {
         Ok(l) => l,
         Err(e) => {
             let msg = attach::error_chain(&e);
@@ -805,6 +812,7 @@ async fn load(
         reader,
         probed,
         attach_ts,
+        calibration,
     })
 }
 
@@ -830,6 +838,7 @@ pub async fn run(
         reader,
         probed,
         attach_ts,
+        calibration,
     } = load(opts, &py, &mappings).await?;
     let mut run = Run {
         opts,
@@ -855,6 +864,7 @@ pub async fn run(
         funcs: HashMap::new(),
         stack_errors: 0,
         execed: false,
+        calibration,
     };
     if opts.stack_rate > 0 {
         match StackReader::from_target(&py, &run.mem) {
@@ -886,6 +896,7 @@ pub async fn run(
         launch_count_only: !opts.launch_events,
         overhead_budget_pct: Some(opts.overhead_budget * 100.0),
         identity: Some(crate::host::identity::of(pid)),
+        calibration: run.calibration,
     })))?;
 
     let report = &probed[0].report;
@@ -947,7 +958,10 @@ fn start_governing<F: FnMut(&StreamItem) -> Result<(), String>>(
     let _ = sampler.tick(monotonic_ns());
     let python = Governor::initial(opts.policy, opts.watch_first);
     let governor = Governor::new(
-        GovernorConfig::new(opts.policy, opts.overhead_budget),
+        GovernorConfig {
+            costs: crate::overhead::CostModel::for_machine(run.calibration.as_ref()),
+            ..GovernorConfig::new(opts.policy, opts.overhead_budget)
+        },
         monotonic_ns(),
         opts.launch_events,
         opts.watch_first,

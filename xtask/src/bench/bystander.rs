@@ -37,6 +37,9 @@ pub struct Bystander {
     pub verdict: String,
     pub steady_pct_of_cpu: Option<f64>,
     pub probe_sets: String,
+    /// serve's own CPU while attached, % of one core (its scans, its samplers: what the node
+    /// pays besides the bystander's probes).
+    pub serve_cpu_pct: Option<f64>,
 }
 
 impl Bystander {
@@ -73,7 +76,7 @@ pub fn measure(ctx: &mut Ctx, mode: &'static str) -> anyhow::Result<Bystander> {
         "bystander.py did not start: {first}"
     );
     std::thread::sleep(Duration::from_secs(SERVE_AT_S));
-    let (state, attach_s, on_ns, off_ns) = serve_beside(ctx, &dir, pid)?;
+    let (state, attach_s, on_ns, off_ns, serve_cpu_pct) = serve_beside(ctx, &dir, pid)?;
     let status = by.0.take().unwrap().wait()?;
     drop(stdout);
     ensure!(status.success(), "bystander.py: {status}");
@@ -81,13 +84,20 @@ pub fn measure(ctx: &mut Ctx, mode: &'static str) -> anyhow::Result<Bystander> {
         dir.join("truth.json.marks"),
         format!("{{\"on_ns\": {on_ns}, \"off_ns\": {off_ns}}}"),
     )?;
-    read_out(ctx, mode, &truth, &state, pid, attach_s)
+    let mut b = read_out(ctx, mode, &truth, &state, pid, attach_s)?;
+    b.serve_cpu_pct = serve_cpu_pct;
+    Ok(b)
 }
 
 /// `serve` started beside the bystander `pid`, kept up [`SERVE_FOR_S`] after its attach and
 /// stopped with SIGTERM: its state directory, the seconds to the attach, and the monotonic
-/// times of the attach and of the stop.
-fn serve_beside(ctx: &Ctx, dir: &Path, pid: u32) -> anyhow::Result<(PathBuf, f64, u64, u64)> {
+/// times of the attach and of the stop, and serve's CPU over that time (% of one core).
+#[allow(clippy::type_complexity)]
+fn serve_beside(
+    ctx: &Ctx,
+    dir: &Path,
+    pid: u32,
+) -> anyhow::Result<(PathBuf, f64, u64, u64, Option<f64>)> {
     let state = dir.join("state");
     let log = dir.join("serve.log");
     let t_serve = Instant::now();
@@ -114,13 +124,20 @@ fn serve_beside(ctx: &Ctx, dir: &Path, pid: u32) -> anyhow::Result<(PathBuf, f64
     }
     let attach_s = t_serve.elapsed().as_secs_f64();
     let on_ns = monotonic_ns();
+    let spid = serve.0.as_ref().unwrap().id();
+    let cpu_at_attach = super::runs::proc_sample(spid, ctx.clk_tck).map(|x| x.0);
     std::thread::sleep(Duration::from_secs(SERVE_FOR_S));
+    let cpu_at_stop = super::runs::proc_sample(spid, ctx.clk_tck).map(|x| x.0);
+    let held_s = (monotonic_ns() - on_ns) as f64 / 1e9;
+    let serve_cpu_pct = cpu_at_attach
+        .zip(cpu_at_stop)
+        .map(|(a, b)| 100.0 * (b - a) / held_s);
     let s = serve.0.take().unwrap();
     super::service::sigterm(s.id());
     let out = s.wait_with_output()?;
     ensure!(out.status.success(), "serve: {}", out.status);
     let off_ns = monotonic_ns();
-    Ok((state, attach_s, on_ns, off_ns))
+    Ok((state, attach_s, on_ns, off_ns, serve_cpu_pct))
 }
 
 /// The bystander's own timings (its truth file) and serve's summary of it.
@@ -167,6 +184,7 @@ fn read_out(
             .get("overhead.steady_pct_of_cpu")
             .and_then(|v| v.parse().ok()),
         probe_sets: o.get("overhead.probe_sets").cloned().unwrap_or_default(),
+        serve_cpu_pct: None,
     })
 }
 
@@ -183,13 +201,18 @@ pub fn section(runs: &[Bystander], daemon: &str, load: &str) -> String {
          within 2× of the measured value. Load average before: {load}.\n\n\
          The spread is max − min of the 1 s windows' mean unit before the attach (% of their \
          mean): a slowdown inside it is noise of this machine, not the daemon.\n\n\
+         A slowdown within that spread is \"not resolved at this noise\": the measurement says \
+         only that the cost is below the spread. The daemon's estimate counts probe hits × \
+         per-hit costs: where no probe was hit it has nothing to estimate, and says so instead \
+         of a 0. serve CPU = serve's own CPU time while attached (its scans and samplers), % of \
+         one core: what the node pays besides the bystander.\n\n\
          | bystander | units before / during / after | mean unit before / during / after | \
-         slowdown | 1 s spread before | daemon's estimate | verdict | attached after | probe sets |\n\
-         |---|---|---|---|---|---|---|---|---|\n"
+         slowdown | 1 s spread before | resolved | daemon's estimate | serve CPU | verdict | attached after | probe sets |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for b in runs {
         s += &format!(
-            "| `{}` | {} / {} / {} | {:.1} / {:.1} / {:.1} µs | **{:+.2} %** | {} | {} | {} | {:.2} s | {} |\n",
+            "| `{}` | {} / {} / {} | {:.1} / {:.1} / {:.1} µs | **{:+.2} %** | {} | {} | {} | {} | {} | {:.2} s | {} |\n",
             b.mode,
             b.before.1,
             b.during.1,
@@ -199,8 +222,19 @@ pub fn section(runs: &[Bystander], daemon: &str, load: &str) -> String {
             b.after.0,
             b.slowdown() * 100.0,
             b.spread_pct.map_or("—".to_owned(), |p| format!("{p:.1} %")),
-            b.steady_pct_of_cpu
-                .map_or("—".to_owned(), |p| format!("{p:.3} %")),
+            match b.spread_pct {
+                Some(p) if (b.slowdown() * 100.0).abs() <= p =>
+                    "not resolved at this noise".to_owned(),
+                Some(_) => "yes".to_owned(),
+                None => "—".to_owned(),
+            },
+            match (b.steady_pct_of_cpu, b.probe_sets.contains("watching")) {
+                (Some(0.0), true) => "none: no probe hit (markers only)".to_owned(),
+                (Some(p), _) => format!("{p:.3} %"),
+                (None, _) => "—".to_owned(),
+            },
+            b.serve_cpu_pct
+                .map_or("—".to_owned(), |p| format!("{p:.2} % of a core")),
             b.verdict,
             b.attach_s,
             b.probe_sets.replace('|', "/"),
