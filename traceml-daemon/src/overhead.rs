@@ -131,7 +131,7 @@ impl Markers {
 
 /// How the governor may choose probes (`--probe-set`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Policy {
+pub enum ProbePolicy {
     /// Watch with torch's markers only until the process trains, then learn the loop with every
     /// probe for a bounded time, then keep only what the budget allows.
     #[default]
@@ -146,7 +146,7 @@ pub enum Policy {
 /// Governor settings.
 #[derive(Clone, Copy, Debug)]
 pub struct GovernorConfig {
-    pub policy: Policy,
+    pub policy: ProbePolicy,
     /// Budget as a fraction of step time, or of the target's CPU time where no step is found
     /// (0.005 = 0.5 %).
     pub budget: f64,
@@ -168,7 +168,7 @@ pub struct GovernorConfig {
 }
 
 impl GovernorConfig {
-    pub fn new(policy: Policy, budget: f64) -> Self {
+    pub fn new(policy: ProbePolicy, budget: f64) -> Self {
         GovernorConfig {
             policy,
             budget,
@@ -203,7 +203,7 @@ pub struct Tick {
 
 /// The probe set the governor wants from now on.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Decision {
+pub struct ProbeDecision {
     pub python: bool,
     pub launch_events: bool,
     /// Place the probes held back while watching (CUDA runtime and driver, NCCL).
@@ -260,7 +260,7 @@ pub struct Governor {
 }
 
 impl Governor {
-    /// `launch_events`: the launch mode at attach; `watch_first`: under [`Policy::Auto`], watch
+    /// `launch_events`: the launch mode at attach; `watch_first`: under [`ProbePolicy::Auto`], watch
     /// for training markers before anything costly (else learn from the attach, bounded).
     pub fn new(cfg: GovernorConfig, now: u64, launch_events: bool, watch_first: bool) -> Self {
         Governor {
@@ -268,8 +268,8 @@ impl Governor {
             python: Self::initial(cfg.policy, watch_first),
             launch_events,
             stage: match cfg.policy {
-                Policy::Auto if watch_first => Stage::Watching,
-                Policy::Auto => Stage::Learning,
+                ProbePolicy::Auto if watch_first => Stage::Watching,
+                ProbePolicy::Auto => Stage::Learning,
                 _ => Stage::Steady,
             },
             learning_since: now,
@@ -303,18 +303,18 @@ impl Governor {
     }
 
     /// Whether the frame-evaluator probe is armed at attach under `policy`.
-    pub fn initial(policy: Policy, watch_first: bool) -> bool {
-        policy == Policy::Full || (policy == Policy::Auto && !watch_first)
+    pub fn initial(policy: ProbePolicy, watch_first: bool) -> bool {
+        policy == ProbePolicy::Full || (policy == ProbePolicy::Auto && !watch_first)
     }
 
     /// Whether the CUDA and NCCL probes wait for the first training marker under `policy`.
-    pub fn defers_libraries(policy: Policy, watch_first: bool) -> bool {
-        policy == Policy::Auto && watch_first
+    pub fn defers_libraries(policy: ProbePolicy, watch_first: bool) -> bool {
+        policy == ProbePolicy::Auto && watch_first
     }
 
     /// One look at the counters (about once a second, 4× while watching or learning); `Some`
     /// when the probe set should change.
-    pub fn tick(&mut self, t: Tick) -> Option<Decision> {
+    pub fn tick(&mut self, t: Tick) -> Option<ProbeDecision> {
         let prev = self.last.replace(t.stats);
         let prev_cpu = std::mem::replace(&mut self.last_cpu_ns, t.cpu_ns);
         let d = prev.map(|p| delta(&p, &t.stats)).unwrap_or_default();
@@ -325,7 +325,7 @@ impl Governor {
             self.last_marker_ns = t.now;
             self.seen_markers = true;
         }
-        let mut want = Decision {
+        let mut want = ProbeDecision {
             python: self.python,
             launch_events: self.launch_events,
             attach_all: false,
@@ -367,7 +367,7 @@ impl Governor {
         // The budget, whatever the stage but learning (bounded in time): the added time
         // against the wall time of the steps when the markers delimit steps, else against the
         // target's own CPU time.
-        if self.launch_events && self.cfg.policy != Policy::Full && !self.learning() {
+        if self.launch_events && self.cfg.policy != ProbePolicy::Full && !self.learning() {
             let base = if steps > 0 {
                 interval
             } else {
@@ -394,7 +394,7 @@ impl Governor {
     }
 
     /// Watching, and training markers came: every probe placed, the loop learned.
-    fn end_watching(&mut self, t: &Tick, want: &mut Decision, reasons: &mut Vec<String>) {
+    fn end_watching(&mut self, t: &Tick, want: &mut ProbeDecision, reasons: &mut Vec<String>) {
         want.attach_all = true;
         want.python = true;
         reasons.push(format!(
@@ -411,7 +411,7 @@ impl Governor {
         &mut self,
         t: &Tick,
         steps: u64,
-        want: &mut Decision,
+        want: &mut ProbeDecision,
         reasons: &mut Vec<String>,
     ) {
         if t.markers.any()
@@ -437,7 +437,7 @@ impl Governor {
             let wall = self.learn_wall_ns.max(1) as f64;
             let cost = self.cfg.costs.python(self.learn_py) / wall;
             let others = self.learn_other_ns / wall;
-            if self.cfg.policy == Policy::Auto
+            if self.cfg.policy == ProbePolicy::Auto
                 && self.learn_wall_ns > 0
                 && cost + others <= self.cfg.budget
             {
@@ -487,10 +487,10 @@ impl Governor {
         t: &Tick,
         first_markers: bool,
         paused_ns: u64,
-        want: &mut Decision,
+        want: &mut ProbeDecision,
         reasons: &mut Vec<String>,
     ) {
-        if self.cfg.policy == Policy::Auto
+        if self.cfg.policy == ProbePolicy::Auto
             && !self.python
             && t.markers.any()
             && (first_markers || paused_ns >= self.relearn_after_ns)
@@ -559,7 +559,7 @@ impl Governor {
     }
 }
 
-impl Decision {
+impl ProbeDecision {
     /// Whether the frame evaluator's hits `d` over `interval` ns of steps stay within the
     /// governor's budget (kept armed: re-checked each tick, detached past the whole budget).
     fn python_steady_over(&self, d: &ProbeStats, interval: u64, g: &Governor) -> bool {
@@ -702,8 +702,8 @@ mod tests {
 
     #[test]
     fn watches_until_training_markers_then_learns_and_detaches() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
-        assert!(g.watching() && !Governor::initial(Policy::Auto, true));
+        let mut g = Governor::new(GovernorConfig::new(ProbePolicy::Auto, 0.005), 0, true, true);
+        assert!(g.watching() && !Governor::initial(ProbePolicy::Auto, true));
         // No marker: nothing is armed, nothing changes, for as long as it lasts.
         for i in 1..100 {
             assert_eq!(g.tick(tick(i * S, NONE, true)), None);
@@ -728,9 +728,14 @@ mod tests {
 
     #[test]
     fn pid_mode_learns_from_the_attach_bounded_then_learns_the_first_markers() {
-        assert!(Governor::initial(Policy::Auto, false));
-        assert!(!Governor::defers_libraries(Policy::Auto, false));
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, false);
+        assert!(Governor::initial(ProbePolicy::Auto, false));
+        assert!(!Governor::defers_libraries(ProbePolicy::Auto, false));
+        let mut g = Governor::new(
+            GovernorConfig::new(ProbePolicy::Auto, 0.005),
+            0,
+            true,
+            false,
+        );
         assert!(g.learning());
         // A process that does not train: the probe goes after 10 s.
         for i in 1..10 {
@@ -752,7 +757,12 @@ mod tests {
 
     #[test]
     fn steps_without_a_backward_do_not_end_the_learning() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, false);
+        let mut g = Governor::new(
+            GovernorConfig::new(ProbePolicy::Auto, 0.005),
+            0,
+            true,
+            false,
+        );
         let validation = Markers {
             dataloader: 3,
             ..NONE
@@ -772,7 +782,7 @@ mod tests {
         // Three steps to learn (the default needs one): the bound, not the count, is tested.
         let cfg = GovernorConfig {
             learn_steps: 3,
-            ..GovernorConfig::new(Policy::Auto, 0.005)
+            ..GovernorConfig::new(ProbePolicy::Auto, 0.005)
         };
         let mut g = Governor::new(cfg, 0, true, false);
         for i in 1..9 {
@@ -797,7 +807,7 @@ mod tests {
 
     #[test]
     fn learning_is_bounded_and_a_fruitless_one_backs_off() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
+        let mut g = Governor::new(GovernorConfig::new(ProbePolicy::Auto, 0.005), 0, true, true);
         // A backward now and then (a process that trains something tiny, or fine-tunes once),
         // no DataLoader or optimizer step: no step is delimited.
         let rare = Markers {
@@ -818,7 +828,7 @@ mod tests {
         let d = g.tick(tick(123 * S, NONE, true)).expect("bounded");
         assert!(d.reason.contains("120 s"), "{}", d.reason);
         // The pause never grows past its cap.
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
+        let mut g = Governor::new(GovernorConfig::new(ProbePolicy::Auto, 0.005), 0, true, true);
         let mut now = 0;
         for _ in 0..20 {
             now += 2000 * S;
@@ -828,13 +838,13 @@ mod tests {
         }
         assert_eq!(
             g.relearn_after_ns,
-            GovernorConfig::new(Policy::Auto, 0.0).relearn_max_ns
+            GovernorConfig::new(ProbePolicy::Auto, 0.0).relearn_max_ns
         );
     }
 
     #[test]
     fn relearns_when_markers_return_after_a_pause() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Auto, 0.005), 0, true, true);
+        let mut g = Governor::new(GovernorConfig::new(ProbePolicy::Auto, 0.005), 0, true, true);
         g.tick(tick(S, TRAINING, true)).expect("training");
         g.tick(tick(2 * S, TRAINING, true)).expect("learned");
         // Silence does not re-arm anything (an inference phase, a long pause).
@@ -860,7 +870,7 @@ mod tests {
 
     #[test]
     fn full_and_markers_policies_never_switch_python() {
-        for (policy, python) in [(Policy::Full, true), (Policy::Markers, false)] {
+        for (policy, python) in [(ProbePolicy::Full, true), (ProbePolicy::Markers, false)] {
             assert_eq!(Governor::initial(policy, true), python);
             assert!(!Governor::defers_libraries(policy, true));
             let mut g = Governor::new(GovernorConfig::new(policy, 0.005), 0, true, true);
@@ -878,7 +888,12 @@ mod tests {
 
     #[test]
     fn launch_storm_switches_to_count_mode() {
-        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true, true);
+        let mut g = Governor::new(
+            GovernorConfig::new(ProbePolicy::Markers, 0.005),
+            0,
+            true,
+            true,
+        );
         let m = Markers {
             dataloader: 100,
             optimizer: 100,
@@ -902,7 +917,12 @@ mod tests {
     #[test]
     fn without_steps_the_budget_is_a_share_of_the_targets_cpu_time() {
         // An inference server: launches, no marker. 0.5 s of CPU a second.
-        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true, true);
+        let mut g = Governor::new(
+            GovernorConfig::new(ProbePolicy::Markers, 0.005),
+            0,
+            true,
+            true,
+        );
         let at = |now: u64, launch: u64, cpu: u64| Tick {
             stats: stats(now, 0, launch),
             cpu_ns: Some(cpu),
@@ -918,7 +938,12 @@ mod tests {
             "{d:?}"
         );
         // Without /proc: no judgement, no switch.
-        let mut g = Governor::new(GovernorConfig::new(Policy::Markers, 0.005), 0, true, true);
+        let mut g = Governor::new(
+            GovernorConfig::new(ProbePolicy::Markers, 0.005),
+            0,
+            true,
+            true,
+        );
         let blind = |now: u64, launch: u64| Tick {
             stats: stats(now, 0, launch),
             cpu_ns: None,

@@ -41,12 +41,12 @@ fn promtool_checks_and_tests_the_shipped_rules() {
 /// the exposition of a rank with every value known.
 #[test]
 fn the_rules_read_only_exported_series() {
-    use traceml_daemon::metrics::{Exporter, JobInfo, RankValues};
+    use traceml_daemon::metrics::{Exporter, JobLabels, RankValues};
     let mut e = Exporter::default();
     e.attached(
         "j",
         "0",
-        JobInfo {
+        JobLabels {
             job_id: Some("id".into()),
             node: "n".into(),
             ..Default::default()

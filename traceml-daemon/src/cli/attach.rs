@@ -200,7 +200,9 @@ fn run_one(
 ) -> Result<Option<crate::summary::Summary>, Error> {
     let mut list: Vec<Box<dyn Sink>> = Vec::new();
     if let Some(p) = &args.record {
-        list.push(Box::new(sinks::Recording::create(p).map_err(Error::Usage)?));
+        list.push(Box::new(
+            sinks::RecordingSink::create(p).map_err(Error::Usage)?,
+        ));
     }
     if let Some(exporter) = metrics(args.metrics_addr.as_deref())? {
         let label = job_label(dir, opts.pid);

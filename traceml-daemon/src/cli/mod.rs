@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
-use crate::overhead::Policy;
+use crate::overhead::ProbePolicy;
 use crate::sanitize::terminal;
 
 mod attach;
@@ -74,8 +74,8 @@ pub struct AttachArgs {
     /// estimated cost under --overhead-budget (the frame-evaluator probe is detached once
     /// torch's markers delimit the steps); `full` keeps every probe; `markers` never arms the
     /// frame-evaluator probe.
-    #[arg(long, value_enum, default_value_t = Policy::Auto)]
-    pub probe_set: Policy,
+    #[arg(long, value_enum, default_value_t = ProbePolicy::Auto)]
+    pub probe_set: ProbePolicy,
     /// The daemon's budget on the target, in percent of step time (the governor's target).
     #[arg(long, default_value_t = 0.5)]
     pub overhead_budget: f64,
@@ -221,8 +221,8 @@ pub struct ServeArgs {
     /// Seconds between scans of /proc for new training processes [default: 1].
     #[arg(long)]
     pub scan_interval: Option<f64>,
-    #[arg(long, value_enum, default_value_t = Policy::Auto)]
-    pub probe_set: Policy,
+    #[arg(long, value_enum, default_value_t = ProbePolicy::Auto)]
+    pub probe_set: ProbePolicy,
     /// Percent of each target's step time the probes may cost [default: 0.5].
     #[arg(long)]
     pub overhead_budget: Option<f64>,

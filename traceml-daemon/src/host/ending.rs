@@ -451,20 +451,20 @@ impl Watch {
             self.events.is_some(),
         );
         match decision {
-            Decision::Running => None,
-            Decision::Exiting => Some(self.wait_for_status(EXIT_WAIT, None)),
+            Fate::Running => None,
+            Fate::Exiting => Some(self.wait_for_status(EXIT_WAIT, None)),
             // The kernel queues the exit event just after the process becomes a zombie, and
             // its parent may reap it at once: a process gone without a word may have its
             // event on the way.
-            Decision::Ended(r, e) if e.exit_status.is_none() && e.signal.is_none() => {
+            Fate::Ended(r, e) if e.exit_status.is_none() && e.signal.is_none() => {
                 if self.events.is_some() {
                     Some(self.wait_for_status(Duration::from_millis(100), Some((r, e))))
                 } else {
                     Some((r, e))
                 }
             }
-            Decision::Ended(r, e) => Some((r, e)),
-            Decision::Execed => Some((
+            Fate::Ended(r, e) => Some((r, e)),
+            Fate::Execed => Some((
                 EndReason::TargetExeced,
                 TargetEnd {
                     exec: program_of(self.pid),
@@ -497,10 +497,10 @@ impl Watch {
             }
             let connector = self.events.is_some();
             let unknown = match decide(self.start, None, None, stat, self.seen, connector) {
-                Decision::Ended(r, e) if e.exit_status.is_some() || e.signal.is_some() => {
+                Fate::Ended(r, e) if e.exit_status.is_some() || e.signal.is_some() => {
                     return (r, e);
                 }
-                Decision::Ended(r, e) => Some((r, e)),
+                Fate::Ended(r, e) => Some((r, e)),
                 _ => None,
             };
             let late = Instant::now() >= deadline;
@@ -525,7 +525,7 @@ impl Watch {
 
 /// What one look at the target concludes.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Decision {
+pub enum Fate {
     Running,
     /// In `do_exit`: the status comes soon.
     Exiting,
@@ -542,9 +542,9 @@ pub fn decide(
     stat: Option<Stat>,
     seen: Seen,
     connector: bool,
-) -> Decision {
+) -> Fate {
     let unknown = |why: &str| {
-        Decision::Ended(
+        Fate::Ended(
             EndReason::TargetExited,
             TargetEnd {
                 source: format!("status unknown: {why}"),
@@ -561,7 +561,7 @@ pub fn decide(
     if let Some(code) = seen.exit {
         // The main thread has exited: the process ends (or lingers as a zombie leader).
         let (r, e) = from_wait_status(code, "process events connector");
-        return Decision::Ended(r, e);
+        return Fate::Ended(r, e);
     }
     let Some(st) = stat else {
         return unknown(gone_why);
@@ -575,21 +575,21 @@ pub fn decide(
         return match st.exit_code {
             Some(code) => {
                 let (r, e) = from_wait_status(code, "/proc/<pid>/stat of the zombie");
-                Decision::Ended(r, e)
+                Fate::Ended(r, e)
             }
             None => unknown("the kernel does not show a zombie's exit code"),
         };
     }
     if st.exiting() {
-        return Decision::Exiting;
+        return Fate::Exiting;
     }
     if seen.exec {
-        return Decision::Execed;
+        return Fate::Execed;
     }
     match python_base_now {
         // The evaluator's file moved or is gone from a process that is not exiting: execve.
-        Some(now) if now != python_base => Decision::Execed,
-        _ => Decision::Running,
+        Some(now) if now != python_base => Fate::Execed,
+        _ => Fate::Running,
     }
 }
 
@@ -655,7 +655,7 @@ mod tests {
 
     const BASE: Option<u64> = Some(0x7f00_0000_0000);
 
-    fn decide_now(now: Option<Option<u64>>, line: &str, seen: Seen) -> Decision {
+    fn decide_now(now: Option<Option<u64>>, line: &str, seen: Seen) -> Fate {
         decide(Some(1234567), BASE, now, stat(line), seen, false)
     }
 
@@ -664,36 +664,33 @@ mod tests {
         // Maps emptied by exit_mm, state still R: the misreport this module fixes.
         assert_eq!(
             decide_now(Some(None), EXITING, Seen::default()),
-            Decision::Exiting
+            Fate::Exiting
         );
-        assert_eq!(
-            decide_now(None, EXITING, Seen::default()),
-            Decision::Exiting
-        );
+        assert_eq!(decide_now(None, EXITING, Seen::default()), Fate::Exiting);
         assert_eq!(
             decide_now(Some(BASE), RUNNING, Seen::default()),
-            Decision::Running
+            Fate::Running
         );
         // Not exiting, libpython gone or moved: execve.
         assert_eq!(
             decide_now(Some(None), RUNNING, Seen::default()),
-            Decision::Execed
+            Fate::Execed
         );
         assert_eq!(
             decide_now(Some(Some(1)), RUNNING, Seen::default()),
-            Decision::Execed
+            Fate::Execed
         );
         let exec = Seen {
             exec: true,
             exit: None,
         };
-        assert_eq!(decide_now(Some(BASE), RUNNING, exec), Decision::Execed);
+        assert_eq!(decide_now(Some(BASE), RUNNING, exec), Fate::Execed);
     }
 
     #[test]
     fn ends_with_the_status_when_known() {
         match decide_now(Some(None), ZOMBIE, Seen::default()) {
-            Decision::Ended(EndReason::TargetExited, e) => assert_eq!(e.exit_status, Some(3)),
+            Fate::Ended(EndReason::TargetExited, e) => assert_eq!(e.exit_status, Some(3)),
             d => panic!("{d:?}"),
         }
         let killed = Seen {
@@ -701,7 +698,7 @@ mod tests {
             exec: false,
         };
         match decide_now(Some(None), EXITING, killed) {
-            Decision::Ended(EndReason::TargetKilled, e) => {
+            Fate::Ended(EndReason::TargetKilled, e) => {
                 assert_eq!(e.signal_name.as_deref(), Some("SIGTERM"));
                 assert_eq!(e.source, "process events connector");
             }
@@ -709,7 +706,7 @@ mod tests {
         }
         // Gone without a word: exited, status unknown, and why.
         match decide(Some(1), BASE, None, None, Seen::default(), false) {
-            Decision::Ended(EndReason::TargetExited, e) => {
+            Fate::Ended(EndReason::TargetExited, e) => {
                 assert_eq!(e.exit_status, None);
                 assert!(e.source.contains("not the daemon's child"), "{}", e.source);
             }
@@ -724,7 +721,7 @@ mod tests {
             Seen::default(),
             true,
         ) {
-            Decision::Ended(EndReason::TargetExited, e) => {
+            Fate::Ended(EndReason::TargetExited, e) => {
                 assert!(e.source.contains("another process"), "{}", e.source)
             }
             d => panic!("{d:?}"),

@@ -6,7 +6,7 @@
 //! command line and stay workers. A process with no rank in its environment is a job of one.
 use std::collections::HashMap;
 
-use crate::host::policy::ProcInfo;
+use crate::host::policy::ProcFacts;
 use crate::host::procinfo;
 
 /// One rank process.
@@ -172,7 +172,7 @@ pub fn rendezvous_of(env: &HashMap<String, String>) -> (Option<String>, Option<S
 }
 
 /// Reads what the policy needs about one process; `None` when it vanished or is unreadable.
-pub fn proc_info(pid: u32) -> Option<ProcInfo> {
+pub fn proc_info(pid: u32) -> Option<ProcFacts> {
     let stat = procinfo::stat(pid)?;
     let uid = procinfo::uid(pid)?;
     let cmdline = procinfo::cmdline_args(pid)?
@@ -193,7 +193,7 @@ pub fn proc_info(pid: u32) -> Option<ProcInfo> {
     }
     let disable_env = if python && torch { opt_out(pid) } else { None };
     let cgroup = procinfo::cgroup(pid).unwrap_or_default();
-    Some(ProcInfo {
+    Some(ProcFacts {
         pid,
         ppid: stat.ppid as u32,
         uid,

@@ -1,6 +1,6 @@
 //! Whom `serve` attaches to: the node's training processes (Python processes that map libtorch,
 //! not launchers, not DataLoader workers), filtered by the operator's policy and by each
-//! target's own opt-out. Pure: a [`ProcInfo`] in, a [`Decision`] out; `serve` reads /proc.
+//! target's own opt-out. Pure: a [`ProcFacts`] in, a [`AttachDecision`] out; `serve` reads /proc.
 //!
 //! Defaults: every user's training processes are candidates; a target opts out with
 //! `TRACEML_DISABLE=1` in its environment; launchers (`torchrun`, `torch.distributed.run`,
@@ -20,7 +20,7 @@ use serde::Deserialize;
 
 /// What the policy needs to know about a process.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcInfo {
+pub struct ProcFacts {
     pub pid: u32,
     pub ppid: u32,
     pub uid: u32,
@@ -41,7 +41,7 @@ pub struct ProcInfo {
 
 /// The policy's answer for one process.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum AttachDecision {
     Attach,
     /// Not a training process (yet): not Python, or torch not loaded.
     NotTraining,
@@ -86,7 +86,7 @@ impl UserRef {
         }
     }
 
-    fn matches(&self, p: &ProcInfo) -> bool {
+    fn matches(&self, p: &ProcFacts) -> bool {
         match self {
             UserRef::Uid(u) => *u == p.uid,
             UserRef::Name { name, uid } => {
@@ -188,61 +188,61 @@ impl Policy {
 
     /// Decides for `p`; `parent` is its parent when that is a Python process mapping torch (a
     /// forked DataLoader worker has the same command line as its training process).
-    pub fn decide(&self, p: &ProcInfo, parent: Option<&ProcInfo>) -> Decision {
+    pub fn decide(&self, p: &ProcFacts, parent: Option<&ProcFacts>) -> AttachDecision {
         if !(p.python && p.torch) {
-            return Decision::NotTraining;
+            return AttachDecision::NotTraining;
         }
         if is_launcher(&p.cmdline) {
-            return Decision::Launcher;
+            return AttachDecision::Launcher;
         }
         if is_mp_worker(&p.cmdline)
             || parent.is_some_and(|q| q.python && q.torch && q.cmdline == p.cmdline)
         {
-            return Decision::Worker;
+            return AttachDecision::Worker;
         }
         if p.disable_env
             .as_deref()
             .is_some_and(|v| !v.is_empty() && v != "0")
         {
-            return Decision::OptedOut;
+            return AttachDecision::OptedOut;
         }
         let line = p.cmdline.join(" ");
         if self.exclude.is_match(&line) {
-            return Decision::Excluded("its command line matches --exclude".into());
+            return AttachDecision::Excluded("its command line matches --exclude".into());
         }
         if self.include.as_ref().is_some_and(|g| !g.is_match(&line)) {
-            return Decision::Excluded("its command line matches no --include".into());
+            return AttachDecision::Excluded("its command line matches no --include".into());
         }
         let who = || match &p.user {
             Some(name) => format!("user {} ({name})", p.uid),
             None => format!("user {}", p.uid),
         };
         if self.exclude_users.iter().any(|u| u.matches(p)) {
-            return Decision::Excluded(format!("{} is excluded", who()));
+            return AttachDecision::Excluded(format!("{} is excluded", who()));
         }
         if p.user.is_none()
             && let Some(name) = self.exclude_users.iter().find_map(UserRef::unknown)
         {
-            return Decision::Excluded(format!(
+            return AttachDecision::Excluded(format!(
                 "{} has no name the name service knows, and exclude_users names {name:?}, \
                  which it does not know either: excluded rather than risk that user's job",
                 who()
             ));
         }
         if !self.include_users.is_empty() && !self.include_users.iter().any(|u| u.matches(p)) {
-            return Decision::Excluded(format!("{} is not included", who()));
+            return AttachDecision::Excluded(format!("{} is not included", who()));
         }
         if self.exclude_cgroups.is_match(&p.cgroup) {
-            return Decision::Excluded(format!("cgroup {} is excluded", p.cgroup));
+            return AttachDecision::Excluded(format!("cgroup {} is excluded", p.cgroup));
         }
         if self
             .include_cgroups
             .as_ref()
             .is_some_and(|g| !g.is_match(&p.cgroup))
         {
-            return Decision::Excluded(format!("cgroup {} is not included", p.cgroup));
+            return AttachDecision::Excluded(format!("cgroup {} is not included", p.cgroup));
         }
-        Decision::Attach
+        AttachDecision::Attach
     }
 }
 
@@ -250,8 +250,8 @@ impl Policy {
 mod tests {
     use super::*;
 
-    fn train(cmd: &str) -> ProcInfo {
-        ProcInfo {
+    fn train(cmd: &str) -> ProcFacts {
+        ProcFacts {
             pid: 10,
             ppid: 1,
             uid: 1000,
@@ -281,10 +281,13 @@ mod tests {
     #[test]
     fn defaults() {
         let p = policy(PolicyConfig::default());
-        assert_eq!(p.decide(&train("python train.py"), None), Decision::Attach);
+        assert_eq!(
+            p.decide(&train("python train.py"), None),
+            AttachDecision::Attach
+        );
         let mut no_torch = train("python train.py");
         no_torch.torch = false;
-        assert_eq!(p.decide(&no_torch, None), Decision::NotTraining);
+        assert_eq!(p.decide(&no_torch, None), AttachDecision::NotTraining);
         for launcher in [
             "/usr/bin/python3 /venv/bin/torchrun --nproc_per_node=2 train.py",
             "torchrun --nproc_per_node=2 train.py",
@@ -293,21 +296,21 @@ mod tests {
         ] {
             assert_eq!(
                 p.decide(&train(launcher), None),
-                Decision::Launcher,
+                AttachDecision::Launcher,
                 "{launcher}"
             );
         }
         let parent = train("python train.py");
         let mut worker = train("python train.py");
         worker.ppid = parent.pid;
-        assert_eq!(p.decide(&worker, Some(&parent)), Decision::Worker);
+        assert_eq!(p.decide(&worker, Some(&parent)), AttachDecision::Worker);
         let spawned = train("python -c from multiprocessing.spawn import spawn_main; spawn_main()");
-        assert_eq!(p.decide(&spawned, None), Decision::Worker);
+        assert_eq!(p.decide(&spawned, None), AttachDecision::Worker);
         // A rank started by a launcher has its own command line: a target.
         let launcher = train("python -m torch.distributed.run train.py");
         assert_eq!(
             p.decide(&train("python -u train.py"), Some(&launcher)),
-            Decision::Attach
+            AttachDecision::Attach
         );
     }
 
@@ -315,10 +318,10 @@ mod tests {
     fn opt_out() {
         let p = policy(PolicyConfig::default());
         for (v, want) in [
-            ("1", Decision::OptedOut),
-            ("yes", Decision::OptedOut),
-            ("0", Decision::Attach),
-            ("", Decision::Attach),
+            ("1", AttachDecision::OptedOut),
+            ("yes", AttachDecision::OptedOut),
+            ("0", AttachDecision::Attach),
+            ("", AttachDecision::Attach),
         ] {
             let mut t = train("python train.py");
             t.disable_env = Some(v.into());
@@ -335,35 +338,44 @@ mod tests {
             include_cgroups: vec!["/user.slice/**".into(), "/kubepods.slice/**".into()],
             ..PolicyConfig::default()
         });
-        assert_eq!(p.decide(&train("python train.py"), None), Decision::Attach);
+        assert_eq!(
+            p.decide(&train("python train.py"), None),
+            AttachDecision::Attach
+        );
         assert!(matches!(
             p.decide(&train("python serve.py"), None),
-            Decision::Excluded(_)
+            AttachDecision::Excluded(_)
         ));
         assert!(matches!(
             p.decide(&train("python train.py --debug"), None),
-            Decision::Excluded(_)
+            AttachDecision::Excluded(_)
         ));
         let mut bob = train("python train.py");
         bob.user = Some("bob".into());
-        assert!(matches!(p.decide(&bob, None), Decision::Excluded(_)));
+        assert!(matches!(p.decide(&bob, None), AttachDecision::Excluded(_)));
         let mut root = train("python train.py");
         root.uid = 0;
         root.user = None;
-        assert!(matches!(p.decide(&root, None), Decision::Excluded(_)));
+        assert!(matches!(p.decide(&root, None), AttachDecision::Excluded(_)));
         // bob's process seen without a name (its name could not be looked up when it was
         // found): matched by the uid his name resolved to.
         let mut bob_by_uid = train("python train.py");
         bob_by_uid.uid = 1001;
         bob_by_uid.user = None;
-        assert!(matches!(p.decide(&bob_by_uid, None), Decision::Excluded(_)));
+        assert!(matches!(
+            p.decide(&bob_by_uid, None),
+            AttachDecision::Excluded(_)
+        ));
         assert!(p.unknown_users().is_empty());
         let mut docker = train("python train.py");
         docker.cgroup = "/system.slice/docker-0123abcd.scope".into();
-        assert!(matches!(p.decide(&docker, None), Decision::Excluded(_)));
+        assert!(matches!(
+            p.decide(&docker, None),
+            AttachDecision::Excluded(_)
+        ));
         let mut pod = train("python train.py");
         pod.cgroup = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-ab.scope".into();
-        assert_eq!(p.decide(&pod, None), Decision::Attach);
+        assert_eq!(p.decide(&pod, None), AttachDecision::Attach);
     }
 
     /// An excluded name nobody knows: a process whose user has no name either may be that
@@ -375,12 +387,15 @@ mod tests {
             ..PolicyConfig::default()
         });
         assert_eq!(p.unknown_users(), ["dave"]);
-        assert_eq!(p.decide(&train("python train.py"), None), Decision::Attach);
+        assert_eq!(
+            p.decide(&train("python train.py"), None),
+            AttachDecision::Attach
+        );
         let mut nameless = train("python train.py");
         nameless.uid = 4242;
         nameless.user = None;
         match p.decide(&nameless, None) {
-            Decision::Excluded(why) => assert!(why.contains("\"dave\""), "{why}"),
+            AttachDecision::Excluded(why) => assert!(why.contains("\"dave\""), "{why}"),
             d => panic!("{d:?}"),
         }
         let only = policy(PolicyConfig {
@@ -389,17 +404,17 @@ mod tests {
         });
         assert_eq!(
             only.decide(&train("python train.py"), None),
-            Decision::Attach
+            AttachDecision::Attach
         );
         let mut carol = train("python train.py");
         carol.uid = 1002;
         carol.user = None;
-        assert_eq!(only.decide(&carol, None), Decision::Attach);
+        assert_eq!(only.decide(&carol, None), AttachDecision::Attach);
         let mut bob = train("python train.py");
         bob.uid = 1001;
         bob.user = Some("bob".into());
         match only.decide(&bob, None) {
-            Decision::Excluded(why) => assert_eq!(why, "user 1001 (bob) is not included"),
+            AttachDecision::Excluded(why) => assert_eq!(why, "user 1001 (bob) is not included"),
             d => panic!("{d:?}"),
         }
     }

@@ -227,7 +227,7 @@ mod tests {
                 e.lock().unwrap().attached(
                     "python-1-x",
                     &r.to_string(),
-                    crate::metrics::JobInfo {
+                    crate::metrics::JobLabels {
                         pid: 1 + r as u32,
                         command: "python train.py --epochs 3".into(),
                         ..Default::default()

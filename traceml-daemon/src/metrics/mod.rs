@@ -191,7 +191,7 @@ pub fn gpu_utilization(s: &Sample) -> Option<f64> {
 
 /// Who a rank is: only in `traceml_job_info`.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct JobInfo {
+pub struct JobLabels {
     pub pid: u32,
     pub comm: String,
     /// The command line, joined with spaces.
@@ -213,21 +213,21 @@ pub struct JobInfo {
     pub node: String,
 }
 
-impl JobInfo {
+impl JobLabels {
     /// Pure: the series' values from what was read.
     pub fn with_identity(
         pid: u32,
         comm: String,
         command: String,
         id: &crate::event::Identity,
-    ) -> JobInfo {
+    ) -> JobLabels {
         let pod = match (&id.pod_namespace, &id.pod_name, &id.pod_uid) {
             (Some(ns), Some(name), _) => Some(format!("{ns}/{name}")),
             (None, Some(name), _) => Some(name.clone()),
             (_, None, Some(uid)) => Some(uid.clone()),
             _ => None,
         };
-        JobInfo {
+        JobLabels {
             pid,
             comm,
             command,
@@ -238,7 +238,7 @@ impl JobInfo {
                 .map(|c| c.chars().take(12).collect()),
             pod,
             unit: id.unit.clone(),
-            ..JobInfo::default()
+            ..JobLabels::default()
         }
     }
 }
@@ -261,7 +261,7 @@ impl Verdict {
 
 #[derive(Clone, Debug)]
 struct Rank {
-    info: JobInfo,
+    info: JobLabels,
     values: Option<RankValues>,
     ended: Option<Instant>,
 }
@@ -302,7 +302,7 @@ impl Exporter {
     }
 
     /// A rank is being attached to (its info series appears; its values once [`Self::update`]d).
-    pub fn attached(&mut self, job: &str, rank: &str, info: JobInfo) {
+    pub fn attached(&mut self, job: &str, rank: &str, info: JobLabels) {
         self.jobs.entry(label(job)).or_default().ranks.insert(
             label(rank),
             Rank {
@@ -322,7 +322,7 @@ impl Exporter {
             .ranks
             .entry(label(rank))
             .or_insert_with(|| Rank {
-                info: JobInfo::default(),
+                info: JobLabels::default(),
                 values: None,
                 ended: None,
             });
@@ -425,7 +425,7 @@ type Labels = Vec<(&'static str, String)>;
 
 /// The identity labels of a series: `job` (this node's job directory), `job_id` (the job across
 /// nodes: [`crate::host::jobs::job_identity`], else `<node>/<job>`), and where known `node`.
-fn job_labels(job: &str, info: &JobInfo) -> Labels {
+fn job_labels(job: &str, info: &JobLabels) -> Labels {
     let mut l = vec![
         ("job", job.to_owned()),
         (
@@ -446,7 +446,7 @@ fn job_labels(job: &str, info: &JobInfo) -> Labels {
 
 /// A rank's labels: [`job_labels`], `rank` (the global `RANK`), and where known `local_rank`
 /// and `world_size`.
-fn rank_labels(job: &str, rank: &str, info: &JobInfo) -> Labels {
+fn rank_labels(job: &str, rank: &str, info: &JobLabels) -> Labels {
     let mut l = job_labels(job, info);
     l.insert(1, ("rank", rank.to_owned()));
     if let Some(lr) = info.local_rank {

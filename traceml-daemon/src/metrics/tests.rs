@@ -42,7 +42,7 @@ fn without_identity(series: &str) -> String {
 #[test]
 fn every_series_carries_the_job_identity() {
     let mut e = Exporter::default();
-    let info = |rank: u32| JobInfo {
+    let info = |rank: u32| JobLabels {
         job_id: Some("10.0.0.1:29500".into()),
         local_rank: Some(rank % 2),
         world_size: Some(4),
@@ -74,7 +74,7 @@ fn every_series_carries_the_job_identity() {
     e.attached(
         "python-1-y",
         "0",
-        JobInfo {
+        JobLabels {
             node: "node-b".into(),
             ..Default::default()
         },
@@ -136,7 +136,7 @@ fn exporter_with(sc: &fixtures::Scenario) -> (Exporter, Summary, StepTotals) {
     e.attached(
         "python-4242-20260101-000000",
         "0",
-        JobInfo {
+        JobLabels {
             pid: 4242,
             comm: "python".into(),
             command: "python train.py --lr 0.1".into(),
@@ -313,10 +313,10 @@ fn series_of_an_ended_job_go_after_the_retention_time() {
     let t0 = Instant::now();
     let mut e = Exporter::new(Duration::from_secs(300));
     for job in ["a", "b"] {
-        e.attached(job, "0", JobInfo::default());
+        e.attached(job, "0", JobLabels::default());
         e.update(job, "0", RankValues::default());
     }
-    e.attached("failed", "0", JobInfo::default());
+    e.attached("failed", "0", JobLabels::default());
     e.forget("failed", "0");
     assert_eq!(e.attached_jobs(), 2);
     e.ended("a", "0", t0);
@@ -335,7 +335,7 @@ fn series_of_an_ended_job_go_after_the_retention_time() {
     // Bounded: 1,000 jobs come and go, nothing is left of them.
     for i in 0..1000 {
         let job = format!("python-{i}-x");
-        e.attached(&job, "0", JobInfo::default());
+        e.attached(&job, "0", JobLabels::default());
         e.update(&job, "0", RankValues::default());
         e.ended(&job, "0", t0);
     }
@@ -351,7 +351,7 @@ fn hostile_names_cannot_break_the_exposition() {
         e.attached(
             &job,
             "0",
-            JobInfo {
+            JobLabels {
                 pid: 1,
                 comm: name.clone(),
                 command: format!("python {name}"),
@@ -573,10 +573,10 @@ fn job_info_says_where_the_process_runs() {
     let id = crate::host::identity::from_cgroup_path(
         "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_7980_1a2b_3c4d5e6f7a8b.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope",
     );
-    let i = JobInfo::with_identity(7, "python".into(), "python t.py".into(), &id);
+    let i = JobLabels::with_identity(7, "python".into(), "python t.py".into(), &id);
     assert_eq!(i.container.as_deref(), Some("0123456789ab"));
     assert!(i.pod.is_some(), "{id:?}");
-    let plain = JobInfo::with_identity(
+    let plain = JobLabels::with_identity(
         7,
         "python".into(),
         "python t.py".into(),

@@ -22,7 +22,7 @@ use crate::host::output::Owner;
 use crate::metrics::{self, Verdict};
 use crate::ranks::{RankRun, Stuck};
 use crate::render::files::{self, Stem};
-use crate::runtime::sinks::{self, Recording, SummaryFiles};
+use crate::runtime::sinks::{self, RecordingSink, SummaryFiles};
 use crate::runtime::target::Options;
 use crate::runtime::task::{self, Folds, Sink, Sinks};
 use crate::summary::{JobInfo, Summary};
@@ -155,7 +155,7 @@ impl Group {
         let mut list: Vec<Box<dyn Sink>> = Vec::new();
         if let Some(path) = &self.cfg.record {
             let path = crate::record::rank_path(path, p.rank, p.restart);
-            match Recording::create(&path) {
+            match RecordingSink::create(&path) {
                 Ok(r) => {
                     tracing::info!("rank {}: recording to {}", p.rank, path.display());
                     list.push(Box::new(r));

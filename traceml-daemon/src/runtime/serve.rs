@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::event::EndReason;
 use crate::host::jobs::{self, RankProc, proc_info};
-use crate::host::policy::{Decision, ProcInfo};
+use crate::host::policy::{AttachDecision, ProcFacts};
 use crate::metrics::http::Shared;
 use crate::runtime::group::{Group, GroupConfig};
 use crate::runtime::sinks::{Metrics, SummaryFiles};
@@ -154,7 +154,7 @@ struct HeldJob {
 struct Node {
     targets: HashMap<u32, Target>,
     /// The policy's decision per (pid, start time), logged once.
-    decided: HashMap<(u32, u64), Decision>,
+    decided: HashMap<(u32, u64), AttachDecision>,
     /// Processes attached once (a run that ended is not restarted on the same process, unless
     /// it ended because the process exec'd: its new program is looked at again).
     attached: std::collections::HashSet<(u32, u64)>,
@@ -345,7 +345,7 @@ impl Scan<'_> {
         // Read once per scan, and only for processes not settled yet: an attached target, a
         // process decided on (worker, launcher, excluded, opted out: until SIGHUP) or one that
         // runs no Python costs a read of /proc/<pid>/stat per scan, not of its maps.
-        let mut infos: HashMap<u32, Option<ProcInfo>> = HashMap::new();
+        let mut infos: HashMap<u32, Option<ProcFacts>> = HashMap::new();
         let now = Instant::now();
         for &pid in &all {
             if pid == me {
@@ -362,11 +362,11 @@ impl Scan<'_> {
     fn admitted(
         &self,
         node: &mut Node,
-        infos: &mut HashMap<u32, Option<ProcInfo>>,
+        infos: &mut HashMap<u32, Option<ProcFacts>>,
         pid: u32,
         start: u64,
         now: Instant,
-    ) -> Option<ProcInfo> {
+    ) -> Option<ProcFacts> {
         if node.targets.get(&pid).is_some_and(|t| t.start == start)
             || node.decided.contains_key(&(pid, start))
         {
@@ -394,19 +394,19 @@ impl Scan<'_> {
             .or_insert_with(|| proc_info(info.ppid))
             .clone();
         let d = self.settings.policy.decide(&info, parent.as_ref());
-        if d == Decision::NotTraining {
+        if d == AttachDecision::NotTraining {
             return None;
         }
-        if node.decided.insert((pid, start), d.clone()).is_none() && d != Decision::Attach {
+        if node.decided.insert((pid, start), d.clone()).is_none() && d != AttachDecision::Attach {
             match &d {
-                Decision::OptedOut => {
+                AttachDecision::OptedOut => {
                     tracing::info!("pid {pid} opted out (TRACEML_DISABLE): not attached")
                 }
-                Decision::Excluded(why) => tracing::info!("pid {pid} not attached: {why}"),
+                AttachDecision::Excluded(why) => tracing::info!("pid {pid} not attached: {why}"),
                 _ => tracing::debug!("pid {pid}: {d:?}"),
             }
         }
-        (d == Decision::Attach && node.attached.insert((pid, start))).then_some(info)
+        (d == AttachDecision::Attach && node.attached.insert((pid, start))).then_some(info)
     }
 
     /// Each target's run settings: a process found on the node may not train at all, so
@@ -420,7 +420,7 @@ impl Scan<'_> {
         o
     }
 
-    fn attach(&self, node: &mut Node, info: &ProcInfo, start: u64) {
+    fn attach(&self, node: &mut Node, info: &ProcFacts, start: u64) {
         let pid = info.pid;
         tracing::info!(
             "attaching to pid {pid} ({})",
@@ -433,7 +433,7 @@ impl Scan<'_> {
         }
     }
 
-    fn attach_rank(&self, node: &mut Node, info: &ProcInfo, r: RankProc) {
+    fn attach_rank(&self, node: &mut Node, info: &ProcFacts, r: RankProc) {
         let pid = r.pid;
         let spec = jobs::discover(pid);
         let launcher = spec.launcher.and_then(|l| Some((l, start_time(l)?)));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::host::policy::{Policy, PolicyConfig};
-use crate::overhead::Policy as ProbePolicy;
+use crate::overhead::ProbePolicy;
 
 /// The defaults (docs/serve.md's table).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/traceml";

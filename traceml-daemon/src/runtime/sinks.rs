@@ -7,27 +7,27 @@ use std::time::{Duration, Instant};
 use crate::analysis::Collector;
 use crate::event::StreamItem;
 use crate::host::output::Owner;
-use crate::metrics::{self, JobInfo, RankValues, Verdict};
+use crate::metrics::{self, JobLabels, RankValues, Verdict};
 use crate::render::files::{Stem, verdict_line, write_summary_in};
 use crate::runtime::task::{Ended, Folds, Sink};
 use crate::summary::{DiagnosisKind, Summary};
 
 /// The target's stream, written as it arrives (`--record`); replayable with `replay`.
-pub struct Recording {
+pub struct RecordingSink {
     writer: crate::record::Writer,
 }
 
-impl Recording {
+impl RecordingSink {
     /// Creates the file (no planted link followed; under `sudo`, owned by the user).
-    pub fn create(path: &Path) -> Result<Recording, String> {
+    pub fn create(path: &Path) -> Result<RecordingSink, String> {
         let file = crate::host::output::create_file(path, Owner::from_sudo())
             .map_err(|e| format!("cannot open recording {}: {e}", path.display()))?;
         let writer = crate::record::Writer::from_file(file, path).map_err(|e| e.to_string())?;
-        Ok(Recording { writer })
+        Ok(RecordingSink { writer })
     }
 }
 
-impl Sink for Recording {
+impl Sink for RecordingSink {
     fn item(&mut self, item: &StreamItem, _: &Folds) -> Result<(), String> {
         self.writer.write_live(item).map_err(|e| e.to_string())
     }
@@ -41,7 +41,7 @@ impl Sink for Recording {
 
 /// Who process `pid` is, as `traceml_job_info` shows it: read from the host here, so the
 /// exporter only formats.
-pub fn job_info(pid: u32) -> JobInfo {
+pub fn job_labels(pid: u32) -> JobLabels {
     use crate::host::{jobs, procinfo};
     let env = procinfo::environ(pid).unwrap_or_default();
     let get = |k: &str| {
@@ -49,7 +49,7 @@ pub fn job_info(pid: u32) -> JobInfo {
             .map(|v| v.to_string_lossy().into_owned())
     };
     let num = |k: &str| get(k).and_then(|v| v.trim().parse().ok());
-    let info = JobInfo::with_identity(
+    let info = JobLabels::with_identity(
         pid,
         procinfo::comm(pid)
             .map(|b| crate::sanitize::comm(&b))
@@ -59,7 +59,7 @@ pub fn job_info(pid: u32) -> JobInfo {
             .unwrap_or_default(),
         &crate::host::identity::of(pid),
     );
-    JobInfo {
+    JobLabels {
         job_id: jobs::job_identity(get, &procinfo::hostname()),
         local_rank: num("LOCAL_RANK"),
         world_size: num("WORLD_SIZE"),
@@ -104,7 +104,7 @@ impl Metrics {
             in_collective: None,
         };
         // The rank's series are this process's from now on (a restarted rank takes them over).
-        let info = job_info(pid);
+        let info = job_labels(pid);
         m.exporter
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -22,7 +22,7 @@ use crate::event::{
 };
 use crate::host::ending;
 use crate::host::procinfo;
-use crate::overhead::{Governor, GovernorConfig, Markers, Policy, Stage, Tick};
+use crate::overhead::{Governor, GovernorConfig, Markers, ProbePolicy, Stage, Tick};
 use crate::sampler::Sampler;
 use crate::sanitize::{self, terminal};
 
@@ -40,7 +40,7 @@ pub struct Options {
     /// How often `/proc/<pid>/maps` is re-read for new libraries (must stay under 1 s).
     pub rescan_interval: Duration,
     /// How the overhead governor may choose probes.
-    pub policy: Policy,
+    pub policy: ProbePolicy,
     /// The governor's budget, a fraction of step time.
     pub overhead_budget: f64,
     /// Python stack samples of the training thread per second (0: none).
@@ -73,7 +73,7 @@ impl Options {
             ring_bytes: 8 << 20,
             sample_interval: Duration::from_millis(500),
             rescan_interval: Duration::from_millis(250),
-            policy: Policy::Auto,
+            policy: ProbePolicy::Auto,
             overhead_budget: 0.005,
             stack_rate: 100,
             watch_first: false,
@@ -972,14 +972,14 @@ fn start_governing<F: FnMut(&StreamItem) -> Result<(), String>>(
         python,
         launch_events: opts.launch_events,
         reason: match opts.policy {
-            Policy::Auto if opts.watch_first => {
+            ProbePolicy::Auto if opts.watch_first => {
                 "attach: torch's markers only, watching for training (a DataLoader iteration, \
                  an optimizer step or a backward pass)"
                     .into()
             }
-            Policy::Auto => "attach: every probe, to learn the loop (10 s at most)".into(),
-            Policy::Full => "--probe-set full: every probe for the whole run".into(),
-            Policy::Markers => "--probe-set markers: no frame-evaluator probe".into(),
+            ProbePolicy::Auto => "attach: every probe, to learn the loop (10 s at most)".into(),
+            ProbePolicy::Full => "--probe-set full: every probe for the whole run".into(),
+            ProbePolicy::Markers => "--probe-set markers: no frame-evaluator probe".into(),
         },
         watching: k.held_back,
         python_steady: false,
@@ -1116,7 +1116,7 @@ async fn stopped(stop: &mut Option<tokio::sync::watch::Receiver<Option<EndReason
 fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
     run: &mut Run<'_, F>,
     k: &mut Kernel,
-    d: crate::overhead::Decision,
+    d: crate::overhead::ProbeDecision,
 ) -> Result<(), LiveError> {
     let mut reason = d.reason;
     if d.attach_all && k.held_back {
