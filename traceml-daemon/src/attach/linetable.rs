@@ -18,7 +18,7 @@
 
 /// Which table format a code object of this CPython minor version carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub enum TableFormat {
     /// 3.9's `co_lnotab`.
     Lnotab,
     /// 3.10's `co_linetable`.
@@ -27,13 +27,13 @@ pub enum Format {
     Locations,
 }
 
-impl Format {
+impl TableFormat {
     /// The format of CPython 3.`minor`; `None` outside 3.9–3.13.
-    pub fn of_minor(minor: u32) -> Option<Format> {
+    pub fn of_minor(minor: u32) -> Option<TableFormat> {
         match minor {
-            9 => Some(Format::Lnotab),
-            10 => Some(Format::Pep626),
-            11..=13 => Some(Format::Locations),
+            9 => Some(TableFormat::Lnotab),
+            10 => Some(TableFormat::Pep626),
+            11..=13 => Some(TableFormat::Locations),
             _ => None,
         }
     }
@@ -42,11 +42,11 @@ impl Format {
 /// The line executing at byte offset `offset` of a code object whose first line is
 /// `first_line`, as CPython reports it (0 for 3.11+'s prologue, `RESUME` and the like, before
 /// the first line); `None` when the table says the instruction has no line or cannot be read.
-pub fn line_at(format: Format, table: &[u8], first_line: u32, offset: u64) -> Option<u32> {
+pub fn line_at(format: TableFormat, table: &[u8], first_line: u32, offset: u64) -> Option<u32> {
     let line = match format {
-        Format::Lnotab => lnotab(table, i64::from(first_line), offset),
-        Format::Pep626 => pep626(table, i64::from(first_line), offset),
-        Format::Locations => locations(table, i64::from(first_line), offset),
+        TableFormat::Lnotab => lnotab(table, i64::from(first_line), offset),
+        TableFormat::Pep626 => pep626(table, i64::from(first_line), offset),
+        TableFormat::Locations => locations(table, i64::from(first_line), offset),
     }?;
     u32::try_from(line).ok()
 }
@@ -83,12 +83,12 @@ fn pep626(table: &[u8], mut line: i64, offset: u64) -> Option<i64> {
 }
 
 /// Reads the location table's varints.
-struct Reader<'a> {
+struct TableReader<'a> {
     bytes: &'a [u8],
     pos: usize,
 }
 
-impl Reader<'_> {
+impl TableReader<'_> {
     fn byte(&mut self) -> Option<u8> {
         let b = *self.bytes.get(self.pos)?;
         self.pos += 1;
@@ -121,7 +121,7 @@ impl Reader<'_> {
 }
 
 fn locations(table: &[u8], mut line: i64, offset: u64) -> Option<i64> {
-    let mut r = Reader {
+    let mut r = TableReader {
         bytes: table,
         pos: 0,
     };
@@ -173,22 +173,25 @@ mod tests {
     fn lnotab_adds_line_increments_up_to_the_offset() {
         // Lines 10 (bytes 0–5), 11 (6–9), 13 (10–).
         let table = [6, 1, 4, 2];
-        assert_eq!(line_at(Format::Lnotab, &table, 10, 0), Some(10));
-        assert_eq!(line_at(Format::Lnotab, &table, 10, 5), Some(10));
-        assert_eq!(line_at(Format::Lnotab, &table, 10, 6), Some(11));
-        assert_eq!(line_at(Format::Lnotab, &table, 10, 12), Some(13));
+        assert_eq!(line_at(TableFormat::Lnotab, &table, 10, 0), Some(10));
+        assert_eq!(line_at(TableFormat::Lnotab, &table, 10, 5), Some(10));
+        assert_eq!(line_at(TableFormat::Lnotab, &table, 10, 6), Some(11));
+        assert_eq!(line_at(TableFormat::Lnotab, &table, 10, 12), Some(13));
         // A negative increment (a loop's jump back to an earlier line).
-        assert_eq!(line_at(Format::Lnotab, &[4, 3, 2, 0xfe], 5, 7), Some(6));
+        assert_eq!(
+            line_at(TableFormat::Lnotab, &[4, 3, 2, 0xfe], 5, 7),
+            Some(6)
+        );
     }
 
     #[test]
     fn pep626_ranges_and_lines_without_a_number() {
         // 0–3 line 5, 4–7 no line, 8–11 line 7.
         let table = [4, 0, 4, 0x80, 4, 2];
-        assert_eq!(line_at(Format::Pep626, &table, 5, 2), Some(5));
-        assert_eq!(line_at(Format::Pep626, &table, 5, 4), None);
-        assert_eq!(line_at(Format::Pep626, &table, 5, 10), Some(7));
-        assert_eq!(line_at(Format::Pep626, &table, 5, 12), None);
+        assert_eq!(line_at(TableFormat::Pep626, &table, 5, 2), Some(5));
+        assert_eq!(line_at(TableFormat::Pep626, &table, 5, 4), None);
+        assert_eq!(line_at(TableFormat::Pep626, &table, 5, 10), Some(7));
+        assert_eq!(line_at(TableFormat::Pep626, &table, 5, 12), None);
     }
 
     #[test]
@@ -213,7 +216,7 @@ mod tests {
             1,
             2,
         ];
-        let at = |o| line_at(Format::Locations, &table, 20, o);
+        let at = |o| line_at(TableFormat::Locations, &table, 20, o);
         assert_eq!(at(0), Some(21));
         assert_eq!(at(4), Some(21));
         assert_eq!(at(6), Some(23));
@@ -274,7 +277,7 @@ print(json.dumps(out))
     fn every_instruction_has_the_line_cpython_gives() {
         let mut checked = 0;
         for minor in 9..=13 {
-            let format = Format::of_minor(minor).unwrap();
+            let format = TableFormat::of_minor(minor).unwrap();
             for prefix in crate::attach::pystack::tests::pyenv_dirs(minor) {
                 let py = prefix.join("bin/python3");
                 let out = std::process::Command::new(&py)
@@ -314,10 +317,10 @@ print(json.dumps(out))
     fn garbage_gives_none_not_a_panic() {
         for table in [&[0x7f][..], &[0x80 | (14 << 3), 0x40, 0x40], &[0xff; 3]] {
             for o in 0..8 {
-                let _ = line_at(Format::Locations, table, 1, o);
+                let _ = line_at(TableFormat::Locations, table, 1, o);
             }
         }
-        assert_eq!(line_at(Format::Locations, &[0x05], 1, 0), None);
-        assert_eq!(Format::of_minor(14), None);
+        assert_eq!(line_at(TableFormat::Locations, &[0x05], 1, 0), None);
+        assert_eq!(TableFormat::of_minor(14), None);
     }
 }

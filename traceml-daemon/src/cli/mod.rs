@@ -130,8 +130,8 @@ pub enum Cmd {
     Compare {
         a: PathBuf,
         b: PathBuf,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
-        format: Format,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
     },
     /// Copy a recording into another format, chosen by OUTPUT's name: `*.jsonl` (or
     /// `*.jsonl.gz`) JSON Lines, `*.trec` binary.
@@ -154,12 +154,12 @@ pub enum Cmd {
     Sweep {
         baseline: PathBuf,
         candidate: PathBuf,
-        #[arg(long, value_enum, default_value_t = Format::Text)]
-        format: Format,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
         /// Exit 1 when a job regressed, or (`any`) when a job is anything but EQUIVALENT or
         /// IMPROVEMENT (unpaired jobs included).
-        #[arg(long, value_enum, default_value_t = FailOn::Regression)]
-        fail_on: FailOn,
+        #[arg(long, value_enum, default_value_t = FailOnArg::Regression)]
+        fail_on: FailOnArg,
     },
     /// Run as a service: find the node's training processes (Python processes that map
     /// libtorch) by itself, attach to each, write each job's summaries under --state-dir, and
@@ -250,13 +250,13 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum FailOn {
+pub enum FailOnArg {
     Regression,
     Any,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Format {
+pub enum TextOrJson {
     Text,
     Json,
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-use super::{Common, Error, FailOn, Format, use_color};
+use super::{Common, Error, FailOnArg, TextOrJson, use_color};
 use crate::event::{End, EndReason, StreamItem};
 use crate::host::output::{self, Owner};
 use crate::summary::Summary;
@@ -121,13 +121,18 @@ fn read_summary(p: &Path) -> Result<Summary, Error> {
     Summary::from_json(&text).map_err(|e| Error::usage(format!("{}: {e}", p.display())))
 }
 
-pub(super) fn compare(a: &Path, b: &Path, format: Format, common: &Common) -> Result<u8, Error> {
+pub(super) fn compare(
+    a: &Path,
+    b: &Path,
+    format: TextOrJson,
+    common: &Common,
+) -> Result<u8, Error> {
     let (sa, sb) = (read_summary(a)?, read_summary(b)?);
     let cmp = crate::compare::compare(&sa, &sb);
     let mut out = std::io::stdout().lock();
     match format {
-        Format::Text => render::render_compare(&cmp, &mut out, use_color(common.color)),
-        Format::Json => render::render_compare_json(&cmp, &mut out),
+        TextOrJson::Text => render::render_compare(&cmp, &mut out, use_color(common.color)),
+        TextOrJson::Json => render::render_compare_json(&cmp, &mut out),
     }
     .context("printing the comparison")?;
     Ok(crate::compare::exit_code(&cmp))
@@ -136,20 +141,20 @@ pub(super) fn compare(a: &Path, b: &Path, format: Format, common: &Common) -> Re
 pub(super) fn sweep(
     baseline: &Path,
     candidate: &Path,
-    format: Format,
-    fail_on: FailOn,
+    format: TextOrJson,
+    fail_on: FailOnArg,
     common: &Common,
 ) -> Result<u8, Error> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let result = crate::sweep::run(baseline, candidate, threads).map_err(Error::usage)?;
     let mut out = std::io::stdout().lock();
     match format {
-        Format::Text => render::render_sweep(&result, &mut out, use_color(common.color)),
-        Format::Json => render::render_sweep_json(&result, &mut out),
+        TextOrJson::Text => render::render_sweep(&result, &mut out, use_color(common.color)),
+        TextOrJson::Json => render::render_sweep_json(&result, &mut out),
     }
     .context("printing the sweep")?;
     Ok(result.exit_code(match fail_on {
-        FailOn::Regression => crate::sweep::FailOn::Regression,
-        FailOn::Any => crate::sweep::FailOn::Any,
+        FailOnArg::Regression => crate::sweep::FailOn::Regression,
+        FailOnArg::Any => crate::sweep::FailOn::Any,
     }))
 }

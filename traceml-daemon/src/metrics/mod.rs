@@ -260,7 +260,7 @@ impl Verdict {
 }
 
 #[derive(Clone, Debug)]
-struct Rank {
+struct RankSeries {
     info: JobLabels,
     values: Option<RankValues>,
     ended: Option<Instant>,
@@ -268,7 +268,7 @@ struct Rank {
 
 #[derive(Clone, Debug, Default)]
 struct Job {
-    ranks: BTreeMap<String, Rank>,
+    ranks: BTreeMap<String, RankSeries>,
     verdict: Option<Verdict>,
     /// The job's straggler class (`ranks::classify_stragglers`), as of its last verdict.
     stragglers: Option<crate::summary::Stragglers>,
@@ -305,7 +305,7 @@ impl Exporter {
     pub fn attached(&mut self, job: &str, rank: &str, info: JobLabels) {
         self.jobs.entry(label(job)).or_default().ranks.insert(
             label(rank),
-            Rank {
+            RankSeries {
                 info,
                 values: None,
                 ended: None,
@@ -321,7 +321,7 @@ impl Exporter {
             .or_default()
             .ranks
             .entry(label(rank))
-            .or_insert_with(|| Rank {
+            .or_insert_with(|| RankSeries {
                 info: JobLabels::default(),
                 values: None,
                 ended: None,

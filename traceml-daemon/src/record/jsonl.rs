@@ -52,11 +52,11 @@ impl LineWriter {
     }
 }
 
-type Lines<R> = Peekable<Enumerate<io::Split<R>>>;
+type SplitLines<R> = Peekable<Enumerate<io::Split<R>>>;
 
 /// Reads a JSON Lines recording item by item.
 pub struct LineReader<R: BufRead> {
-    lines: Lines<R>,
+    lines: SplitLines<R>,
     path: PathBuf,
     done: bool,
     pub(super) tail: Tail,

@@ -153,10 +153,10 @@ pub fn looks_like_recording(head: &[u8]) -> bool {
 /// the writer flushes it.
 pub struct Writer {
     path: PathBuf,
-    sink: Sink,
+    sink: Destination,
 }
 
-enum Sink {
+enum Destination {
     Lines(jsonl::LineWriter),
     Binary(Box<binary::Encoder<BufWriter<std::fs::File>>>),
 }
@@ -196,7 +196,7 @@ impl Writer {
         let file = BufWriter::new(file);
         let sink = match format {
             Format::Binary => binary::Encoder::new(file, daemon_version)
-                .map(|e| Sink::Binary(Box::new(e.max_age(Some(BLOCK_MAX_AGE))))),
+                .map(|e| Destination::Binary(Box::new(e.max_age(Some(BLOCK_MAX_AGE))))),
             // Each flush of the gzip stream is a sync flush: a killed daemon leaves a readable
             // prefix.
             Format::JsonlGz => jsonl::LineWriter::new(
@@ -206,9 +206,9 @@ impl Writer {
                 )),
                 daemon_version,
             )
-            .map(Sink::Lines),
+            .map(Destination::Lines),
             Format::Jsonl => {
-                jsonl::LineWriter::new(Box::new(file), daemon_version).map(Sink::Lines)
+                jsonl::LineWriter::new(Box::new(file), daemon_version).map(Destination::Lines)
             }
         }
         .map_err(|source| RecordError::Write {
@@ -230,8 +230,8 @@ impl Writer {
 
     pub fn write(&mut self, item: &StreamItem) -> Result<(), RecordError> {
         match &mut self.sink {
-            Sink::Lines(w) => w.write(item),
-            Sink::Binary(e) => e.write(item),
+            Destination::Lines(w) => w.write(item),
+            Destination::Binary(e) => e.write(item),
         }
         .map_err(|e| self.err(e))
     }
@@ -247,8 +247,8 @@ impl Writer {
 
     pub fn flush(&mut self) -> Result<(), RecordError> {
         match &mut self.sink {
-            Sink::Lines(w) => w.flush(),
-            Sink::Binary(e) => e.flush(),
+            Destination::Lines(w) => w.flush(),
+            Destination::Binary(e) => e.flush(),
         }
         .map_err(|e| self.err(e))
     }
@@ -256,8 +256,8 @@ impl Writer {
     /// Bytes written before compression (JSON text, or binary frames).
     pub fn bytes(&self) -> u64 {
         match &self.sink {
-            Sink::Lines(w) => w.bytes,
-            Sink::Binary(e) => e.raw_bytes(),
+            Destination::Lines(w) => w.bytes,
+            Destination::Binary(e) => e.raw_bytes(),
         }
     }
 }

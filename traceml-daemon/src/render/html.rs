@@ -14,7 +14,7 @@ use std::io::{self, Write};
 
 use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 
-use super::svg::{self, Axis, Band, Frame, Group, Series};
+use super::svg::{self, Axis, Band, BarGroup, Frame, Series};
 use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
@@ -383,12 +383,12 @@ fn hang_stacks(s: &Summary, culprit: Option<u32>) -> Markup {
 
 /// Own work and collective wait per rank, as grouped bars.
 fn ranks_chart(s: &Summary) -> String {
-    let groups: Vec<Group> = s
+    let groups: Vec<BarGroup> = s
         .ranks
         .iter()
         .map(|r| {
             let wait = r.phases[Phase::CollectiveWait].median_ms;
-            Group {
+            BarGroup {
                 label: r.rank.to_string(),
                 values: vec![r.step_ms.median.map(|m| m - wait.unwrap_or(0.0)), wait],
             }

@@ -161,7 +161,7 @@ pub fn stacked_bars(
 /// One group of a [`grouped_bars`] chart: its label under the axis (short: a number; the bar
 /// tooltips read "`x_label` `label` band: value") and one value per band (`None`: not measured,
 /// no bar).
-pub struct Group {
+pub struct BarGroup {
     pub label: String,
     pub values: Vec<Option<f64>>,
 }
@@ -177,7 +177,7 @@ pub fn grouped_bars(
     x_label: &str,
     y: &Axis,
     bands: &[Band],
-    groups: &[Group],
+    groups: &[BarGroup],
 ) -> String {
     let y_top = groups
         .iter()
@@ -412,11 +412,11 @@ mod tests {
             },
         ];
         let groups = [
-            Group {
+            BarGroup {
                 label: "<0>".into(),
                 values: vec![Some(30.0), Some(15.0)],
             },
-            Group {
+            BarGroup {
                 label: "1".into(),
                 values: vec![Some(45.0), None],
             },

@@ -60,14 +60,14 @@ pub struct GroupConfig {
     pub record: Option<PathBuf>,
 }
 
-struct Rank {
+struct GroupRank {
     proc: RankProc,
     folds: Rc<RefCell<Folds>>,
     stop: watch::Sender<Option<EndReason>>,
     done: tokio::task::JoinHandle<()>,
 }
 
-impl Rank {
+impl GroupRank {
     fn running(&self) -> bool {
         !self.done.is_finished()
     }
@@ -94,7 +94,7 @@ impl Rank {
 pub struct Group {
     pub cfg: GroupConfig,
     pub info: JobInfo,
-    ranks: Vec<Rank>,
+    ranks: Vec<GroupRank>,
     /// Final summaries of the ranks that ended (pushed by their tasks).
     finished: Rc<RefCell<Vec<RankRun>>>,
     /// Rank summaries the job's summary was last written from.
@@ -133,7 +133,7 @@ impl Group {
 
     /// A rank of the group still runs.
     pub fn running(&self) -> bool {
-        self.ranks.iter().any(Rank::running)
+        self.ranks.iter().any(GroupRank::running)
     }
 
     /// Every rank is attached (or its run is over).
@@ -202,7 +202,7 @@ impl Group {
             p.rank,
             p.pid
         );
-        self.ranks.push(Rank {
+        self.ranks.push(GroupRank {
             proc: p,
             folds,
             stop: tx,

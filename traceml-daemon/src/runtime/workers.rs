@@ -22,7 +22,7 @@ pub const RELIST: std::time::Duration = std::time::Duration::from_secs(1);
 /// sampled beyond these).
 pub const MAX_WORKERS: usize = 64;
 
-struct Reader {
+struct WorkerReader {
     /// `starttime` of the process the reader is for (a reused pid is another process).
     start: u64,
     mem: TargetMemory,
@@ -34,7 +34,7 @@ struct Reader {
 /// Readers of the target's worker processes, by pid.
 #[derive(Default)]
 pub struct WorkerStacks {
-    readers: HashMap<u32, Reader>,
+    readers: HashMap<u32, WorkerReader>,
     /// Children that are not a Python we read (pid → starttime).
     refused: HashMap<u32, u64>,
     /// Samples that could not be read (a torn read, a worker that just exited).
@@ -93,13 +93,13 @@ impl WorkerStacks {
     }
 }
 
-fn open(pid: u32, start: u64) -> Result<Reader, String> {
+fn open(pid: u32, start: u64) -> Result<WorkerReader, String> {
     let mappings = maps::read(pid).map_err(|e| e.to_string())?;
     let py = python::find(pid, &mappings).map_err(|e| e.to_string())?;
     let mem = TargetMemory::new(pid);
     let stacks = StackReader::from_target(&py, &mem).map_err(|e| e.to_string())?;
     let runtime = pystack::runtime_addr(&py).map_err(|e| e.to_string())?;
-    Ok(Reader {
+    Ok(WorkerReader {
         start,
         mem,
         stacks,
@@ -108,7 +108,7 @@ fn open(pid: u32, start: u64) -> Result<Reader, String> {
     })
 }
 
-fn read(r: &mut Reader) -> Result<Stack, pystack::StackError> {
+fn read(r: &mut WorkerReader) -> Result<Stack, pystack::StackError> {
     let tstate = match r.tstate {
         Some(t) => t,
         None => {
