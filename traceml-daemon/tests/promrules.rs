@@ -38,7 +38,7 @@ fn promtool_checks_and_tests_the_shipped_rules() {
 }
 
 /// Every `traceml_*` series the rules read (a metric name, not a recorded `traceml:` rule) is in
-/// the exposition of a rank with every value known.
+/// the exposition of a rank with every value known (and of its job's straggler class).
 #[test]
 fn the_rules_read_only_exported_series() {
     use traceml_daemon::metrics::{Exporter, JobLabels, RankValues};
@@ -67,6 +67,18 @@ fn the_rules_read_only_exported_series() {
             in_collective: Some(false),
             ..Default::default()
         },
+    );
+    // A job-level series: written for a job whose verdict classified a straggler.
+    e.set_stragglers(
+        "j",
+        Some(&traceml_daemon::summary::Stragglers {
+            class: traceml_daemon::summary::StragglerClass::Transient,
+            rank: Some(0),
+            steps: 100,
+            slow_share: 0.2,
+            episodes: Vec::new(),
+            lost_ms: 5000.0,
+        }),
     );
     let text = e.encode();
     let rules = std::fs::read_to_string(workspace().join("packaging/prometheus/traceml-rules.yml"))

@@ -788,14 +788,16 @@ impl Attacher {
         Ok(())
     }
 
-    /// Places the probes of one file with one `uprobe_multi` link per program (entry programs,
-    /// then the return program): all or none.
+    /// Places the probes of one file with one `uprobe_multi` link per program (the return
+    /// program, then the entry programs, as [`Self::place`] and for its reason): all or none.
     fn place_together(
         &mut self,
         sites: &[(&'static ProbeSpec, String, u64)],
         host: &Path,
     ) -> Result<Vec<MultiLink>, String> {
-        // (at return, program) -> (offsets, cookies): entry programs first.
+        // (at entry, program) -> (offsets, cookies): the return program first. An entry probe
+        // placed before its return probe records the calls entered in between with no exit: a
+        // `backward` left open for the rest of the run takes every later forward with it.
         let mut groups: BTreeMap<(bool, &'static str), Offsets> = BTreeMap::new();
         for (spec, _, offset) in sites {
             let mut add = |key| {
@@ -803,16 +805,20 @@ impl Attacher {
                 o.push(*offset);
                 c.push(spec.probe as u64);
             };
-            add((false, spec.entry));
+            add((true, spec.entry));
             if spec.exit {
-                add((true, EXIT_PROGRAM));
+                add((false, EXIT_PROGRAM));
             }
         }
         let mut links = Vec::with_capacity(groups.len());
-        for ((ret, name), (offsets, cookies)) in groups {
+        for ((entry, name), (offsets, cookies)) in groups {
+            let ret = !entry;
             // Were one link refused, those made already go when `links` is dropped.
             links.push(self.place_multi(name, host, &offsets, &cookies, ret)?);
         }
+        // Taken out (dropped) entries first, the return program last: no entry is recorded
+        // after its return probe went.
+        links.reverse();
         Ok(links)
     }
 
