@@ -42,6 +42,7 @@ DEFAULTS = dict(
     opt_cpu_ns=500_000,         # host work in SGD.step
     opt_launches=3,
     sync_per_step=True,         # loss.item() each step (D2H cudaMemcpyAsync + cudaStreamSynchronize)
+    cpu_every=0,                # out.cpu() every N steps (D2H copy + sync: waits for the backlog)
     residual_sleep_ns=0,        # time.sleep between steps (outside every phase)
     log_every=0,                # print a log line every N steps (residual)
     verdict="balanced",         # what the daemon's verdict must be
@@ -53,6 +54,16 @@ def schedstat():
     with open("/proc/thread-self/schedstat") as f:
         run, wait, _ = f.read().split()
     return int(run), int(wait)
+
+
+def line_of(statement):
+    """The line of `statement` (a whole line, stripped) in this file: where the loop waits for
+    the device, the line a profiler must name."""
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.strip() == statement)
+
+
+WAITS = {"item": "loss.item()", "cpu": "host_out = out.cpu()"}
 
 
 def decode_sample(ns):
@@ -152,6 +163,7 @@ def run(name, overrides, argv_args=None):
     stats = torch.cuda.stats
     nb = cfg["non_blocking"]
     raw = []
+    waits = {k: 0 for k in WAITS}  # ns the loop spent in each wait
     it = iter(loader)  # workers (if any) start here, after --ready
     stop = []
     if getattr(a, "stop_on_sigterm", False):
@@ -192,7 +204,14 @@ def run(name, overrides, argv_args=None):
         opt.step()
         t7 = now()
         if cfg["sync_per_step"]:
+            w0 = now()
             loss.item()
+            waits["item"] += now() - w0
+        if cfg["cpu_every"] and step % cfg["cpu_every"] == cfg["cpu_every"] - 1:
+            w0 = now()
+            host_out = out.cpu()
+            waits["cpu"] += now() - w0
+            del host_out
         t8 = now()
         if cfg["log_every"] and step % cfg["log_every"] == 0:
             print(f"step {step} loss 0.5", flush=True)
@@ -280,6 +299,9 @@ def run(name, overrides, argv_args=None):
             "Optimizer.zero_grad#SGD.zero_grad": len(steps),
         },
         "backward_calls": len(steps),
+        # Where the loop waited for the device: each wait's line in this file and its time.
+        "waits": [{"name": k, "file": os.path.abspath(__file__), "line": line_of(WAITS[k]),
+                   "statement": WAITS[k], "ns": ns} for k, ns in waits.items() if ns],
         "worker_pids": [w.pid for w in getattr(it, "_workers", [])],
         "cuda_stats": stats(),
     }

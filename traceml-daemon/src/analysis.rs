@@ -386,6 +386,7 @@ fn add_top_functions(summary: &mut Summary, engine: &EngineOutput, items: &[Stre
         stats.top_functions = profile.top[p.index()].clone();
         stats.blocked_in = profile.blocked[p.index()].clone();
     }
+    summary.phases.gpu_wait.wait_sites = profile.wait_sites;
 }
 
 /// The workers' profile ([`crate::pipeline`]): their folded stack samples, their CPU seconds

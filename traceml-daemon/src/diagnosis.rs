@@ -34,6 +34,8 @@ pub const WARNING_SHARE: f64 = 0.10;
 pub const CRITICAL_SHARE: f64 = 0.20;
 /// Compute share from which a run is compute-bound.
 pub const COMPUTE_SHARE: f64 = 0.90;
+/// The `gpu_wait` share from which COMPUTE-BOUND's Why names the line the host waits at.
+pub const GPU_WAIT_LINE_SHARE: f64 = 0.25;
 /// Mean GPU utilization (%) below which it is low; critical below [`LOW_GPU_UTIL_CRITICAL_PCT`].
 pub const LOW_GPU_UTIL_PCT: f64 = 50.0;
 pub const LOW_GPU_UTIL_CRITICAL_PCT: f64 = 20.0;
@@ -705,6 +707,46 @@ pub fn code_in(s: &Summary, phase: Phase) -> Option<String> {
     )
 }
 
+/// Where the host waited for the device, by line (`phases.gpu_wait.wait_sites`): "92% at
+/// train.py:88 in main (sync: cudaStreamSynchronize), 8% at train.py:91 in main (D2H copy:
+/// cudaMemcpy)", with the syncs and D2H copies per step when counted.
+pub fn waits_in(s: &Summary) -> Option<String> {
+    let sites = &s.phases.gpu_wait.wait_sites;
+    if sites.is_empty() {
+        return None;
+    }
+    let at = sites
+        .iter()
+        .take(3)
+        .map(|w| {
+            let line = w.line.map_or(String::new(), |l| format!(":{l}"));
+            format!(
+                "{:.0}% at {}{line} in {} ({}: {})",
+                w.share * 100.0,
+                crate::profile::short_file(&w.file),
+                short_function(&w.function),
+                w.kind.said(),
+                w.api
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let per_step =
+        |n: Option<f64>, what: &str| n.filter(|&n| n > 0.0).map(|n| format!("{n:.1} {what}"));
+    let counts: Vec<String> = [
+        per_step(s.cuda.syncs_per_step, "syncs/step"),
+        per_step(s.cuda.d2h_copies_per_step, "D2H copies/step"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    Some(if counts.is_empty() {
+        at
+    } else {
+        format!("{} · {at}", counts.join(", "))
+    })
+}
+
 /// A qualified name cut to its last 48 characters (`<locals>` chains of decorators and closures
 /// run long), marked with `…` when cut.
 fn short_function(f: &str) -> String {
@@ -752,6 +794,17 @@ impl Rule for ComputeBound {
             pct(WARNING_SHARE),
             s.steps.count
         );
+        if let Some(w) = s.phases.gpu_wait.wait_sites.first()
+            && s.phases.gpu_wait.share.unwrap_or(0.0) >= GPU_WAIT_LINE_SHARE
+        {
+            why.push_str(&format!(
+                "; the host waits for the GPU at {}{} ({}, {:.0}% of the wait)",
+                crate::profile::short_file(&w.file),
+                w.line.map_or(String::new(), |l| format!(":{l}")),
+                w.kind.said(),
+                w.share * 100.0
+            ));
+        }
         if let Some(u) = s.gpu.as_ref().and_then(|g| g.util_pct_mean) {
             why.push_str(&format!("; GPU {u:.0}% busy"));
         }

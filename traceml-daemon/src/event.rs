@@ -109,6 +109,11 @@ pub struct StackSample {
     pub ts: u64,
     pub tid: u32,
     pub frames: Vec<u32>,
+    /// The lines the innermost frames execute (where each called the next, the innermost
+    /// where it called what the thread waits in), innermost first, at most
+    /// `attach::pystack::INNER_LINES`; 0: not read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<u32>,
 }
 
 /// A process's scheduler state as `/proc/<pid>/stat` shows it at one instant.
@@ -309,6 +314,39 @@ pub enum Api {
 }
 
 impl Api {
+    /// The function a user would search for: the CUDA symbol, or torch's / NCCL's entry point.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Api::CudaLaunchKernel => "cudaLaunchKernel",
+            Api::CudaLaunchKernelExC => "cudaLaunchKernelExC",
+            Api::CudaGraphLaunch => "cudaGraphLaunch",
+            Api::CudaMemcpy => "cudaMemcpy",
+            Api::CudaMemcpyAsync => "cudaMemcpyAsync",
+            Api::CudaStreamSynchronize => "cudaStreamSynchronize",
+            Api::CudaDeviceSynchronize => "cudaDeviceSynchronize",
+            Api::CudaEventSynchronize => "cudaEventSynchronize",
+            Api::CuLaunchKernel => "cuLaunchKernel",
+            Api::CuLaunchKernelEx => "cuLaunchKernelEx",
+            Api::CuStreamSynchronize => "cuStreamSynchronize",
+            Api::CuCtxSynchronize => "cuCtxSynchronize",
+            Api::CuEventSynchronize => "cuEventSynchronize",
+            Api::CuMemcpyHtoD => "cuMemcpyHtoD",
+            Api::CuMemcpyDtoH => "cuMemcpyDtoH",
+            Api::CuMemcpyHtoDAsync => "cuMemcpyHtoDAsync",
+            Api::CuMemcpyDtoHAsync => "cuMemcpyDtoHAsync",
+            Api::TorchBackward => "torch.autograd.backward",
+            Api::CollectiveWait => "c10d Work.wait",
+            Api::Collective => "c10d collective",
+            Api::NcclAllReduce => "ncclAllReduce",
+            Api::NcclReduceScatter => "ncclReduceScatter",
+            Api::NcclAllGather => "ncclAllGather",
+            Api::NcclBroadcast => "ncclBroadcast",
+            Api::NcclReduce => "ncclReduce",
+            Api::NcclSend => "ncclSend",
+            Api::NcclRecv => "ncclRecv",
+        }
+    }
+
     pub fn from_probe(p: ProbeId) -> Option<Api> {
         use ProbeId as P;
         Some(match p {

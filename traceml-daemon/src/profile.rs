@@ -34,6 +34,51 @@ pub struct TopFunction {
     pub samples: u64,
 }
 
+/// Where the host waited for the device: a line of Python and what it called there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaitSite {
+    /// The function executing the line (innermost Python frame) and its file.
+    pub function: String,
+    pub file: String,
+    /// The line that called the wait (`null`: its line could not be read; then only the
+    /// function is known).
+    pub line: Option<u32>,
+    /// `sync` (a synchronize API: `torch.cuda.synchronize()`, a stream's or event's) or
+    /// `d2h_copy` (a device-to-host copy that waited for the device: `.item()`, `.cpu()`,
+    /// `.tolist()`, a `print` of a CUDA tensor; torch copies to pageable memory).
+    pub kind: WaitKind,
+    /// The CUDA function the samples were in (`cudaStreamSynchronize`, `cuMemcpyDtoH`, ...).
+    pub api: String,
+    /// Share of the `gpu_wait` samples taken in a wait, 0..1.
+    pub share: f64,
+    pub samples: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitKind {
+    Sync,
+    D2hCopy,
+}
+
+impl WaitKind {
+    pub fn of(api: crate::event::Api) -> WaitKind {
+        if api.is_sync() {
+            WaitKind::Sync
+        } else {
+            WaitKind::D2hCopy
+        }
+    }
+
+    /// How the card says it.
+    pub fn said(self) -> &'static str {
+        match self {
+            WaitKind::Sync => "sync",
+            WaitKind::D2hCopy => "D2H copy",
+        }
+    }
+}
+
 /// Per phase (in [`Phase::ALL`] order), its samples and the functions that hold most of them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Profile {
@@ -44,6 +89,9 @@ pub struct Profile {
     pub blocked: [Vec<TopFunction>; N_PHASES],
     /// The loop function the residual is attributed under, when found.
     pub loop_function: Option<String>,
+    /// The lines the `gpu_wait` samples taken in a sync or D2H copy were called from, most
+    /// first ([`TOP_N`]).
+    pub wait_sites: Vec<WaitSite>,
 }
 
 /// Depth of the loop frame: the longest prefix of frames held by [`LOOP_FRAME_SHARE`] of the
@@ -94,7 +142,63 @@ pub fn profile(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Profi
         out.top[i] = ranked(&counts[i], out.samples[i], funcs);
         out.blocked[i] = ranked(&blocked[i], blocked_n[i], funcs);
     }
+    out.wait_sites = wait_sites(samples, funcs);
     out
+}
+
+/// Whether `file` is in torch's Python package (a `torch/` directory): its wrappers
+/// (`Tensor.__format__`, a Python-level `Tensor.item`) are not the line a user changes, their
+/// caller is. (A user's own directory named `torch/` is passed over the same way.)
+fn in_torch(file: &str) -> bool {
+    file.starts_with("torch/") || file.contains("/torch/")
+}
+
+/// Where a sample's wait was called: the innermost frame outside torch's Python package whose
+/// executing line is known, else the innermost frame (and its line, when known).
+fn site_of(s: &PhaseSample, funcs: &HashMap<u32, FuncInfo>) -> Option<(u32, Option<u32>)> {
+    let innermost = *s.frames.last()?;
+    let known = s
+        .frames
+        .iter()
+        .rev()
+        .zip(&s.lines)
+        .find(|&(f, &l)| l != 0 && funcs.get(f).is_some_and(|f| !in_torch(&f.file)));
+    Some(match known {
+        Some((&f, &l)) => (f, Some(l)),
+        None => (innermost, s.lines.first().copied().filter(|&l| l != 0)),
+    })
+}
+
+/// The lines of the waits: `gpu_wait` samples taken in a sync or a D2H copy, by the function
+/// and line that called the wait ([`site_of`]) and the API; shares of those samples.
+fn wait_sites(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Vec<WaitSite> {
+    let mut counts: HashMap<(u32, Option<u32>, crate::event::Api), u64> = HashMap::new();
+    let mut total = 0;
+    for s in samples.iter().filter(|s| s.phase == Phase::GpuWait) {
+        let (Some(api), Some((f, line))) = (s.wait, site_of(s, funcs)) else {
+            continue;
+        };
+        total += 1;
+        *counts.entry((f, line, api)).or_default() += 1;
+    }
+    let mut ranked: Vec<_> = counts.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked
+        .into_iter()
+        .take(TOP_N)
+        .filter_map(|((id, line, api), n)| {
+            let f = funcs.get(&id)?;
+            Some(WaitSite {
+                function: f.function.clone(),
+                file: f.file.clone(),
+                line,
+                kind: WaitKind::of(api),
+                api: api.symbol().to_owned(),
+                share: n as f64 / total as f64,
+                samples: n,
+            })
+        })
+        .collect()
 }
 
 /// The [`TOP_N`] functions of `counts`, with their share of `total` samples.
@@ -170,6 +274,7 @@ mod tests {
                 "Linear.forward",
                 "/v/site-packages/torch/nn/modules/linear.py",
             ),
+            (7, "Tensor.item", "/v/site-packages/torch/_tensor.py"),
         ]
         .into_iter()
         .map(|(id, f, file)| {
@@ -193,7 +298,56 @@ mod tests {
             step: 0,
             phase,
             frames: frames.to_vec(),
+            lines: Vec::new(),
+            wait: None,
         }
+    }
+
+    #[test]
+    fn wait_sites_by_line_and_api() {
+        use crate::event::Api;
+        let at = |line, wait| PhaseSample {
+            lines: vec![line],
+            wait,
+            ..s(Phase::GpuWait, &[0, 1])
+        };
+        let mut samples = vec![];
+        for _ in 0..5 {
+            samples.push(at(88, Some(Api::CudaStreamSynchronize)));
+        }
+        // Through torch's Python wrapper (`Tensor.item` in torch/_tensor.py, id 7): the
+        // caller's line.
+        samples.push(PhaseSample {
+            lines: vec![133, 88],
+            wait: Some(Api::CudaStreamSynchronize),
+            ..s(Phase::GpuWait, &[0, 1, 7])
+        });
+        for _ in 0..3 {
+            samples.push(at(91, Some(Api::CudaMemcpy)));
+        }
+        // The same function, another line: its own site; a gpu_wait sample outside any wait
+        // (the span's edges) is not a site's.
+        samples.push(at(93, Some(Api::CudaStreamSynchronize)));
+        samples.push(at(95, None));
+        samples.push(PhaseSample {
+            wait: Some(Api::CudaStreamSynchronize),
+            ..s(Phase::Forward, &[0, 6])
+        });
+        let w = profile(&samples, &funcs()).wait_sites;
+        let got: Vec<_> = w
+            .iter()
+            .map(|w| (w.line, w.kind, w.api.as_str(), w.samples))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some(88), WaitKind::Sync, "cudaStreamSynchronize", 6),
+                (Some(91), WaitKind::D2hCopy, "cudaMemcpy", 3),
+                (Some(93), WaitKind::Sync, "cudaStreamSynchronize", 1),
+            ]
+        );
+        assert_eq!(w[0].share, 0.6);
+        assert_eq!(w[0].function, "Trainer._inner_training_loop");
     }
 
     #[test]

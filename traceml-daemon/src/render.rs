@@ -817,8 +817,13 @@ pub fn restarted(n: u32) -> String {
     format!("restarted {times} (elastic): ranks of attempt {}", n + 1)
 }
 
+/// The smallest `gpu_wait` share whose lines the CODE section shows (below it the waits cost
+/// little, whatever their line).
+const WAIT_LINES_SHARE: f64 = 0.05;
+
 /// Where the time goes in code: the residual and the primary finding's phase, from the stack
-/// samples (nothing without them).
+/// samples (nothing without them), and where the GPU waits, by line, when it waits for
+/// [`WAIT_LINES_SHARE`] of the step or more.
 fn code(s: &Summary, out: &mut Lines) {
     let mut phases = vec![Phase::Residual];
     if let Some(p) = s.primary_diagnosis.phase
@@ -826,8 +831,11 @@ fn code(s: &Summary, out: &mut Lines) {
     {
         phases.insert(0, p);
     }
-    let lines: Vec<String> = phases
+    let waits = crate::diagnosis::waits_in(s)
+        .filter(|_| s.phases.gpu_wait.share.unwrap_or(0.0) >= WAIT_LINES_SHARE);
+    let mut lines: Vec<String> = phases
         .into_iter()
+        .filter(|&p| !(p == Phase::GpuWait && waits.is_some()))
         .filter_map(|p| {
             let code = crate::diagnosis::code_in(s, p)?;
             Some(format!(
@@ -837,6 +845,16 @@ fn code(s: &Summary, out: &mut Lines) {
             ))
         })
         .collect();
+    if let Some(w) = waits {
+        lines.insert(
+            0,
+            format!(
+                "gpu_wait {}/step ({}): {w}",
+                ms(s.phases.gpu_wait.mean_ms),
+                pct(s.phases.gpu_wait.share.unwrap_or(0.0))
+            ),
+        );
+    }
     if lines.is_empty() {
         return;
     }

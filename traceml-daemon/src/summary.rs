@@ -583,6 +583,12 @@ pub struct PhaseStats {
     /// stack samples or thread states.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocked_in: Vec<crate::profile::TopFunction>,
+    /// `gpu_wait` only: the lines that called the blocking syncs and device-to-host copies the
+    /// training thread's stack samples fell in (the innermost Python frame and the line it
+    /// executed), with the CUDA function and their share of those samples. Empty without
+    /// stack samples in a wait.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wait_sites: Vec<crate::profile::WaitSite>,
     /// Stack samples that fell in this phase (absent: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stack_samples: u64,

@@ -1,6 +1,7 @@
 //! Root test of the Python stack reader: for each CPython 3.9–3.13, a script that prints its own
 //! thread state and then blocks in `outer()` → `Klass.middle()` → (`sorted`, C) → `inner()`
-//! under a known recursion; the reader (from outside, while it runs) must see exactly that stack. Also: the
+//! under a known recursion; the reader (from outside, while it runs) must see exactly that stack,
+//! and the lines its innermost frames execute (`time.sleep`, `sorted`, ...). Also: the
 //! main thread's state found from `_PyRuntime`, reads of a stack that changes all the time (no
 //! panic, no hang), and the cost of one read of a ~40-frame stack (printed, not asserted).
 use std::io::Write;
@@ -201,6 +202,24 @@ fn reads_stacks_of_every_python() {
         want.push(("inner".into(), line_of("def inner")));
         assert_eq!(got, want, "3.{minor} ({})", found.version);
         assert!(!stack.truncated);
+        // The lines the innermost frames execute: inner in its `time.sleep` (once past the
+        // `print` that told us its thread state), middle in its `sorted` call, outer in
+        // `Klass().middle()`, then deep's `return outer()` and its recursive calls.
+        std::thread::sleep(Duration::from_millis(200));
+        let stack = reader.read(&mem, target.tstate).unwrap();
+        let mut lines = vec![
+            line_of("time.sleep(0.01)"),
+            line_of("sorted([0], key=inner)"),
+            line_of("Klass().middle()"),
+            line_of("return outer()"),
+        ];
+        lines.resize(pystack::INNER_LINES, line_of("return deep(n - 1)"));
+        let lines: Vec<Option<u32>> = lines.into_iter().map(Some).collect();
+        assert_eq!(
+            stack.lines, lines,
+            "3.{minor} ({}): executing lines",
+            found.version
+        );
 
         // Warm reads: one read per frame (plus one or two for the thread state).
         let n = 2000;

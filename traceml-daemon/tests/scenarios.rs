@@ -1,8 +1,11 @@
 //! The ground-truth scenario suite (issue 3): each workload in tests/workloads knows what it did
 //! per step and writes it to a truth file; the daemon, attached by pid, must find the same steps
 //! and phases. Checked: step count exact; each phase's median within max(1 ms, 10 %) of the
-//! truth's median, and never 0 for a phase whose truth is over 1 ms; the verdict. Run on every pyenv CPython 3.9–3.13 with the stand-in CUDA
-//! runtime, and with real PyTorch on CPU for the input-bound, residual-heavy and balanced loops.
+//! truth's median, and never 0 for a phase whose truth is over 1 ms; the verdict; where the
+//! GPU waits, by line (`truth.waits`: the line of the loop's `loss.item()` or `out.cpu()` that
+//! held the most time, named first in `phases.gpu_wait.wait_sites`). Run on every pyenv CPython
+//! 3.9–3.13 with the stand-in CUDA runtime, and with real PyTorch on CPU for the input-bound,
+//! residual-heavy and balanced loops.
 //!
 //! The expected verdict is what the published rules (docs/summary-schema.md, written out in
 //! `support::published_verdict`, not read from the daemon) give on *this run's* truth: its phase
@@ -179,11 +182,64 @@ fn run_scenario(
                 failures.push(format!("{label}: cuda.{field} {got}, truth {want}"));
             }
         }
+        check_wait_site(label, s, &truth, &mut failures);
     }
     Checked {
         failures,
         summary: out.summary,
         truth,
+    }
+}
+
+/// Where the GPU waits, by line: the loop's wait with the most time (`truth.waits`: the line of
+/// `loss.item()` or `out.cpu()` in groundtruth.py), when it holds 10 % of the run or more (at
+/// 100 stack samples a second, enough to name it), is the daemon's first wait site, with a
+/// share of the waits' samples within 0.15 below the truth's share of the waits' time.
+fn check_wait_site(
+    label: &str,
+    s: &serde_json::Value,
+    truth: &serde_json::Value,
+    failures: &mut Vec<String>,
+) {
+    let Some(waits) = truth["waits"].as_array().filter(|w| !w.is_empty()) else {
+        return;
+    };
+    let ns = |w: &serde_json::Value| w["ns"].as_f64().unwrap_or(0.0);
+    let top = waits
+        .iter()
+        .max_by(|a, b| ns(a).total_cmp(&ns(b)))
+        .expect("non-empty");
+    let wall = truth["totals"]["wall_ns"].as_f64().unwrap_or(f64::INFINITY);
+    if ns(top) / wall < 0.10 {
+        return;
+    }
+    let truth_share = ns(top) / waits.iter().map(ns).sum::<f64>();
+    let (file, line) = (top["file"].as_str(), top["line"].as_u64());
+    let site = &s["phases"]["gpu_wait"]["wait_sites"][0];
+    let share = site["share"].as_f64().unwrap_or(0.0);
+    let named = site["file"].as_str() == file && site["line"].as_u64() == line;
+    note(format!(
+        "{label}: gpu_wait's first line {}:{} ({:.0} % of the waits' samples, {}), truth {}:{}          `{}` ({:.0} % of the waits' time, {:.0} % of the run)",
+        site["file"],
+        site["line"],
+        share * 100.0,
+        site["api"],
+        file.unwrap_or("?"),
+        line.unwrap_or(0),
+        top["statement"].as_str().unwrap_or("?"),
+        truth_share * 100.0,
+        ns(top) / wall * 100.0
+    ));
+    if !named || share < truth_share - 0.15 {
+        failures.push(format!(
+            "{label}: gpu_wait's first line {}:{} (share {share:.2}), truth {}:{} `{}` (share              {truth_share:.2}); sites: {}",
+            site["file"],
+            site["line"],
+            file.unwrap_or("?"),
+            line.unwrap_or(0),
+            top["statement"].as_str().unwrap_or("?"),
+            s["phases"]["gpu_wait"]["wait_sites"]
+        ));
     }
 }
 
@@ -219,11 +275,12 @@ fn suite(scenarios: &[&str], pythons: &[u32]) {
     );
 }
 
-const ALL: [&str; 6] = [
+const ALL: [&str; 7] = [
     "input_bound_single",
     "input_bound_workers",
     "h2d_bound",
     "compute_bound",
+    "gpu_wait_periodic",
     "residual_heavy",
     "balanced",
 ];

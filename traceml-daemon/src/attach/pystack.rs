@@ -23,10 +23,14 @@
 //! - 3.14 is refused ([`StackError::Unsupported`]): its headers are not on this machine, so its
 //!   offsets are not verified.
 //!
-//! A frame's line is its code object's `co_firstlineno` (the line of the `def`), not the line
-//! executing now: that needs the frame's instruction offset (not read yet) and the line table,
-//! whose three formats [`super::linetable`] decodes (checked against CPython 3.9–3.13's own
-//! `co_lines()`).
+//! A frame's line is its code object's `co_firstlineno` (the line of the `def`). The innermost
+//! frames' *executing* lines ([`Stack::lines`]: where a thread blocked in `.item()` or
+//! `time.sleep` called it) come from the frame's instruction offset (3.9 `f_lasti` in bytes,
+//! 3.10 `f_lasti` in code units, 3.11/3.12 `prev_instr` and 3.13 `instr_ptr` less the code's
+//! first code unit `co_code_adaptive`) and the code object's line table (`co_lnotab` in 3.9,
+//! `co_linetable` after), whose three formats [`super::linetable`] decodes (checked against
+//! CPython 3.9–3.13's own `co_lines()`; the root test `tests/pystack.rs` checks the line of a
+//! live thread of each version).
 //!
 //! The target runs while we read, so any read may be torn. The walk is bounded (at most
 //! [`MAX_DEPTH`] frames reported, [`MAX_WALK`] links followed), refuses misaligned pointers and
@@ -123,6 +127,14 @@ pub struct StackOffsets {
     pub owned_by_cstack: Option<u8>,
     /// `PyCodeObject.co_firstlineno` (an `int`).
     pub code_firstlineno: u64,
+    /// Where the frame's instruction offset is: `PyFrameObject.f_lasti` (an `int`, 3.9/3.10),
+    /// `_PyInterpreterFrame.prev_instr` (3.11/3.12) or `.instr_ptr` (3.13), read as [`Self::instr`] says.
+    pub frame_instr: u64,
+    pub instr: Instr,
+    /// `PyCodeObject.co_lnotab` (3.9) or `.co_linetable` (3.10+): a `bytes` object.
+    pub code_linetable: u64,
+    /// `PyCodeObject.co_code_adaptive` (3.11+): the first code unit, inside the code object.
+    pub code_code: Option<u64>,
     /// `PyThreadState.next`.
     pub tstate_next: u64,
     /// `PyThreadState.thread_id` (`unsigned long`, the thread's `pthread_t`).
@@ -134,6 +146,23 @@ pub struct StackOffsets {
     /// `_PyRuntimeState.interpreters.main`.
     pub runtime_interp_main: u64,
 }
+
+/// How a frame says which instruction it executes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Instr {
+    /// 3.9: `f_lasti`, the byte offset of the instruction (−1 before the first).
+    LastiBytes,
+    /// 3.10: `f_lasti`, in 2-byte code units.
+    LastiUnits,
+    /// 3.11+: a pointer to the code unit, inside the code object from `code_code` on.
+    Pointer,
+}
+
+/// `offsetof(PyBytesObject, ob_size)` and `ob_sval`: the length and the data of a `bytes`.
+const BYTES_SIZE: u64 = 16;
+const BYTES_DATA: u64 = 32;
+/// The longest line table read (a code object of ~20,000 lines; longer ones get no line).
+const MAX_LINETABLE: u64 = 64 * 1024;
 
 /// The offset table.
 ///
@@ -153,6 +182,9 @@ pub struct StackOffsets {
 /// | frame owner            | –   | –    | 69   | 70   | 70   |
 /// | FRAME_OWNED_BY_CSTACK  | –   | –    | –    | 3    | 3    |
 /// | code co_firstlineno    | 40  | 40   | 72   | 68   | 68   |
+/// | frame lasti/instr      | 104 | 96   | 56   | 56   | 56   |
+/// | code lnotab/linetable  | 120 | 120  | 136  | 136  | 136  |
+/// | code co_code_adaptive  | –   | –    | 184  | 192  | 200  |
 /// | tstate next            | 8   | 8    | 8    | 8    | 8    |
 /// | tstate thread_id       | 176 | 176  | 152  | 136  | 152  |
 /// | interp threads head    | 8   | 8    | 16   | 72   | 7344 |
@@ -168,6 +200,14 @@ pub fn stack_offsets(v: Version) -> Result<StackOffsets, StackError> {
             frame_owner: None,
             owned_by_cstack: None,
             code_firstlineno: 40,
+            frame_instr: if v.minor == 9 { 104 } else { 96 },
+            instr: if v.minor == 9 {
+                Instr::LastiBytes
+            } else {
+                Instr::LastiUnits
+            },
+            code_linetable: 120,
+            code_code: None,
             tstate_next: 8,
             tstate_thread_id: 176,
             interp_threads_head: 8,
@@ -182,6 +222,10 @@ pub fn stack_offsets(v: Version) -> Result<StackOffsets, StackError> {
             frame_owner: Some(69),
             owned_by_cstack: None,
             code_firstlineno: 72,
+            frame_instr: 56,
+            instr: Instr::Pointer,
+            code_linetable: 136,
+            code_code: Some(184),
             tstate_next: 8,
             tstate_thread_id: 152,
             interp_threads_head: 16,
@@ -196,6 +240,10 @@ pub fn stack_offsets(v: Version) -> Result<StackOffsets, StackError> {
             frame_owner: Some(70),
             owned_by_cstack: Some(3),
             code_firstlineno: 68,
+            frame_instr: 56,
+            instr: Instr::Pointer,
+            code_linetable: 136,
+            code_code: Some(192),
             tstate_next: 8,
             tstate_thread_id: 136,
             interp_threads_head: 72,
@@ -210,6 +258,10 @@ pub fn stack_offsets(v: Version) -> Result<StackOffsets, StackError> {
             frame_owner: Some(70),
             owned_by_cstack: Some(3),
             code_firstlineno: 68,
+            frame_instr: 56,
+            instr: Instr::Pointer,
+            code_linetable: 136,
+            code_code: Some(200),
             tstate_next: 8,
             tstate_thread_id: 152,
             interp_threads_head: 7344,
@@ -228,14 +280,21 @@ const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
 /// `offsetof(_Py_DebugOffsets, free_threaded)`.
 const DEBUG_FREE_THREADED: u64 = 16;
 
-fn debug_checks_313(o: &StackOffsets) -> [(&'static str, u64, u64); 6] {
+fn debug_checks_313(o: &StackOffsets) -> [(&'static str, u64, u64); 9] {
     [
         ("thread_state.current_frame", 184, o.tstate_frame),
         ("thread_state.next", 168, o.tstate_next),
         ("thread_state.thread_id", 192, o.tstate_thread_id),
         ("interpreter_frame.previous", 232, o.frame_back),
         ("interpreter_frame.executable", 240, o.frame_code),
+        ("interpreter_frame.instr_ptr", 248, o.frame_instr),
         ("code_object.firstlineno", 312, o.code_firstlineno),
+        ("code_object.linetable", 304, o.code_linetable),
+        (
+            "code_object.co_code_adaptive",
+            344,
+            o.code_code.unwrap_or(0),
+        ),
     ]
 }
 
@@ -256,7 +315,14 @@ pub struct Stack {
     /// The walk stopped at [`MAX_DEPTH`] frames or [`MAX_WALK`] links: the outermost frames are
     /// missing.
     pub truncated: bool,
+    /// The lines the innermost [`INNER_LINES`] frames execute, innermost first (`None`: the
+    /// frame's instruction offset or line table could not be read, or the offset has no line).
+    pub lines: Vec<Option<u32>>,
 }
+
+/// Frames, from the innermost, whose executing line a stack carries: enough to pass the
+/// Python wrappers of a library (`Tensor.item` in a Python-level torch) to the caller's line.
+pub const INNER_LINES: usize = 8;
 
 /// Reads Python stacks of one target; keeps a bounded cache of code objects' names.
 pub struct StackReader {
@@ -266,6 +332,9 @@ pub struct StackReader {
     frame_len: usize,
     codes: CodeReader,
     cache: HashMap<u64, PyFrame>,
+    /// Line tables by code object, read for the innermost frames (emptied with `cache`).
+    tables: HashMap<u64, Option<Arc<[u8]>>>,
+    format: Option<super::linetable::TableFormat>,
     window: Window,
 }
 
@@ -336,6 +405,7 @@ impl StackReader {
         let table = stack_offsets(version)?;
         let frame_len = (table.frame_back + 8)
             .max(table.frame_code + 8)
+            .max(table.frame_instr + 8)
             .max(table.frame_owner.map_or(0, |o| o + 1)) as usize;
         Ok(StackReader {
             offsets: table,
@@ -347,6 +417,8 @@ impl StackReader {
                 code_type_addr,
             },
             cache: HashMap::new(),
+            tables: HashMap::new(),
+            format: super::linetable::TableFormat::of_minor(version.minor),
             window: Window::default(),
         })
     }
@@ -477,6 +549,11 @@ impl StackReader {
                     stack.truncated = true;
                     break;
                 }
+                if stack.lines.len() < INNER_LINES {
+                    let offset = self.instr_offset(buf, code);
+                    let line = offset.and_then(|at| self.line_at(mem, code, f.line, at));
+                    stack.lines.push(line);
+                }
                 stack.frames.push(f);
             }
             frame = back;
@@ -486,6 +563,53 @@ impl StackReader {
         }
         stack.frames.reverse();
         Ok(stack)
+    }
+
+    /// The byte offset of the instruction a frame (its first bytes in `buf`) executes in its
+    /// code object at `code`; `None` before its first instruction or when torn.
+    fn instr_offset(&self, buf: &[u8], code: u64) -> Option<u64> {
+        let at = self.offsets.frame_instr as usize;
+        let int = || i32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
+        match self.offsets.instr {
+            Instr::LastiBytes => u64::try_from(int()).ok(),
+            Instr::LastiUnits => u64::try_from(int()).ok().map(|u| u * 2),
+            Instr::Pointer => {
+                let ptr = u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
+                let first = code.checked_add(self.offsets.code_code?)?;
+                ptr.checked_sub(first)
+                    .filter(|o| o % 2 == 0 && *o < 1 << 24)
+            }
+        }
+    }
+
+    /// The line of the code object at `code` (first line `first_line`) at byte offset `at`,
+    /// from its line table (read once per code object).
+    fn line_at(&mut self, mem: &TargetMemory, code: u64, first_line: u32, at: u64) -> Option<u32> {
+        let format = self.format?;
+        let table = match self.tables.get(&code) {
+            Some(t) => t.clone(),
+            None => {
+                let t = self.read_table(mem, code);
+                self.tables.insert(code, t.clone());
+                t
+            }
+        }?;
+        super::linetable::line_at(format, &table, first_line, at)
+    }
+
+    /// The `bytes` of a code object's line table; `None` when unreadable or implausible.
+    fn read_table(&self, mem: &TargetMemory, code: u64) -> Option<Arc<[u8]>> {
+        let bytes = mem.read_u64(code + self.offsets.code_linetable).ok()?;
+        if !plausible(bytes) {
+            return None;
+        }
+        let len = mem.read_u64(bytes + BYTES_SIZE).ok()?;
+        if len > MAX_LINETABLE {
+            return None;
+        }
+        let mut data = vec![0u8; len as usize];
+        mem.read(bytes + BYTES_DATA, &mut data).ok()?;
+        Some(data.into())
     }
 
     /// The names of the code object at `code`, from the cache or the target; `None` when it is
@@ -506,6 +630,7 @@ impl StackReader {
         };
         if self.cache.len() >= CACHE_LIMIT {
             self.cache.clear();
+            self.tables.clear();
         }
         self.cache.insert(code, f.clone());
         Ok(Some(f))
@@ -624,6 +749,23 @@ int main(void) {
     P("owned_by_cstack", FRAME_OWNED_BY_CSTACK);
 #endif
     P("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
+#if PY_VERSION_HEX < 0x030A0000
+    P("frame_instr", offsetof(PyFrameObject, f_lasti));
+    P("code_linetable", offsetof(PyCodeObject, co_lnotab));
+#elif PY_VERSION_HEX < 0x030B0000
+    P("frame_instr", offsetof(PyFrameObject, f_lasti));
+    P("code_linetable", offsetof(PyCodeObject, co_linetable));
+#else
+#if PY_VERSION_HEX < 0x030D0000
+    P("frame_instr", offsetof(_PyInterpreterFrame, prev_instr));
+#else
+    P("frame_instr", offsetof(_PyInterpreterFrame, instr_ptr));
+#endif
+    P("code_linetable", offsetof(PyCodeObject, co_linetable));
+    P("code_code", offsetof(PyCodeObject, co_code_adaptive));
+#endif
+    P("bytes_size", offsetof(PyVarObject, ob_size));
+    P("bytes_data", offsetof(PyBytesObject, ob_sval));
     P("object_type", offsetof(PyObject, ob_type));
     P("tstate_next", offsetof(PyThreadState, next));
     P("tstate_thread_id", offsetof(PyThreadState, thread_id));
@@ -638,6 +780,9 @@ int main(void) {
     P("debugpos_interpreter_frame.previous", offsetof(_Py_DebugOffsets, interpreter_frame.previous));
     P("debugpos_interpreter_frame.executable", offsetof(_Py_DebugOffsets, interpreter_frame.executable));
     P("debugpos_code_object.firstlineno", offsetof(_Py_DebugOffsets, code_object.firstlineno));
+    P("debugpos_interpreter_frame.instr_ptr", offsetof(_Py_DebugOffsets, interpreter_frame.instr_ptr));
+    P("debugpos_code_object.linetable", offsetof(_Py_DebugOffsets, code_object.linetable));
+    P("debugpos_code_object.co_code_adaptive", offsetof(_Py_DebugOffsets, code_object.co_code_adaptive));
     const _Py_DebugOffsets *d = &_PyRuntime.debug_offsets;
     P("debug_free_threaded", d->free_threaded);
     P("debug_thread_state.current_frame", d->thread_state.current_frame);
@@ -647,6 +792,9 @@ int main(void) {
     P("debug_interpreter_frame.executable", d->interpreter_frame.executable);
     P("debug_interpreter_frame.owner", d->interpreter_frame.owner);
     P("debug_code_object.firstlineno", d->code_object.firstlineno);
+    P("debug_interpreter_frame.instr_ptr", d->interpreter_frame.instr_ptr);
+    P("debug_code_object.linetable", d->code_object.linetable);
+    P("debug_code_object.co_code_adaptive", d->code_object.co_code_adaptive);
     P("debug_interpreter_state.threads_head", d->interpreter_state.threads_head);
 #endif
     return 0;
@@ -757,6 +905,11 @@ int main(void) {
         put("frame_owner", o.frame_owner);
         put("owned_by_cstack", o.owned_by_cstack.map(u64::from));
         put("code_firstlineno", Some(o.code_firstlineno));
+        put("frame_instr", Some(o.frame_instr));
+        put("code_linetable", Some(o.code_linetable));
+        put("code_code", o.code_code);
+        put("bytes_size", Some(BYTES_SIZE));
+        put("bytes_data", Some(BYTES_DATA));
         put("object_type", Some(8));
         put("tstate_next", Some(o.tstate_next));
         put("tstate_thread_id", Some(o.tstate_thread_id));

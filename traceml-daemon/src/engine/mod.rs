@@ -297,6 +297,13 @@ pub struct PhaseSample {
     /// source): the blocked time's functions (`PhaseStats::blocked_in`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_cpu: Option<crate::event::OffCpu>,
+    /// The lines the innermost frames executed, innermost first (`StackSample::lines`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<u32>,
+    /// The blocking sync or device-to-host copy the thread was in at the sample, by the API
+    /// called (`None`: not waiting for the device): where the GPU waits, by line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<crate::event::Api>,
 }
 
 /// Per-step sums over every step the engine measured (the stored [`EngineOutput::steps`] are a
@@ -858,8 +865,18 @@ impl Engine {
                 .filter(|&&(a, _, _)| a <= ts)
                 .map(|&(_, _, st)| st)
         };
+        // The waits are disjoint and in time order too (the outermost only).
+        let waits = &t.waits;
+        let wait_at = |ts: u64| {
+            let i = waits.partition_point(|&(_, b, _)| b <= ts);
+            waits
+                .get(i)
+                .filter(|&&(a, _, _)| a <= ts)
+                .map(|&(_, _, api)| api)
+        };
         for p in &mut placed {
             p.off_cpu = off_at(p.ts);
+            p.wait = wait_at(p.ts);
         }
         prep::apply(&mut steps, &mut placed, &self.func_kinds);
         for p in placed {
@@ -984,6 +1001,8 @@ fn place_samples(
                 phase: timeline.phase_at(s.ts),
                 frames: s.frames.clone(),
                 off_cpu: None,
+                lines: s.lines.clone(),
+                wait: None,
             })
         })
         .collect()

@@ -1827,6 +1827,7 @@ impl Trace {
                 ts,
                 tid: PID,
                 frames: frames.to_vec(),
+                lines: Vec::new(),
             })));
         self
     }

@@ -89,6 +89,10 @@ pub(crate) struct ThreadTrace {
     pub sync_exits: Vec<(Api, u64)>,
     /// Entries of outermost blocking syncs.
     pub syncs: Vec<u64>,
+    /// The outermost spans in which the host waited for the device (a blocking sync or a
+    /// device-to-host copy), with the API called, in time order: what a `gpu_wait` stack
+    /// sample waited in.
+    pub waits: Vec<(u64, u64, Api)>,
     pub copies: Vec<Copy>,
     /// Launches, a driver launch right after a runtime launch counted once.
     pub launches: Vec<u64>,
@@ -135,6 +139,7 @@ impl ThreadTrace {
         self.backward_starts.retain(|&t| t >= cut);
         self.sync_exits.retain(|&(_, t)| t >= cut);
         self.syncs.retain(|&t| t >= cut);
+        self.waits.retain(|&(_, e, _)| e > cut);
         self.launches.retain(|&t| t >= cut);
         self.collectives.retain(|&(t, _)| t >= cut);
         self.prep.retain(|&(_, e)| e > cut);
@@ -582,6 +587,11 @@ impl ThreadFold {
     fn close(&mut self, top: Open, end: u64, matched: bool, raised: bool) {
         if let Some(p) = top.phase {
             self.out.intervals.push((top.start, end.max(top.start), p));
+        }
+        if let (Some(Phase::GpuWait), What::Call { api }) = (top.phase, top.what)
+            && !self.stack.iter().any(|o| o.phase == Some(Phase::GpuWait))
+        {
+            self.out.waits.push((top.start, end.max(top.start), api));
         }
         if p_is(top.phase, Phase::InputWait) {
             self.input_depth -= 1;

@@ -282,6 +282,12 @@ impl EventEncoder {
         for f in &s.frames {
             put_varint(out, (*f).into());
         }
+        // Added within version 1: the innermost frames' lines. Readers that predate them ignore
+        // the bytes after the frames.
+        put_varint(out, s.lines.len() as u64);
+        for l in &s.lines {
+            put_varint(out, (*l).into());
+        }
     }
 }
 
@@ -387,7 +393,22 @@ impl EventDecoder {
             return Err(Bad("stack longer than its frame"));
         }
         let frames = (0..n).map(|_| b.u32()).collect::<Result<Vec<_>, _>>()?;
-        Ok(StackSample { ts, tid, frames })
+        // Absent in recordings written before they were added.
+        let lines = if b.is_empty() {
+            Vec::new()
+        } else {
+            let n = b.varint()?;
+            if n > payload.len() as u64 {
+                return Err(Bad("stack lines longer than their frame"));
+            }
+            (0..n).map(|_| b.u32()).collect::<Result<Vec<_>, _>>()?
+        };
+        Ok(StackSample {
+            ts,
+            tid,
+            frames,
+            lines,
+        })
     }
 }
 
@@ -497,13 +518,21 @@ mod tests {
         let d = enc.encode(&e, &mut p).unwrap();
         assert_eq!(p.len(), 3);
         assert_eq!(dec.decode(&p, d).unwrap(), e);
-        let s = StackSample {
+        let mut s = StackSample {
             ts: 2_500,
             tid: 9,
             frames: vec![0, 5, 70_000],
+            lines: vec![88, 0, 70_001],
         };
         let mut p = Vec::new();
         enc.encode_stack(&s, &mut p);
+        assert_eq!(dec.decode_stack(&p).unwrap(), s);
+        s.lines.clear();
+        p.clear();
+        enc.encode_stack(&s, &mut p);
+        assert_eq!(dec.decode_stack(&p).unwrap(), s);
+        // Written before the line was added: the frames end the payload.
+        p.pop();
         assert_eq!(dec.decode_stack(&p).unwrap(), s);
     }
 

@@ -157,6 +157,7 @@ fn every_item() -> Vec<StreamItem> {
             ts: 1_345,
             tid: 100,
             frames: vec![3, 4, 5],
+            lines: vec![88, 0],
         })),
         StreamItem::Sample(Box::new(Sample {
             ts: 1_400,
@@ -224,6 +225,7 @@ fn busy_items(steps: u64) -> Vec<StreamItem> {
             ts,
             tid: 100,
             frames: vec![1, 2, 3],
+            lines: Vec::new(),
         })));
     }
     v.push(end(ts, "interrupted"));

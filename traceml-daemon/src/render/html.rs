@@ -677,6 +677,28 @@ fn code(s: &Summary) -> Markup {
                 }
             }
         }
+        @let sites = &s.phases.gpu_wait.wait_sites;
+        @if !sites.is_empty() {
+            h3 { "Where the GPU waits, by line" }
+            table id="wait-sites" {
+                tr {
+                    th { "line" }
+                    th { "function" }
+                    th { "wait" }
+                    th class="n" { "share of wait samples" }
+                    th class="n" { "samples" }
+                }
+                @for w in sites {
+                    tr {
+                        td { code { (Text(&w.file)) @if let Some(l) = w.line { ":" (l) } } }
+                        td { code { (Text(&w.function)) } }
+                        td { (w.kind.said()) ": " code { (Text(&w.api)) } }
+                        td class="n" { (pct(w.share)) }
+                        td class="n" { (w.samples) }
+                    }
+                }
+            }
+        }
         "\n"
     }
 }

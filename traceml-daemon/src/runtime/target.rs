@@ -434,8 +434,14 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                 return Ok(());
             }
         };
+        let lines = stack.lines.iter().map(|l| l.unwrap_or(0)).collect();
         let frames = self.intern(stack)?;
-        self.emit(StreamItem::Stack(Box::new(StackSample { ts, tid, frames })))
+        self.emit(StreamItem::Stack(Box::new(StackSample {
+            ts,
+            tid,
+            frames,
+            lines,
+        })))
     }
 
     /// The frames of `stack` as function ids, naming each new function in the stream first.
