@@ -190,7 +190,7 @@ mod tests {
             return;
         }
         let c = measure().expect("calibration");
-        eprintln!("calibration: {c:?}");
+        println!("calibration: {c:?}");
         assert!(c.uprobe_ns > 20.0 && c.uprobe_ns < 20_000.0, "{c:?}");
         assert!(c.uretprobe_ns > 20.0 && c.uretprobe_ns < 20_000.0, "{c:?}");
     }
