@@ -848,8 +848,9 @@ fn attach_rows(runs: &[InprocRun]) -> String {
         md,
         "\n### Cost of an attach\n\nWhat one attach costs the target once, on top of the steady \
          cost: per on window, each step that ended between the daemon's start and the end of its \
-         learning period (its last probe-set change, plus two steps for the detach) less the median \
-         step of the off windows beside it, summed (wall time of the training thread). Beside it, \
+         learning period (its last probe-set change, plus two steps for the detach) less the mean \
+         step of the off windows beside it (the mean: a slow step now and then is as likely there \
+         as in the learning span), summed (wall time of the training thread). Beside it, \
          the daemon's own estimate of the same (`daemon_overhead.learning_ms`: the probe hits \
          counted while learning × the per-hit costs). The estimate agrees when within 2× or 20 ms \
          of the measurement. Goal: ≤ {ATTACH_GOAL_MS:.0} ms on the HF Trainer. Medians over the on \
@@ -863,14 +864,24 @@ fn attach_rows(runs: &[InprocRun]) -> String {
     let _ = writeln!(md, "|---|---|---|---|---|---|");
     for r in runs.iter().filter(|r| r.error.is_none()) {
         let spans: Vec<Span> = r.windows.iter().map(|w| w.span).collect();
-        let medians: Vec<f64> = spans
+        // The off windows' mean step, not their median: a loop whose steps are skewed (a slow
+        // step now and then, from other jobs or its own sleeps) has as many slow steps in the
+        // learning span as elsewhere, and the median would count them as the attach's.
+        let means: Vec<f64> = spans
             .iter()
-            .map(|sp| med(&window_steps_ms(&r.step_ends, sp)))
+            .map(|sp| {
+                let v = window_steps_ms(&r.step_ends, sp);
+                if v.is_empty() {
+                    f64::NAN
+                } else {
+                    v.iter().sum::<f64>() / v.len() as f64
+                }
+            })
             .collect();
         let (mut measured, mut est, mut learn_s) = (vec![], vec![], vec![]);
         for (i, w) in r.windows.iter().enumerate() {
             let (Some((from, learned)), Some(off)) =
-                (w.attach_span, off_neighbours(&spans, &medians, i))
+                (w.attach_span, off_neighbours(&spans, &means, i))
             else {
                 continue;
             };
