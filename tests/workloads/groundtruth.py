@@ -43,6 +43,9 @@ DEFAULTS = dict(
     opt_launches=3,
     sync_per_step=True,         # loss.item() each step (D2H cudaMemcpyAsync + cudaStreamSynchronize)
     cpu_every=0,                # out.cpu() every N steps (D2H copy + sync: waits for the backlog)
+    item_rebuild_ns=0,          # CPU the training process burns unpickling each item (a Record
+                                # whose pickle names rebuild_record): the workers' hand-over
+    record_bytes=65536,         # bytes of a Record's payload (with item_rebuild_ns)
     residual_sleep_ns=0,        # time.sleep between steps (outside every phase)
     log_every=0,                # print a log line every N steps (residual)
     verdict="balanced",         # what the daemon's verdict must be
@@ -75,6 +78,34 @@ def decode_sample(ns):
     return x
 
 
+# ns the training process spent in rebuild_record (unpickling the workers' Records): the truth of
+# the hand-over.
+REBUILT_NS = [0]
+
+
+def rebuild_record(payload, ns):
+    """Unpickles a Record, burning `ns` of this thread's CPU: what an item costs the process that
+    receives it (a Python object rebuilt on arrival, as a tensor's storage is by
+    torch.multiprocessing.reductions). Runs in the training process, inside next(it)."""
+    t0 = time.monotonic_ns()
+    end = time.thread_time_ns() + ns
+    x = 0
+    while time.thread_time_ns() < end:
+        x += 1
+    REBUILT_NS[0] += time.monotonic_ns() - t0
+    return Record(payload, ns)
+
+
+class Record:
+    """An item's annotations: pickles as rebuild_record(payload, ns)."""
+
+    def __init__(self, payload, ns):
+        self.payload, self.ns = payload, ns
+
+    def __reduce__(self):
+        return rebuild_record, (self.payload, self.ns)
+
+
 def make_dataset(cfg):
     import torch
     from torch.utils.data import Dataset
@@ -101,6 +132,9 @@ def make_dataset(cfg):
                 c1, q1 = schedstat()
                 with open(log, "a") as f:
                     f.write(f"{os.getpid()} {time.perf_counter_ns() - t0} {c1 - c0} {q1 - q0}\n")
+            if cfg["item_rebuild_ns"]:
+                return (torch.empty(cfg["item_bytes"] // 4), torch.empty(1),
+                        Record(bytes(cfg["record_bytes"]), cfg["item_rebuild_ns"]))
             return torch.empty(cfg["item_bytes"] // 4), torch.empty(1)
 
     return SlowDataset(cfg["steps"] * cfg["batch_size"])
@@ -175,6 +209,8 @@ def run(name, overrides, argv_args=None):
     gc.collect()
     gc.disable()
     s_prev = stats()
+    rebuilt = []  # REBUILT_NS after each step's next(it)
+    rebuilt_start = REBUILT_NS[0]
     loop_start = now()
     step = 0
     while True:
@@ -190,6 +226,7 @@ def run(name, overrides, argv_args=None):
             t_stop_start = t0  # the last step ends where the final (StopIteration) next() begins
             break
         t1 = now()
+        rebuilt.append(REBUILT_NS[0])
         xd = batch[0].to("cuda", non_blocking=nb)
         yd = batch[1].to("cuda", non_blocking=nb)
         t2 = now()
@@ -258,6 +295,8 @@ def run(name, overrides, argv_args=None):
             "residual_sleep_ns": t9 - t8,
             "cleanup_ns": t10 - t9,
             "unaccounted_ns": ph["residual"] - (t5 - t4) - (t9 - t8) - (t10 - t9),
+            # Of the input wait: unpickling the workers' Records (rebuild_record).
+            "handover_ns": rebuilt[i] - (rebuilt[i - 1] if i else rebuilt_start),
             "bytes_h2d": d["bytes_h2d"],
             "bytes_d2h": d["bytes_d2h"],
             "copies_h2d": d["copies_h2d"],

@@ -429,8 +429,9 @@ fn add_worker_profile(
                 * engine.step_stride.max(1)
         })
         .filter(|&b| b > 0);
+    let handover = crate::profile::handover(&engine.samples, &funcs);
     summary.workers.profile =
-        crate::pipeline::worker_profile(&engine.workers, &funcs, cpu_s, batches);
+        crate::pipeline::worker_profile(&engine.workers, &funcs, cpu_s, batches, &handover);
 }
 
 /// The daemon's estimated cost from the probe counters and the probe-set changes in the stream.

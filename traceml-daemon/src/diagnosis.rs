@@ -385,7 +385,7 @@ fn input_next(s: &Summary, why: &mut String) -> String {
         return next;
     }
     if let (Some(k), Some(p)) = (w.count.filter(|&k| k > 0), &w.profile)
-        && p.busy > 0.0
+        && (p.busy > 0.0 || p.bound == crate::summary::PipelineBound::Ipc)
     {
         return pipeline_next(s, p, k, why);
     }
@@ -460,9 +460,21 @@ pub fn pipeline_line(p: &crate::summary::WorkerProfile) -> String {
             )
         })
         .unwrap_or_default();
+    let handover = p
+        .ipc
+        .filter(|&i| i >= 0.05)
+        .map(|i| {
+            let f = p
+                .ipc_in
+                .first()
+                .map(|f| format!(" in {}", f.function))
+                .unwrap_or_default();
+            format!(" · hand-over {:.0}% of the wait{f}", i * 100.0)
+        })
+        .unwrap_or_default();
     format!(
         "{} sampled · making a batch {:.0}% of the time: {:.0}% on CPU, {:.0}% blocked, {:.0}% in \
-         I/O{top}",
+         I/O{top}{handover}",
         plural(p.workers_sampled, "worker"),
         p.busy * 100.0,
         p.on_cpu * 100.0,
@@ -513,7 +525,31 @@ fn pipeline_next(
         .unwrap_or(u64::from(s.steps.count));
     let cores = s.system.num_cpus;
     let sys = s.system.cpu_pct_mean;
+    if let Some(ipc) = p.ipc.filter(|&i| i >= 0.05) {
+        why.push_str(&format!(
+            "; {:.0}% of the input wait was the hand-over (reading finished batches off the \
+             queue, unpickling them)",
+            ipc * 100.0
+        ));
+    }
     match p.bound {
+        PipelineBound::Ipc => {
+            let f = func(&p.ipc_in).unwrap_or_else(|| "unpickling".into());
+            let ipc = p.ipc.unwrap_or(0.0);
+            let cost = s
+                .phases
+                .input_wait
+                .mean_ms
+                .map(|m| format!(" ({:.0} ms a step)", m * ipc))
+                .unwrap_or_default();
+            format!(
+                "the workers finish first: {:.0}% of the input wait{cost} is this process taking \
+                 their batches over, in {f}: return tensors or compact bytes, not objects that \
+                 rebuild on arrival; do that work in the workers (__getitem__ or collate_fn); \
+                 more workers will not help",
+                ipc * 100.0
+            )
+        }
         PipelineBound::Cpu => {
             let f = func(&p.cpu_in).unwrap_or_else(|| "the dataset's code".into());
             let saturated = sys.is_some_and(|c| c >= 85.0);

@@ -6,19 +6,27 @@ use std::collections::HashMap;
 
 use crate::engine::WorkerFold;
 use crate::event::{FuncInfo, ProcState};
-use crate::profile::ranked;
-use crate::summary::{PipelineBound, WorkerProfile};
+use crate::profile::{Handover, ranked};
+use crate::summary::{PipelineBound, PipelineSplit, WorkerProfile};
 
 /// Fewer worker samples than this make no profile (about half a second of one worker).
 pub const MIN_SAMPLES: u64 = 5;
 
+/// The hand-over is what limits the pipeline when it holds at least this share of the training
+/// thread's input wait.
+pub const IPC_BOUND: f64 = 0.5;
+/// Fewer input-wait samples than this give no hand-over share.
+pub const MIN_HANDOVER_SAMPLES: u64 = 5;
+
 /// The profile of `w` (`funcs`: the stream's function names); `worker_cpu_s`: the workers' CPU
-/// seconds over the run, `batches`: the batches the training thread fetched over it.
+/// seconds over the run, `batches`: the batches the training thread fetched over it; `handover`:
+/// the training thread's input-wait samples ([`crate::profile::handover`]).
 pub fn worker_profile(
     w: &WorkerFold,
     funcs: &HashMap<u32, FuncInfo>,
     worker_cpu_s: Option<f64>,
     batches: Option<u64>,
+    handover: &Handover,
 ) -> Option<WorkerProfile> {
     if w.samples < MIN_SAMPLES {
         return None;
@@ -37,7 +45,11 @@ pub fn worker_profile(
         share(of_busy(ProcState::Sleeping)),
         share(of_busy(ProcState::DiskSleep)),
     );
-    let bound = if io >= on_cpu && io >= blocked {
+    let ipc = (handover.samples >= MIN_HANDOVER_SAMPLES)
+        .then(|| handover.handover as f64 / handover.samples as f64);
+    let bound = if ipc.is_some_and(|i| i >= IPC_BOUND) {
+        PipelineBound::Ipc
+    } else if io >= on_cpu && io >= blocked {
         PipelineBound::Io
     } else if blocked > on_cpu {
         PipelineBound::Wait
@@ -81,6 +93,25 @@ pub fn worker_profile(
             Vec::new()
         },
         batch_cpu_ms,
+        ipc,
+        ipc_in: if ipc.is_some() {
+            handover.functions.clone()
+        } else {
+            Vec::new()
+        },
+        split: ipc.map(|i| {
+            // The rest of the wait is for a worker to finish: shared as the busy workers' states
+            // (all of it `blocked` when no busy sample says otherwise).
+            let rest = 1.0 - i;
+            let states = on_cpu + blocked + io;
+            let of = |x: f64| if states > 0.0 { rest * x / states } else { 0.0 };
+            PipelineSplit {
+                cpu: of(on_cpu),
+                blocked: if states > 0.0 { of(blocked) } else { rest },
+                io: of(io),
+                ipc: i,
+            }
+        }),
     })
 }
 
@@ -157,7 +188,7 @@ mod tests {
             (ProcState::Running, &[1, 2, 3], 10),
             (ProcState::Sleeping, &[1, 5], 20),
         ]);
-        let p = worker_profile(&w, &funcs(), Some(1.2), Some(60)).unwrap();
+        let p = worker_profile(&w, &funcs(), Some(1.2), Some(60), &Handover::default()).unwrap();
         assert_eq!(p.samples, 120);
         assert_eq!(p.workers_sampled, 2);
         assert!((p.busy - 100.0 / 120.0).abs() < 1e-9);
@@ -174,7 +205,7 @@ mod tests {
             (ProcState::Running, &[1, 2, 3, 4], 95),
             (ProcState::Sleeping, &[1, 2, 3, 4], 5),
         ]);
-        let p = worker_profile(&w, &funcs(), None, Some(10)).unwrap();
+        let p = worker_profile(&w, &funcs(), None, Some(10), &Handover::default()).unwrap();
         assert_eq!(p.bound, PipelineBound::Cpu);
         assert_eq!(p.cpu_in[0].function, "decode");
         assert_eq!(p.batch_cpu_ms, None);
@@ -186,6 +217,9 @@ mod tests {
     #[test]
     fn too_few_samples_make_no_profile() {
         let w = fold(&[(ProcState::Running, &[1, 2, 3], 3)]);
-        assert_eq!(worker_profile(&w, &funcs(), None, None), None);
+        assert_eq!(
+            worker_profile(&w, &funcs(), None, None, &Handover::default()),
+            None
+        );
     }
 }

@@ -201,6 +201,70 @@ fn wait_sites(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Vec<Wa
         .collect()
 }
 
+/// The multiprocessing queue a DataLoader's batches arrive by (its `get` receives and unpickles
+/// them in the training process) and the pipe under it.
+const QUEUE_FILES: [&str; 2] = ["multiprocessing/queues.py", "multiprocessing/connection.py"];
+/// Functions that wait for a batch to arrive (the queue empty: a worker has not finished it):
+/// the poll under `Queue.get` and the selector under it.
+const ARRIVAL_WAITS: [&str; 4] = ["poll", "_poll", "wait", "select"];
+/// Unpickling a tensor in the training process (`rebuild_storage_fd`, `rebuild_tensor`): part of
+/// the hand-over.
+const REBUILD_FILE: &str = "torch/multiprocessing/reductions.py";
+
+/// The training thread's share of its input wait spent taking the workers' finished batches
+/// over: reading them off the queue's pipe, unpickling them, rebuilding what they hold.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Handover {
+    /// `input_wait` samples.
+    pub samples: u64,
+    /// Of them, those in the hand-over.
+    pub handover: u64,
+    /// The innermost functions of the hand-over samples, with their share of them.
+    pub functions: Vec<TopFunction>,
+}
+
+/// Whether `f` is the bare name or the qualified name (3.11+) of one of `names`.
+fn named(f: &FuncInfo, names: &[&str]) -> bool {
+    let bare = f.function.rsplit('.').next().unwrap_or(&f.function);
+    names.contains(&bare)
+}
+
+/// Whether an `input_wait` sample is in the hand-over: a frame of the queue's `get` (or a
+/// tensor's rebuild) on its stack, and not waiting there for a batch to arrive (innermost in
+/// the poll or the selector under it). Reading the pipe (`_recv_bytes`), unpickling (C, under
+/// `get`) and the rebuild functions an item's pickle names all count.
+fn in_handover(s: &PhaseSample, funcs: &HashMap<u32, FuncInfo>) -> bool {
+    let info = |id: &u32| funcs.get(id);
+    let in_queue = s.frames.iter().filter_map(info).any(|f| {
+        f.file.ends_with(REBUILD_FILE) || (f.file.ends_with(QUEUE_FILES[0]) && named(f, &["get"]))
+    });
+    if !in_queue {
+        return false;
+    }
+    let waiting = s.frames.last().and_then(info).is_some_and(|f| {
+        (QUEUE_FILES.iter().any(|q| f.file.ends_with(q)) || f.file.ends_with("selectors.py"))
+            && named(f, &ARRIVAL_WAITS)
+    });
+    !waiting
+}
+
+/// The hand-over of the training thread's input wait (see [`Handover`]).
+pub fn handover(samples: &[PhaseSample], funcs: &HashMap<u32, FuncInfo>) -> Handover {
+    let mut out = Handover::default();
+    let mut leaves: HashMap<u32, u64> = HashMap::new();
+    for s in samples.iter().filter(|s| s.phase == Phase::InputWait) {
+        out.samples += 1;
+        if in_handover(s, funcs) {
+            out.handover += 1;
+            if let Some(&leaf) = s.frames.last() {
+                *leaves.entry(leaf).or_default() += 1;
+            }
+        }
+    }
+    out.functions = ranked(&leaves, out.handover, funcs);
+    out
+}
+
 /// The [`TOP_N`] functions of `counts`, with their share of `total` samples.
 pub fn ranked(
     counts: &HashMap<u32, u64>,
@@ -275,6 +339,23 @@ mod tests {
                 "/v/site-packages/torch/nn/modules/linear.py",
             ),
             (7, "Tensor.item", "/v/site-packages/torch/_tensor.py"),
+            (
+                8,
+                "Queue.get",
+                "/usr/lib/python3.11/multiprocessing/queues.py",
+            ),
+            (
+                9,
+                "_poll",
+                "/usr/lib/python3.11/multiprocessing/connection.py",
+            ),
+            (10, "select", "/usr/lib/python3.11/selectors.py"),
+            (
+                11,
+                "_recv",
+                "/usr/lib/python3.11/multiprocessing/connection.py",
+            ),
+            (12, "rebuild_record", "/w/train.py"),
         ]
         .into_iter()
         .map(|(id, f, file)| {
@@ -403,5 +484,30 @@ mod tests {
         );
         assert_eq!(short_file("/home/u/proj/train.py"), "proj/train.py");
         assert_eq!(short_file("train.py"), "train.py");
+    }
+
+    #[test]
+    fn the_hand_over_is_taking_a_finished_batch_not_waiting_for_one() {
+        let get = [0, 8];
+        let mut samples = Vec::new();
+        // Waiting for a worker: under the poll, or in the selector under it.
+        for tail in [&[9][..], &[9, 10][..]] {
+            for _ in 0..3 {
+                samples.push(s(Phase::InputWait, &[&get[..], tail].concat()));
+            }
+        }
+        // Reading the pipe, unpickling (C, under `get`), rebuilding a record.
+        samples.push(s(Phase::InputWait, &[0, 8, 11]));
+        samples.push(s(Phase::InputWait, &get));
+        for _ in 0..2 {
+            samples.push(s(Phase::InputWait, &[0, 8, 12]));
+        }
+        // Not in the input wait, or not under the queue: never the hand-over.
+        samples.push(s(Phase::Forward, &[0, 8, 12]));
+        samples.push(s(Phase::InputWait, &[0, 5]));
+        let h = handover(&samples, &funcs());
+        assert_eq!((h.samples, h.handover), (11, 4));
+        assert_eq!(h.functions[0].function, "rebuild_record");
+        assert!((h.functions[0].share - 0.5).abs() < 1e-9);
     }
 }

@@ -737,9 +737,33 @@ pub struct WorkerProfile {
     /// no fetch or no CPU reading).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_cpu_ms: Option<f64>,
+    /// The hand-over: the share of the training thread's input-wait samples in which it was
+    /// taking a finished batch over (reading it off the queue's pipe, unpickling it, rebuilding
+    /// what it holds) rather than waiting for a worker to finish one (absent: no input-wait
+    /// samples).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc: Option<f64>,
+    /// The innermost functions of those samples, with their share of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipc_in: Vec<crate::profile::TopFunction>,
+    /// The training thread's input wait split by what it waited on (absent: no input-wait
+    /// samples): the hand-over (`ipc`), the rest shared out as the busy workers' states.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<PipelineSplit>,
 }
 
-/// What limits a busy DataLoader worker.
+/// The input wait by the pipeline's state, shares summing to 1: the workers on a CPU (`cpu`),
+/// asleep (`blocked`), in uninterruptible I/O (`io`), or done, with the training process taking
+/// the batch over (`ipc`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PipelineSplit {
+    pub cpu: f64,
+    pub blocked: f64,
+    pub io: f64,
+    pub ipc: f64,
+}
+
+/// What limits the input pipeline: a busy DataLoader worker's state, or the hand-over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PipelineBound {
@@ -750,6 +774,9 @@ pub enum PipelineBound {
     Wait,
     /// Uninterruptible I/O: storage.
     Io,
+    /// The workers are done: most of the input wait is the training process taking their
+    /// batches over (reading and unpickling them).
+    Ipc,
 }
 
 impl PipelineBound {
@@ -758,6 +785,7 @@ impl PipelineBound {
             PipelineBound::Cpu => "cpu",
             PipelineBound::Wait => "wait",
             PipelineBound::Io => "io",
+            PipelineBound::Ipc => "ipc",
         }
     }
 }

@@ -3,9 +3,12 @@
 //! summary's per-phase means (exclusive times that sum to the step), writes [`WhatIf`]s.
 //!
 //! Floors, by phase (the mean step minus what falls):
-//! - `input_wait` → the DataLoader's own work on the training thread (collate, hand-over): its
-//!   share of the phase's stack samples in `torch/utils/data`, at most the phase's on-CPU time;
-//!   without samples → 0, an upper bound.
+//! - `input_wait` → the DataLoader's own work on the training thread: its share of the phase's
+//!   stack samples in `torch/utils/data` (collate), at most the phase's on-CPU time, plus the
+//!   hand-over (`workers.profile.ipc`: reading and unpickling the workers' batches), which stays
+//!   when the batch is ready; without samples → 0, an upper bound. Where the hand-over limits the
+//!   pipeline (`PipelineBound::Ipc`) the what-if is the hand-over's: its work done in the k
+//!   workers, the step less it but no shorter than its k-th part.
 //! - `h2d` → 0: the copies overlapped with compute (pinned memory, `non_blocking=True`).
 //! - `gpu_wait` → the device's own time: with no blocking sync the host queues ahead, but the
 //!   step cannot be shorter than the GPU's busy time (its utilisation × the step) where NVML
@@ -55,7 +58,26 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
     let st = &s.phases[p];
     let mean = st.mean_ms.filter(|&m| m > 0.0)?;
     let (to, left, assumption) = match p {
-        Phase::InputWait => match loader_floor(st, mean) {
+        Phase::InputWait if handover_bound(s).is_some() => {
+            let (h, k) = handover_bound(s)?;
+            // The hand-over's work goes to the k workers, in parallel: the step loses it but
+            // cannot be shorter than one worker's share of it.
+            let without = step - h;
+            let step_if = without.max(h / f64::from(k));
+            (
+                format!("the {}", plural_workers(k)),
+                (step_if - (step - mean)).clamp(0.0, mean),
+                format!(
+                    "an upper bound: the hand-over's {} a step on this thread (unpickling, \
+                     rebuilding) done in the {} and what arrives cheap to take over; the step \
+                     no shorter than their share of it, {} each",
+                    crate::units::ms(Some(h)),
+                    plural_workers(k),
+                    crate::units::ms(Some(h / f64::from(k)))
+                ),
+            )
+        }
+        Phase::InputWait => match loader_floor(s, st, mean) {
             Some((floor, share)) => (
                 format!("the loader's own {}", crate::units::ms(Some(floor))),
                 floor,
@@ -128,9 +150,14 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
         Phase::CollectiveWait => return None,
     };
     let step_if = (step - mean + left).max(step * 1e-3);
+    let what = if p == Phase::InputWait && handover_bound(s).is_some() {
+        "input_wait's hand-over".to_owned()
+    } else {
+        p.name().to_owned()
+    };
     Some(WhatIf {
         phase: p,
-        change: format!("{} → {to}", p.name()),
+        change: format!("{what} → {to}"),
         step_ms: step,
         step_ms_if: step_if,
         throughput_factor: step / step_if,
@@ -142,11 +169,35 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
 /// when the data is ready.
 const LOADER_FILES: &str = "torch/utils/data";
 
+/// The hand-over's share of the input wait below which it is not part of its floor.
+const HANDOVER_SHARE: f64 = 0.05;
+
+/// The hand-over of an input wait the hand-over limits (`PipelineBound::Ipc`): its time per
+/// step (ms) and the workers that could take it over.
+fn handover_bound(s: &Summary) -> Option<(f64, u32)> {
+    let p = s.workers.profile.as_ref()?;
+    let k = s.workers.count.filter(|&k| k > 0)?;
+    let mean = s.phases.input_wait.mean_ms.filter(|&m| m > 0.0)?;
+    (p.bound == crate::summary::PipelineBound::Ipc)
+        .then_some(())
+        .and(p.ipc)
+        .map(|i| (mean * i.clamp(0.0, 1.0), k))
+}
+
+fn plural_workers(k: u32) -> String {
+    if k == 1 {
+        "1 worker".to_owned()
+    } else {
+        format!("{k} workers")
+    }
+}
+
 /// The input wait that stays when the batch is ready, from the phase's stack samples: its
 /// mean × the share of samples in the DataLoader's own code, at most its on-CPU time (a worker
-/// queue's wait is not work). `None` without samples: then the floor is 0. Returns (floor ms,
-/// the loader's share of the samples).
-fn loader_floor(st: &crate::summary::PhaseStats, mean: f64) -> Option<(f64, f64)> {
+/// queue's wait is not work), plus the hand-over (taking a finished batch over: reading,
+/// unpickling) where it holds at least [`HANDOVER_SHARE`] of the wait. `None` without samples:
+/// then the floor is 0. Returns (floor ms, the share of the samples that stays).
+fn loader_floor(s: &Summary, st: &crate::summary::PhaseStats, mean: f64) -> Option<(f64, f64)> {
     if st.stack_samples == 0 || st.top_functions.is_empty() {
         return None;
     }
@@ -156,14 +207,22 @@ fn loader_floor(st: &crate::summary::PhaseStats, mean: f64) -> Option<(f64, f64)
         .filter(|f| f.file.contains(LOADER_FILES) || f.function.contains(LOADER_FILES))
         .map(|f| f.share)
         .sum();
-    if share <= 0.0 {
+    let handover = s
+        .workers
+        .profile
+        .as_ref()
+        .and_then(|p| p.ipc)
+        .filter(|&i| i >= HANDOVER_SHARE)
+        .unwrap_or(0.0);
+    if share + handover <= 0.0 {
         return None;
     }
     let mut floor = mean * share.clamp(0.0, 1.0);
     if let Some(cpu) = st.cpu_ms {
         floor = floor.min(cpu.max(0.0));
     }
-    Some((floor, share))
+    floor = (floor + mean * handover).min(mean);
+    Some((floor, (share + handover).min(1.0)))
 }
 
 /// The card's and the HTML's sentence for `w`: "input_wait → 0: 34.3 → 3.6 ms per step, 9.5×
@@ -239,6 +298,55 @@ mod tests {
         // The floor is never more than the phase's time on a CPU.
         s.phases.input_wait.cpu_ms = Some(input * 0.02);
         approx(what_if(&s)[0].step_ms_if, step - input + input * 0.02, 1e-6);
+    }
+
+    fn with_handover(s: &mut Summary, ipc: f64, bound: crate::summary::PipelineBound) {
+        s.workers.count = Some(2);
+        s.workers.profile = Some(crate::summary::WorkerProfile {
+            ipc: Some(ipc),
+            bound,
+            ..Default::default()
+        });
+    }
+
+    #[test]
+    fn a_hand_over_stays_in_the_input_floor() {
+        let mut s = fixtures::summary(&fixtures::input_bound());
+        let input = s.phases.input_wait.mean_ms.unwrap();
+        let step = s.step_ms.mean.unwrap();
+        s.phases.input_wait.stack_samples = 100;
+        s.phases.input_wait.top_functions = vec![crate::profile::TopFunction {
+            function: "Queue.get".into(),
+            file: "/usr/lib/python3.11/multiprocessing/queues.py".into(),
+            line: 1,
+            share: 1.0,
+            samples: 100,
+        }];
+        with_handover(&mut s, 0.3, crate::summary::PipelineBound::Wait);
+        let w = what_if(&s);
+        assert_eq!(w[0].phase, Phase::InputWait);
+        approx(w[0].step_ms_if, step - input + input * 0.3, 1e-6);
+        assert!(
+            w[0].change.starts_with("input_wait → the loader's own"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn a_hand_over_bound_moves_to_the_workers() {
+        let mut s = fixtures::summary(&fixtures::input_bound());
+        let input = s.phases.input_wait.mean_ms.unwrap();
+        let step = s.step_ms.mean.unwrap();
+        with_handover(&mut s, 0.9, crate::summary::PipelineBound::Ipc);
+        let w = what_if(&s);
+        assert_eq!(w[0].phase, Phase::InputWait);
+        assert_eq!(w[0].change, "input_wait's hand-over → the 2 workers");
+        let h = input * 0.9;
+        approx(w[0].step_ms_if, (step - h).max(h / 2.0), 1e-6);
+        assert!(
+            w[0].assumption.contains("no shorter than their share"),
+            "{w:?}"
+        );
     }
 
     #[test]

@@ -9,10 +9,11 @@ use traceml_daemon::compare::{self, CompareVerdict as Verdict};
 use traceml_daemon::summary::Summary;
 use traceml_daemon::{analysis, record, render};
 
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "input_bound_single",
     "input_bound_fixed",
     "input_bound_workers",
+    "input_bound_ipc",
     "h2d_bound",
     "compute_bound",
     "residual_heavy",

@@ -53,10 +53,15 @@ fn browser(bin: &Path, profile: &Path, args: &[&str]) -> std::process::Output {
 
 /// The replayed run's report, written by `replay` next to its summary.
 fn replayed_report(dir: &Path) -> (PathBuf, String) {
-    let out = dir.join("run");
+    replayed_report_of(dir, "input_bound_single")
+}
+
+/// The report of the recorded run `name`.
+fn replayed_report_of(dir: &Path, name: &str) -> (PathBuf, String) {
+    let out = dir.join(format!("run-{name}"));
     let st = daemon()
         .arg("replay")
-        .arg(recording("input_bound_single"))
+        .arg(recording(name))
         .arg("--output")
         .arg(&out)
         .arg("--quiet")
@@ -81,7 +86,7 @@ fn every_run_writes_a_self_contained_report() {
         assert!(!html.contains(remote), "{remote}");
     }
     // `report` makes the same page from the summary or from the recording.
-    let summary = dir.path().join("run/final_summary.json");
+    let summary = dir.path().join("run-input_bound_single/final_summary.json");
     for input in [summary.as_path(), recording("input_bound_single").as_path()] {
         let out = dir.path().join("again.html");
         let st = daemon()
@@ -150,6 +155,36 @@ fn report_renders_in_headless_chromium() {
     let what_if = &what_if[..what_if.find("</table>").expect("closed")];
     assert!(what_if.contains("input_wait → 0"), "{what_if}");
     assert_eq!(what_if.matches("class=\"bar\"").count(), 2, "{what_if}");
+
+    // The input pipeline's own profile: the recorded run whose workers finish first
+    // (input_bound_ipc: its truth has 95 % of the input wait in rebuild_record) gets the split
+    // bar (four states) and the hand-over's function, and the hand-over's what-if.
+    let (ipc, _) = replayed_report_of(dir.path(), "input_bound_ipc");
+    let out = browser(
+        &bin,
+        &dir.path().join("profile-ipc"),
+        &["--dump-dom", &format!("file://{}", ipc.display())],
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let table = |id: &str| -> String {
+        let t = dom
+            .split(&format!("<table id=\"{id}\">"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{id} is not in the DOM: {dom:.2000}"));
+        t[..t.find("</table>").expect("closed")].to_owned()
+    };
+    let split = table("pipeline-split");
+    assert_eq!(split.matches("class=\"bar\"").count(), 4, "{split}");
+    assert!(split.contains("hand-over (IPC)"), "{split}");
+    let functions = table("pipeline-functions");
+    assert!(
+        functions.contains("<td>hand-over</td><td><code>rebuild_record</code>"),
+        "{functions}"
+    );
+    assert!(
+        table("what-if").contains("input_wait's hand-over → the 2 workers"),
+        "the hand-over's what-if"
+    );
 
     let png = dir.path().join("report.png");
     let out = browser(

@@ -183,6 +183,7 @@ fn run_scenario(
             }
         }
         check_wait_site(label, s, &truth, &mut failures);
+        check_handover(label, s, &truth, &mut failures);
     }
     Checked {
         failures,
@@ -243,6 +244,68 @@ fn check_wait_site(
     }
 }
 
+/// The hand-over against the workload's clocks: the share of the input wait the training process
+/// spent unpickling the workers' Records (each step's `handover_ns` over its input wait) within
+/// 0.10 of the daemon's `workers.profile.ipc`; where the truth has Records, the bound `ipc`, the
+/// function the truth names (`rebuild_record`) first among the hand-over's and a Next line that
+/// names it and says more workers will not help (a truth over 0.6 of the wait; under 0.4 the
+/// bound must not be `ipc`). A loader with workers and no Records has a
+/// hand-over of about 0 (its batches are tiny), held to the same 0.10.
+fn check_handover(
+    label: &str,
+    s: &serde_json::Value,
+    truth: &serde_json::Value,
+    failures: &mut Vec<String>,
+) {
+    let p = &s["workers"]["profile"];
+    let records = truth["config"]["item_rebuild_ns"].as_u64().unwrap_or(0) > 0;
+    if !records && !p["ipc"].is_number() {
+        return;
+    }
+    let steps = truth["steps"].as_array().expect("truth steps");
+    let sum = |f: &dyn Fn(&serde_json::Value) -> f64| steps.iter().map(f).sum::<f64>();
+    let handover = sum(&|st| st["handover_ns"].as_f64().unwrap_or(0.0));
+    let wait = sum(&|st| st["phases_ns"]["input_wait"].as_f64().unwrap_or(0.0));
+    let want = if wait > 0.0 { handover / wait } else { 0.0 };
+    let got = p["ipc"].as_f64();
+    let first = p["ipc_in"][0]["function"].as_str().unwrap_or("");
+    let next = s["primary_diagnosis"]["next"].as_str().unwrap_or("");
+    note(format!(
+        "{label}: hand-over {got:?} of the input wait, truth {want:.3}; bound {}; first {first}; \
+         split {}",
+        p["bound"], p["split"]
+    ));
+    match got {
+        Some(g) if (g - want).abs() <= 0.10 => {}
+        _ => failures.push(format!(
+            "{label}: hand-over {got:?} of the input wait, truth {want:.3} (tolerance 0.10)"
+        )),
+    }
+    // Far from the design's line (the hand-over limits the pipeline from half the wait): the
+    // bound the truth gives.
+    if records && want < 0.4 && p["bound"] == "ipc" {
+        failures.push(format!(
+            "{label}: pipeline bound ipc, truth {want:.2} of the wait in the hand-over"
+        ));
+    }
+    if records && want > 0.6 {
+        if p["bound"] != "ipc" {
+            failures.push(format!("{label}: pipeline bound {}, truth ipc", p["bound"]));
+        }
+        if !first.ends_with("rebuild_record") {
+            failures.push(format!(
+                "{label}: the hand-over's first function {first}, truth rebuild_record"
+            ));
+        }
+        if !(next.contains("rebuild_record") && next.contains("more workers will not help")) {
+            failures.push(format!(
+                "{label}: Next should name rebuild_record and say more workers will not help: \
+                 {next}"
+            ));
+        }
+    }
+}
+
 fn scenario_script(name: &str) -> std::path::PathBuf {
     workspace().join(format!("tests/workloads/{name}.py"))
 }
@@ -275,9 +338,11 @@ fn suite(scenarios: &[&str], pythons: &[u32]) {
     );
 }
 
-const ALL: [&str; 7] = [
+const ALL: [&str; 9] = [
     "input_bound_single",
     "input_bound_workers",
+    "input_bound_ipc",
+    "input_bound_mixed",
     "h2d_bound",
     "compute_bound",
     "gpu_wait_periodic",

@@ -43,6 +43,7 @@ table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}\
 th,td{padding:4px 8px;text-align:left;border-bottom:1px solid #e6e8ec;vertical-align:top}\
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
 span.bar{display:inline-block;height:10px;border-radius:2px}\
+span.swatch{display:inline-block;width:10px;height:10px;border-radius:2px}\
 .chart{width:100%;height:auto;background:#fff;border-radius:6px}\
 .chart .grid{stroke:#e6e8ec}.chart .axis{stroke:#9aa1ad}\
 .chart text{font-size:11px;fill:#5b6473}.chart .label{font-size:12px;fill:#1d2330}\
@@ -101,6 +102,7 @@ pub fn to_html(s: &Summary) -> String {
                     (ranks(s))
                     (charts(s))
                     (code(s))
+                    (pipeline(s))
                     (findings(s))
                     (system(s))
                     (data_quality(s))
@@ -730,6 +732,74 @@ fn findings(s: &Summary) -> Markup {
 }
 
 /// A two-column table: a fixed name, then text of the model.
+/// The input pipeline's own profile (`workers.profile`): the input wait by the pipeline's
+/// state as one stacked bar, and the functions the workers' and the hand-over's samples were in.
+fn pipeline(s: &Summary) -> Markup {
+    const SPLIT: [(&str, &str); 4] = [
+        ("workers on a CPU", "#e45756"),
+        ("workers blocked", "#f58518"),
+        ("workers in I/O", "#b279a2"),
+        ("hand-over (IPC)", "#4c78a8"),
+    ];
+    let Some(p) = &s.workers.profile else {
+        return html! {};
+    };
+    let split = p.split.map(|x| [x.cpu, x.blocked, x.io, x.ipc]);
+    let lists: [(&str, &[crate::profile::TopFunction]); 4] = [
+        ("workers making a batch", &p.top_functions),
+        ("workers on a CPU", &p.cpu_in),
+        ("workers blocked", &p.blocked_in),
+        ("hand-over", &p.ipc_in),
+    ];
+    html! {
+        h2 { "Input pipeline" }
+        p id="pipeline-line" { (Text(&crate::diagnosis::pipeline_line(p))) }
+        @if let Some(split) = split {
+            table id="pipeline-split" {
+                tr {
+                    th { "the input wait" }
+                    td {
+                        @for ((_, color), share) in SPLIT.iter().zip(split) {
+                            span class="bar" style=(format!(
+                                "width:{:.1}px;background:{color}",
+                                (share * 400.0).clamp(0.0, 400.0)
+                            )) {}
+                        }
+                    }
+                }
+                @for ((name, color), share) in SPLIT.iter().zip(split) {
+                    tr {
+                        td {
+                            span class="swatch" style=(format!("background:{color}")) {}
+                            " " (name)
+                        }
+                        td class="n" { (pct(share)) }
+                    }
+                }
+            }
+        }
+        table id="pipeline-functions" {
+            tr {
+                th { "samples" }
+                th { "function" }
+                th { "file" }
+                th class="n" { "share" }
+            }
+            @for (what, list) in lists {
+                @for t in list {
+                    tr {
+                        td { (what) }
+                        td { code { (Text(&t.function)) } }
+                        td { code { (Text(&t.file)) ":" (t.line) } }
+                        td class="n" { (pct(t.share)) }
+                    }
+                }
+            }
+        }
+        "\n"
+    }
+}
+
 fn rows_table(id: &str, rows: &[(&str, String)]) -> Markup {
     html! {
         table id=(id) {
