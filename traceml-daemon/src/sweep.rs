@@ -98,6 +98,23 @@ pub struct PhaseMove {
     pub change: Change,
 }
 
+/// What fixing the cause buys in one run: its first what-if (the verdict's cause, or the largest
+/// gain), the phase and the throughput factor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Headroom {
+    pub phase: Phase,
+    pub throughput_factor: f64,
+}
+
+impl Headroom {
+    fn of(s: &Summary) -> Option<Headroom> {
+        s.what_if.first().map(|w| Headroom {
+            phase: w.phase,
+            throughput_factor: w.throughput_factor,
+        })
+    }
+}
+
 /// One job of the sweep.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobRow {
@@ -115,6 +132,12 @@ pub struct JobRow {
     /// Primary diagnosis kind of each run (`INPUT_BOUND`, ...).
     pub baseline_diagnosis: Option<String>,
     pub candidate_diagnosis: Option<String>,
+    /// What fixing the cause buys in each run (`null`: the run names no what-if, or the job is
+    /// in one tree only): the bound moving between the runs.
+    #[serde(default)]
+    pub baseline_what_if: Option<Headroom>,
+    #[serde(default)]
+    pub candidate_what_if: Option<Headroom>,
 }
 
 /// A whole sweep: one row per job, in job order.
@@ -293,6 +316,8 @@ pub fn row(job: &str, baseline: &Summary, candidate: &Summary) -> JobRow {
         moved_most,
         baseline_diagnosis: Some(baseline.primary_diagnosis.kind.as_str().to_owned()),
         candidate_diagnosis: Some(candidate.primary_diagnosis.kind.as_str().to_owned()),
+        baseline_what_if: Headroom::of(baseline),
+        candidate_what_if: Headroom::of(candidate),
     }
 }
 
@@ -307,6 +332,8 @@ pub fn unpaired(job: &str, only_in: Side) -> JobRow {
         moved_most: None,
         baseline_diagnosis: None,
         candidate_diagnosis: None,
+        baseline_what_if: None,
+        candidate_what_if: None,
     }
 }
 
@@ -429,6 +456,19 @@ mod tests {
         assert_eq!(r.step_ms.unwrap().change, Change::Worse);
         assert_eq!(r.candidate_diagnosis.as_deref(), Some("INPUT_BOUND"));
         assert_ne!(r.baseline_diagnosis, r.candidate_diagnosis);
+        // The bound moving: the regressed run has input wait to win back; each side is its
+        // own run's first what-if.
+        let h = r
+            .candidate_what_if
+            .as_ref()
+            .expect("the input-bound run's what-if");
+        assert_eq!(h.phase, Phase::InputWait);
+        assert_eq!(h.throughput_factor, bound.what_if[0].throughput_factor);
+        assert!(h.throughput_factor > 1.5, "{h:?}");
+        assert_eq!(
+            r.baseline_what_if.map(|h| h.throughput_factor),
+            fixed.what_if.first().map(|w| w.throughput_factor)
+        );
         // The same run twice: nothing moved.
         let same = row("job", &fixed, &fixed);
         assert_eq!(same.verdict, JobVerdict::Equivalent, "{}", same.reason);

@@ -69,7 +69,22 @@ fn flags_exactly_the_regressed_job() {
     assert_eq!(rows.len(), 1, "{text}");
     assert!(rows[0].starts_with("vision/resnet "), "{text}");
     assert!(rows[0].contains("input_wait +"), "{text}");
-    assert!(rows[0].ends_with("INPUT-BOUND"), "{text}");
+    assert!(rows[0].contains("INPUT-BOUND  "), "{text}");
+    // The bound moving: each run's first what-if, from its own summary file.
+    let first_what_if = |root: &Path| -> String {
+        let text = std::fs::read_to_string(root.join("vision/resnet/final_summary.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let w = &v["what_if"][0];
+        format!(
+            "{} {:.1}×",
+            w["phase"].as_str().unwrap(),
+            w["throughput_factor"].as_f64().unwrap()
+        )
+    };
+    assert!(
+        rows[0].ends_with(&format!("{} → {}", first_what_if(&a), first_what_if(&b))),
+        "{text}"
+    );
     for job in ["vision/vit", "nlp/bert/rank0", "nlp/bert/rank1"] {
         let row = text.lines().find(|l| l.starts_with(job)).unwrap();
         assert!(row.contains("EQUIVALENT"), "{row}");

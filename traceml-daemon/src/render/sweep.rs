@@ -33,8 +33,9 @@ pub fn render_sweep(s: &Sweep, w: &mut impl Write, color: bool) -> io::Result<()
         "p",
         "MOVED MOST",
         "DIAGNOSIS",
+        "WHAT IF",
     ];
-    let rows: Vec<[String; 7]> = s.jobs.iter().map(cells).collect();
+    let rows: Vec<[String; 8]> = s.jobs.iter().map(cells).collect();
     let mut widths = head.map(width);
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
@@ -42,8 +43,8 @@ pub fn render_sweep(s: &Sweep, w: &mut impl Write, color: bool) -> io::Result<()
         }
     }
     // Right-aligned: the numbers.
-    let right = [false, false, false, true, true, false, false];
-    let line = |cells: [String; 7], verdict: Option<JobVerdict>| {
+    let right = [false, false, false, true, true, false, false, false];
+    let line = |cells: [String; 8], verdict: Option<JobVerdict>| {
         let mut out = String::new();
         for (i, c) in cells.iter().enumerate() {
             let n = width(c);
@@ -82,7 +83,7 @@ pub fn render_sweep(s: &Sweep, w: &mut impl Write, color: bool) -> io::Result<()
     } else {
         tally.join(" · ")
     };
-    writeln!(w, "{}", "─".repeat(widths.iter().sum::<usize>() + 12))?;
+    writeln!(w, "{}", "─".repeat(widths.iter().sum::<usize>() + 14))?;
     writeln!(w, "{total}")?;
     for v in [JobVerdict::Regression, JobVerdict::Mixed] {
         let names: Vec<&str> = s
@@ -119,8 +120,8 @@ pub fn render_sweep_json(s: &Sweep, w: &mut impl Write) -> io::Result<()> {
     super::render_json(&s.jobs, w)
 }
 
-/// The cells of one row: job, verdict, step medians, change, p, moved most, diagnosis.
-fn cells(j: &JobRow) -> [String; 7] {
+/// The cells of one row: job, verdict, step medians, change, p, moved most, diagnosis, what-if.
+fn cells(j: &JobRow) -> [String; 8] {
     let job = cut_middle(&j.job, JOB_MAX);
     let verdict = j.verdict.as_str().to_owned();
     if let Some(side) = j.only_in {
@@ -132,6 +133,7 @@ fn cells(j: &JobRow) -> [String; 7] {
             job,
             verdict,
             where_.to_owned(),
+            String::new(),
             String::new(),
             String::new(),
             String::new(),
@@ -163,7 +165,17 @@ fn cells(j: &JobRow) -> [String; 7] {
     };
     let (a, b) = (kind(&j.baseline_diagnosis), kind(&j.candidate_diagnosis));
     let diagnosis = if a == b { a } else { format!("{a} → {b}") };
-    [job, verdict, step, change, p, moved, diagnosis]
+    // What fixing the cause buys, baseline → candidate: the bound moving.
+    let headroom = |h: &Option<crate::sweep::Headroom>| {
+        h.as_ref()
+            .map(|h| format!("{} {:.1}×", h.phase.name(), h.throughput_factor))
+            .unwrap_or_else(|| "—".to_owned())
+    };
+    let what_if = match (&j.baseline_what_if, &j.candidate_what_if) {
+        (None, None) => "—".to_owned(),
+        (a, b) => format!("{} → {}", headroom(a), headroom(b)),
+    };
+    [job, verdict, step, change, p, moved, diagnosis, what_if]
 }
 
 /// `s` cut to `max` columns by replacing its middle with `…`.
@@ -221,7 +233,13 @@ mod tests {
                 .headline(),
             DiagnosisKind::InputBound.headline()
         );
-        assert!(reg.ends_with(&kinds), "{reg}");
+        assert!(reg.contains(&format!("{kinds}  ")), "{reg}");
+        // What fixing the cause buys, baseline → candidate: the regressed run's input wait.
+        let factor = fixtures::summary(&fixtures::input_bound()).what_if[0].throughput_factor;
+        assert!(
+            reg.ends_with(&format!("— → input_wait {factor:.1}×")),
+            "{reg}"
+        );
         assert!(line("team/resnet/rank1").contains("EQUIVALENT"), "{t}");
         assert!(line("team/new-job").contains("only in candidate"), "{t}");
         assert!(
