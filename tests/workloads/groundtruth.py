@@ -46,6 +46,8 @@ DEFAULTS = dict(
     item_rebuild_ns=0,          # CPU the training process burns unpickling each item (a Record
                                 # whose pickle names rebuild_record): the workers' hand-over
     record_bytes=65536,         # bytes of a Record's payload (with item_rebuild_ns)
+    fifo_every_ns=0,            # a named pipe fed one 4 KiB chunk every N ns by a thread of the
+                                # training process; each __getitem__ reads one chunk from it
     residual_sleep_ns=0,        # time.sleep between steps (outside every phase)
     log_every=0,                # print a log line every N steps (residual)
     verdict="balanced",         # what the daemon's verdict must be
@@ -76,6 +78,35 @@ def decode_sample(ns):
     while time.thread_time_ns() < end:
         x += 1
     return x
+
+
+# The named pipe the workers read (fifo_every_ns): each worker's descriptor, by pid, and the
+# size of one chunk (at most PIPE_BUF: written whole).
+FIFO_FDS = {}
+FIFO_CHUNK = 4096
+
+
+def start_fifo(cfg):
+    """Makes the named pipe and the thread that feeds it: one chunk every fifo_every_ns. The
+    pipe is held open for reading and writing here, so the workers' opens never block."""
+    import atexit
+    import shutil
+    import tempfile
+    import threading
+    d = tempfile.mkdtemp(prefix="traceml-fifo-")
+    atexit.register(shutil.rmtree, d, True)
+    path = os.path.join(d, "samples.fifo")
+    os.mkfifo(path)
+    cfg["fifo_path"] = path
+    fd = os.open(path, os.O_RDWR)
+
+    def feed():
+        chunk = bytes(FIFO_CHUNK)
+        while True:
+            time.sleep(cfg["fifo_every_ns"] / 1e9)
+            os.write(fd, chunk)
+
+    return threading.Thread(target=feed, name="fifo-feeder", daemon=True)
 
 
 # ns the training process spent in rebuild_record (unpickling the workers' Records): the truth of
@@ -119,6 +150,14 @@ def make_dataset(cfg):
 
         def __getitem__(self, i):
             t0, (c0, q0) = time.perf_counter_ns(), schedstat()
+            read_ns = 0
+            if cfg["fifo_every_ns"]:
+                fd = FIFO_FDS.get(os.getpid())
+                if fd is None:
+                    fd = FIFO_FDS[os.getpid()] = os.open(cfg["fifo_path"], os.O_RDONLY)
+                r0 = time.perf_counter_ns()
+                os.read(fd, FIFO_CHUNK)
+                read_ns = time.perf_counter_ns() - r0
             if cfg["getitem_ns"]:
                 time.sleep(cfg["getitem_ns"] / 1e9)
             if cfg["getitem_cpu_ns"]:
@@ -131,7 +170,8 @@ def make_dataset(cfg):
                 # worker's busy time it was not asleep.
                 c1, q1 = schedstat()
                 with open(log, "a") as f:
-                    f.write(f"{os.getpid()} {time.perf_counter_ns() - t0} {c1 - c0} {q1 - q0}\n")
+                    f.write(f"{os.getpid()} {time.perf_counter_ns() - t0} {c1 - c0} {q1 - q0} "
+                            f"{read_ns}\n")
             if cfg["item_rebuild_ns"]:
                 return (torch.empty(cfg["item_bytes"] // 4), torch.empty(1),
                         Record(bytes(cfg["record_bytes"]), cfg["item_rebuild_ns"]))
@@ -183,6 +223,7 @@ def run(name, overrides, argv_args=None):
     lossf = torch.nn.MSELoss(kernel_ns=cfg["kernel_ns"])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, cpu_ns=cfg["opt_cpu_ns"],
                           launches=cfg["opt_launches"], kernel_ns=cfg["kernel_ns"])
+    feeder = start_fifo(cfg) if cfg["fifo_every_ns"] else None
     loader = torch.utils.data.DataLoader(make_dataset(cfg), batch_size=cfg["batch_size"],
                                          num_workers=cfg["num_workers"], pin_memory=cfg["pinned"])
     # The start line goes out once torch is imported and its libraries are loaded: the harness
@@ -199,6 +240,8 @@ def run(name, overrides, argv_args=None):
     raw = []
     waits = {k: 0 for k in WAITS}  # ns the loop spent in each wait
     it = iter(loader)  # workers (if any) start here, after --ready
+    if feeder:
+        feeder.start()
     stop = []
     if getattr(a, "stop_on_sigterm", False):
         import signal

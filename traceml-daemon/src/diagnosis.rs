@@ -445,6 +445,54 @@ fn input_next(s: &Summary, why: &mut String) -> String {
     }
 }
 
+/// A file the blocked workers read is named in the Next line from this share of their blocked
+/// samples.
+pub const READ_SHARE: f64 = 0.3;
+
+/// What the workers read, as the card says it: "blocked in reads of /data/a.tar (82%, nfs4 at
+/// /data from srv:/export)".
+pub fn reading_said(r: &crate::summary::ReadShare) -> String {
+    use crate::event::ReadKind;
+    let share = r.share * 100.0;
+    let site = &r.site;
+    let mount = if site.fs_type.is_empty() {
+        String::new()
+    } else {
+        let from = if site.source.is_empty() || site.source == site.fs_type {
+            String::new()
+        } else {
+            format!(" from {}", site.source)
+        };
+        format!(", {} at {}{from}", site.fs_type, site.mount)
+    };
+    match site.kind {
+        ReadKind::Pipe => format!("blocked reading a pipe, {} ({share:.0}%)", site.path),
+        ReadKind::Socket => format!("blocked reading a socket, {} ({share:.0}%)", site.path),
+        _ => format!("blocked in reads of {} ({share:.0}%{mount})", site.path),
+    }
+}
+
+/// The Next line's reading of what the workers read.
+fn reading_next(r: &crate::summary::ReadShare) -> String {
+    use crate::event::ReadKind;
+    let said = reading_said(r);
+    match r.site.kind {
+        ReadKind::Pipe => format!("{said}: what writes that pipe is the slow part"),
+        ReadKind::Socket => format!(
+            "{said}: a remote source (an object store, a data service) is the slow part: \
+             more requests in flight, larger objects, or a local copy"
+        ),
+        _ if r.site.network() => format!(
+            "{said}: a network file system: copy the data to local disk, or read larger \
+             shards with more in flight"
+        ),
+        _ => format!(
+            "{said}: storage: faster or local storage, larger sequential reads or shards, \
+             or cache the decoded samples"
+        ),
+    }
+}
+
 /// The workers' profile in one line: "2 workers sampled · making a batch 95% of the time: 96%
 /// blocked, 4% on CPU, 0% in I/O · in dataset.py:Slow.__getitem__ 92%".
 pub fn pipeline_line(p: &crate::summary::WorkerProfile) -> String {
@@ -472,9 +520,14 @@ pub fn pipeline_line(p: &crate::summary::WorkerProfile) -> String {
             format!(" · hand-over {:.0}% of the wait{f}", i * 100.0)
         })
         .unwrap_or_default();
+    let reading = p
+        .reads_from
+        .first()
+        .map(|r| format!(" · {}", reading_said(r)))
+        .unwrap_or_default();
     format!(
         "{} sampled · making a batch {:.0}% of the time: {:.0}% on CPU, {:.0}% blocked, {:.0}% in \
-         I/O{top}{handover}",
+         I/O{top}{reading}{handover}",
         plural(p.workers_sampled, "worker"),
         p.busy * 100.0,
         p.on_cpu * 100.0,
@@ -587,11 +640,15 @@ fn pipeline_next(
         }
         PipelineBound::Wait | PipelineBound::Io => {
             let f = func(&p.blocked_in).unwrap_or_else(|| "the dataset's code".into());
-            let what = if p.bound == PipelineBound::Io {
-                "in storage I/O (uninterruptible reads): faster or local storage, larger \
-                 sequential reads or shards"
-            } else {
-                "asleep (a lock, a queue, a sleep, a network or pipe read), not computing"
+            let read = p.reads_from.first().filter(|r| r.share >= READ_SHARE);
+            let what = match read {
+                Some(r) => reading_next(r),
+                None if p.bound == PipelineBound::Io => "in storage I/O (uninterruptible \
+                    reads): faster or local storage, larger sequential reads or shards"
+                    .to_owned(),
+                None => "asleep (a lock, a queue, a sleep, a network or pipe read), not \
+                         computing"
+                    .to_owned(),
             };
             // A worker's wall time per batch: its share of busy samples over the run.
             let per_batch = s
@@ -602,7 +659,10 @@ fn pipeline_next(
                 .map(|wall| {
                     p.busy * f64::from(p.workers_sampled.max(1)) * wall * 1e3 / batches as f64
                 });
+            // A pipe's writer sets the pace: more workers would wait on it too.
+            let paced = read.is_some_and(|r| r.site.kind == crate::event::ReadKind::Pipe);
             let more = per_batch
+                .filter(|_| !paced)
                 .zip(compute)
                 .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)))
                 .map(|(b, c, (n, headroom))| {

@@ -149,6 +149,67 @@ pub struct WorkerStackSample {
     pub pid: u32,
     pub state: ProcState,
     pub frames: Vec<u32>,
+    /// What the worker was reading, where it slept in a read system call (`None`: on a CPU, in
+    /// another call, or not known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reading: Option<ReadSite>,
+}
+
+/// The file a task blocked in a read was reading (`host::reads`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReadSite {
+    /// The descriptor's link: a path, or `pipe:[…]` / `socket:[…]`.
+    pub path: String,
+    pub kind: ReadKind,
+    /// For a file or a device: the mount that holds it, its file-system type and source
+    /// (empty when not found).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mount: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fs_type: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+/// File systems whose reads cross a network.
+const NETWORK_FS: [&str; 12] = [
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "9p",
+    "ceph",
+    "lustre",
+    "glusterfs",
+    "gpfs",
+    "beegfs",
+    "afs",
+    "virtiofs",
+];
+
+impl ReadSite {
+    /// Whether its file system reads over a network (FUSE file systems count: most are remote
+    /// stores).
+    pub fn network(&self) -> bool {
+        NETWORK_FS.contains(&self.fs_type.as_str()) || self.fs_type.starts_with("fuse")
+    }
+}
+
+/// What kind of file a read was reading.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadKind {
+    /// A regular file: storage.
+    File,
+    /// A pipe (anonymous or named): whatever writes it is slow.
+    Pipe,
+    Socket,
+    /// A block or character device.
+    Device,
+    #[default]
+    Other,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

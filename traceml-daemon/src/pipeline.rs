@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crate::engine::WorkerFold;
 use crate::event::{FuncInfo, ProcState};
 use crate::profile::{Handover, ranked};
-use crate::summary::{PipelineBound, PipelineSplit, WorkerProfile};
+use crate::summary::{PipelineBound, PipelineSplit, ReadShare, WorkerProfile};
 
 /// Fewer worker samples than this make no profile (about half a second of one worker).
 pub const MIN_SAMPLES: u64 = 5;
@@ -17,6 +17,8 @@ pub const MIN_SAMPLES: u64 = 5;
 pub const IPC_BOUND: f64 = 0.5;
 /// Fewer input-wait samples than this give no hand-over share.
 pub const MIN_HANDOVER_SAMPLES: u64 = 5;
+/// Files listed in `reads_from`.
+pub const TOP_READS: usize = 3;
 
 /// The profile of `w` (`funcs`: the stream's function names); `worker_cpu_s`: the workers' CPU
 /// seconds over the run, `batches`: the batches the training thread fetched over it; `handover`:
@@ -65,6 +67,19 @@ pub fn worker_profile(
         }
         _ => None,
     };
+    let mut reads: Vec<(&crate::event::ReadSite, u64)> =
+        w.reads.iter().map(|(r, &n)| (r, n)).collect();
+    reads.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let reads_from = reads
+        .into_iter()
+        .take(TOP_READS)
+        .filter(|_| blocked_n > 0)
+        .map(|(site, n)| ReadShare {
+            site: site.clone(),
+            share: n as f64 / blocked_n as f64,
+            samples: n,
+        })
+        .collect();
     Some(WorkerProfile {
         samples: w.samples,
         workers_sampled: u32::try_from(w.pids.len()).unwrap_or(u32::MAX),
@@ -112,6 +127,7 @@ pub fn worker_profile(
                 ipc: i,
             }
         }),
+        reads_from,
     })
 }
 
@@ -175,6 +191,7 @@ mod tests {
                     pid: 100 + (k as u32 % 2),
                     state,
                     frames: frames.to_vec(),
+                    reading: None,
                 });
             }
         }
@@ -212,6 +229,43 @@ mod tests {
         assert_eq!(workers_needed(120.0, 45.0), Some((3, 4)));
         assert_eq!(workers_needed(10.0, 45.0), Some((1, 2)));
         assert_eq!(workers_needed(10.0, 0.0), None);
+    }
+
+    #[test]
+    fn the_files_blocked_workers_read_are_ranked() {
+        use crate::event::{ReadKind, ReadSite};
+        let mut w = fold(&[(ProcState::Running, &[1, 2, 3], 10)]);
+        let site = |path: &str, kind| ReadSite {
+            path: path.into(),
+            kind,
+            mount: "/data".into(),
+            fs_type: "nfs4".into(),
+            source: "srv:/x".into(),
+        };
+        let mut push = |reading: Option<ReadSite>, busy: bool, n| {
+            for _ in 0..n {
+                w.push(&WorkerStackSample {
+                    ts: 0,
+                    pid: 100,
+                    state: ProcState::Sleeping,
+                    frames: if busy { vec![1, 2, 3] } else { vec![1, 5] },
+                    reading: reading.clone(),
+                });
+            }
+        };
+        push(Some(site("/data/a.tar", ReadKind::File)), true, 6);
+        push(Some(site("pipe:[7]", ReadKind::Pipe)), true, 2);
+        push(None, true, 2);
+        // Idle workers' reads (waiting for an index) are not the pipeline's.
+        push(Some(site("pipe:[9]", ReadKind::Pipe)), false, 5);
+        let p = worker_profile(&w, &funcs(), None, None, &Handover::default()).unwrap();
+        let got: Vec<(&str, f64)> = p
+            .reads_from
+            .iter()
+            .map(|r| (r.site.path.as_str(), r.share))
+            .collect();
+        assert_eq!(got, vec![("/data/a.tar", 0.6), ("pipe:[7]", 0.2)]);
+        assert!(p.reads_from[0].site.network());
     }
 
     #[test]

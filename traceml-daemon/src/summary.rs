@@ -750,6 +750,19 @@ pub struct WorkerProfile {
     /// samples): the hand-over (`ipc`), the rest shared out as the busy workers' states.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<PipelineSplit>,
+    /// What the busy workers read while asleep or in I/O: the files (pipes, sockets) their
+    /// read system calls named, most first, each with its share of those blocked samples.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads_from: Vec<ReadShare>,
+}
+
+/// One file the workers read while blocked, and its share of their blocked busy samples.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReadShare {
+    #[serde(flatten)]
+    pub site: crate::event::ReadSite,
+    pub share: f64,
+    pub samples: u64,
 }
 
 /// The input wait by the pipeline's state, shares summing to 1: the workers on a CPU (`cpu`),

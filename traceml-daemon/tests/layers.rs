@@ -14,7 +14,12 @@ const LAYERS: &[&[&str]] = &[
     &["sample"],
     &["event"],
     // The host's lowest readers: /proc, users through NSS, output files.
-    &["host::procinfo", "host::users", "host::output"],
+    &[
+        "host::procinfo",
+        "host::reads",
+        "host::users",
+        "host::output",
+    ],
     // Readers of the target and the stream format; who a process is, how it ended, the policy.
     &[
         "classify",

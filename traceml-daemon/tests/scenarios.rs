@@ -563,8 +563,9 @@ fn input_bound_what_if_matches_the_fixed_rerun() {
 }
 
 /// The input pipeline's own profile against what the workers did by their own clocks: two
-/// workers that sleep in `__getitem__` (20 ms an item) and two that burn 12 ms of CPU an item in
-/// `decode_sample`. Each item's wall time, time on a CPU and time runnable (the kernel's
+/// workers that sleep in `__getitem__` (20 ms an item), two that burn 12 ms of CPU an item in
+/// `decode_sample`, and two blocked reading a named pipe fed every 10 ms (the pipe's path and
+/// its share of their time asleep against the truth's). Each item's wall time, time on a CPU and time runnable (the kernel's
 /// schedstat, read by the worker) is the truth: the daemon's share of busy worker samples not
 /// asleep (`on_cpu`, state R) within 0.10 of theirs, the function the truth names first, the
 /// bound the design gives (asleep → wait, burning → cpu), every worker sampled, and a Next line
@@ -580,6 +581,7 @@ fn worker_profiles_name_what_the_workers_do() {
     for (script, function, bound) in [
         ("input_bound_workers", "__getitem__", "wait"),
         ("input_bound_cpu_workers", "decode_sample", "cpu"),
+        ("input_bound_reads", "__getitem__", "wait"),
     ] {
         let c = run_scenario(
             &py,
@@ -597,13 +599,41 @@ fn worker_profiles_name_what_the_workers_do() {
             c.summary["workers"]
         );
         let log = c.truth["config"]["items_log"].as_str().expect("items_log");
-        let (mut wall, mut run, mut wait, mut items) = (0.0, 0.0, 0.0, 0u64);
+        let (mut wall, mut run, mut wait, mut read, mut items) = (0.0, 0.0, 0.0, 0.0, 0u64);
         for line in std::fs::read_to_string(log).expect("items log").lines() {
             let v: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
             wall += v[1];
             run += v[2];
             wait += v[3];
+            read += v[4];
             items += 1;
+        }
+        // What the blocked workers read: the truth's named pipe, its share of the items' time
+        // asleep (their wall less their CPU and runnable time) the workers' time in read(2).
+        if let Some(fifo) = c.truth["config"]["fifo_path"].as_str() {
+            let truth_share = read / (wall - run - wait);
+            let r = &p["reads_from"][0];
+            let share = r["share"].as_f64().unwrap_or(0.0);
+            note(format!(
+                "{script}: blocked workers read {} ({}, {share:.3} of their blocked samples), \
+                 truth {fifo} ({truth_share:.3} of their time asleep)",
+                r["path"], r["kind"]
+            ));
+            if r["path"] != fifo || r["kind"] != "pipe" || (share - truth_share).abs() > 0.10 {
+                failures.push(format!(
+                    "{script}: reads_from {}, truth {fifo} (a pipe, share {truth_share:.3})",
+                    p["reads_from"]
+                ));
+            }
+            let next = c.summary["primary_diagnosis"]["next"]
+                .as_str()
+                .unwrap_or("");
+            if !next.contains(fifo) || next.contains("num_workers ≥") {
+                failures.push(format!(
+                    "{script}: Next should name the pipe {fifo} and no worker count (its writer \
+                     sets the pace): {next}"
+                ));
+            }
         }
         let truth_on = (run + wait) / wall;
         let on = p["on_cpu"].as_f64().unwrap();
@@ -656,7 +686,9 @@ fn worker_profiles_name_what_the_workers_do() {
             "{script}: workers used {:.2} cores of {cores}: expect \"{says}\"",
             run / loop_ns
         ));
-        if !(next.contains(function) && next.contains(says)) {
+        let piped = c.truth["config"]["fifo_path"].is_string();
+        let named = next.contains(function) && next.contains(says);
+        if !piped && !named {
             failures.push(format!(
                 "{script}: Next should name {function} and say \"{says}\": {next}"
             ));

@@ -4,13 +4,16 @@
 //! for its next index. Bounded by the functions the workers run, not by the run's length.
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::event::{FuncInfo, ProcState, WorkerStackSample};
+use crate::event::{FuncInfo, ProcState, ReadSite, WorkerStackSample};
 
 /// The file of the DataLoader's fetchers (map-style and iterable): a frame of it on a worker's
 /// stack means the worker is making a batch.
 pub const FETCH_FILE: &str = "torch/utils/data/_utils/fetch.py";
 /// Worker pids remembered (for the count of workers sampled).
 const MAX_PIDS: usize = 1024;
+/// Files remembered with their samples; the samples of files beyond these count in
+/// [`WorkerFold::reads_other`].
+pub const MAX_READS: usize = 64;
 /// The innermost frame of a sample with no frames.
 pub const NO_FRAME: u32 = u32::MAX;
 
@@ -22,6 +25,10 @@ pub struct WorkerFold {
     /// Workers sampled (at most [`MAX_PIDS`] remembered).
     pub pids: BTreeSet<u32>,
     pub samples: u64,
+    /// Busy samples asleep or in I/O in a read system call, by what they read.
+    pub reads: HashMap<ReadSite, u64>,
+    /// Such samples of files beyond [`MAX_READS`].
+    pub reads_other: u64,
     fetch_funcs: HashSet<u32>,
 }
 
@@ -46,6 +53,15 @@ impl WorkerFold {
         let leaf = s.frames.last().copied().unwrap_or(NO_FRAME);
         *self.counts.entry((leaf, s.state, busy)).or_default() += 1;
         self.samples += 1;
+        if let Some(r) = s.reading.as_ref().filter(|_| busy) {
+            if let Some(n) = self.reads.get_mut(r) {
+                *n += 1;
+            } else if self.reads.len() < MAX_READS {
+                self.reads.insert(r.clone(), 1);
+            } else {
+                self.reads_other += 1;
+            }
+        }
         if self.pids.len() < MAX_PIDS {
             self.pids.insert(s.pid);
         }
@@ -100,6 +116,7 @@ mod tests {
             pid,
             state,
             frames: frames.to_vec(),
+            reading: None,
         };
         f.push(&s(10, ProcState::Sleeping, &[1, 2, 3]));
         f.push(&s(10, ProcState::Running, &[1, 2, 3]));

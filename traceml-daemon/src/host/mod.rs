@@ -9,4 +9,5 @@ pub mod jobs;
 pub mod output;
 pub mod policy;
 pub mod procinfo;
+pub mod reads;
 pub mod users;

@@ -778,6 +778,28 @@ fn pipeline(s: &Summary) -> Markup {
                 }
             }
         }
+        @if !p.reads_from.is_empty() {
+            table id="pipeline-reads" {
+                tr {
+                    th { "the blocked workers read" }
+                    th { "kind" }
+                    th { "file system" }
+                    th class="n" { "share" }
+                }
+                @for r in &p.reads_from {
+                    tr {
+                        td { code { (Text(&r.site.path)) } }
+                        td { (format!("{:?}", r.site.kind).to_lowercase()) }
+                        td {
+                            @if !r.site.fs_type.is_empty() {
+                                (Text(&r.site.fs_type)) " at " code { (Text(&r.site.mount)) }
+                            }
+                        }
+                        td class="n" { (pct(r.share)) }
+                    }
+                }
+            }
+        }
         table id="pipeline-functions" {
             tr {
                 th { "samples" }

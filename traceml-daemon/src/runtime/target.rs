@@ -471,13 +471,14 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     /// Samples each DataLoader worker's Python stack (see [`super::workers`]).
     fn sample_workers(&mut self) -> Result<(), LiveError> {
         let ts = monotonic_ns();
-        for (pid, state, stack) in self.workers.sample(self.opts.pid) {
-            let frames = self.intern(stack)?;
+        for w in self.workers.sample(self.opts.pid) {
+            let frames = self.intern(w.stack)?;
             self.emit(StreamItem::WorkerStack(Box::new(WorkerStackSample {
                 ts,
-                pid,
-                state,
+                pid: w.pid,
+                state: w.state,
                 frames,
+                reading: w.reading,
             })))?;
         }
         Ok(())

@@ -2,17 +2,18 @@
 //! child process of the target that is a Python of a version we read gets a [`StackReader`] of
 //! its own (forked or spawned, its own mappings), its main thread's state is found from
 //! `_PyRuntime`, and each sample is read with `process_vm_readv` while the worker runs, with the
-//! worker's scheduler state from `/proc/<pid>/stat` at that instant. A child that is not such a
-//! Python is remembered and left alone. The cost is the daemon's (a few reads per frame); the
-//! worker is not stopped.
+//! worker's scheduler state from `/proc/<pid>/stat` at that instant; a worker asleep or in I/O
+//! also gets what it reads, where it sleeps in a read system call (`host::reads`: the file, its
+//! kind and its mount). A child that is not such a Python is remembered and left alone. The
+//! cost is the daemon's (a few reads per frame); the worker is not stopped.
 use std::collections::HashMap;
 
 use crate::attach::maps;
 use crate::attach::memory::TargetMemory;
 use crate::attach::pystack::{self, Stack, StackReader};
 use crate::attach::python;
-use crate::event::ProcState;
-use crate::host::procinfo;
+use crate::event::{ProcState, ReadSite};
+use crate::host::{procinfo, reads};
 
 /// How often the target's children are listed again (the list reads every thread's
 /// `children` file: a torch process has dozens of threads).
@@ -29,6 +30,17 @@ struct WorkerReader {
     stacks: StackReader,
     runtime: u64,
     tstate: Option<u64>,
+    /// The worker's mount table (read once: a worker does not mount).
+    mounts: Vec<(String, String, String)>,
+}
+
+/// One sample of one worker.
+pub struct WorkerSample {
+    pub pid: u32,
+    pub state: ProcState,
+    pub stack: Stack,
+    /// What it read, when it slept in a read.
+    pub reading: Option<ReadSite>,
 }
 
 /// Readers of the target's worker processes, by pid.
@@ -45,8 +57,8 @@ pub struct WorkerStacks {
 }
 
 impl WorkerStacks {
-    /// One sample of each worker of `parent` now: (pid, state, stack).
-    pub fn sample(&mut self, parent: u32) -> Vec<(u32, ProcState, Stack)> {
+    /// One sample of each worker of `parent` now.
+    pub fn sample(&mut self, parent: u32) -> Vec<WorkerSample> {
         if self.listed.is_none_or(|t| t.elapsed() >= RELIST) {
             self.kids = procinfo::children(parent);
             self.listed = Some(std::time::Instant::now());
@@ -80,8 +92,16 @@ impl WorkerStacks {
             }
             let r = self.readers.get_mut(&pid).expect("inserted");
             let state = ProcState::from_stat(stat.state);
+            let reading = matches!(state, ProcState::Sleeping | ProcState::DiskSleep)
+                .then(|| reads::reading(pid, &r.mounts))
+                .flatten();
             match read(r) {
-                Ok(stack) => out.push((pid, state, stack)),
+                Ok(stack) => out.push(WorkerSample {
+                    pid,
+                    state,
+                    stack,
+                    reading,
+                }),
                 Err(e) => {
                     self.errors += 1;
                     r.tstate = None;
@@ -105,6 +125,7 @@ fn open(pid: u32, start: u64) -> Result<WorkerReader, String> {
         stacks,
         runtime,
         tstate: None,
+        mounts: reads::mounts(pid),
     })
 }
 
