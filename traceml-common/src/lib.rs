@@ -220,6 +220,14 @@ pub enum ProbeId {
     ProcessExec = 70,
     /// The `sched_switch` tracepoint (an [`EventKind::OffCpu`]).
     SchedSwitch = 71,
+    // c10d collectives issued through gloo, by op (entry markers, `this`, the process group, in
+    // args[0]): a rank's arrival at one collective of the ledger. (54, `TorchCollective`, is the
+    // same without the op, in recordings made before these.)
+    C10dAllReduce = 80,
+    C10dBroadcast = 81,
+    C10dAllGather = 82,
+    C10dReduceScatter = 83,
+    C10dBarrier = 84,
 }
 
 impl TryFrom<u32> for ProbeId {
@@ -258,6 +266,11 @@ impl TryFrom<u32> for ProbeId {
             64 => NcclReduce,
             65 => NcclSend,
             66 => NcclRecv,
+            80 => C10dAllReduce,
+            81 => C10dBroadcast,
+            82 => C10dAllGather,
+            83 => C10dReduceScatter,
+            84 => C10dBarrier,
             70 => ProcessExec,
             71 => SchedSwitch,
             other => return Err(other),

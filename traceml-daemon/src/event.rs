@@ -363,8 +363,14 @@ pub enum Api {
     TorchBackward,
     /// A thread blocks until a collective completes (c10d): the `collective_wait` phase.
     CollectiveWait,
-    /// A c10d collective issued.
+    /// A c10d collective issued (op unknown: recordings made before the ops were told apart).
     Collective,
+    /// c10d collectives issued through gloo, by op.
+    C10dAllReduce,
+    C10dBroadcast,
+    C10dAllGather,
+    C10dReduceScatter,
+    C10dBarrier,
     NcclAllReduce,
     NcclReduceScatter,
     NcclAllGather,
@@ -398,6 +404,11 @@ impl Api {
             Api::TorchBackward => "torch.autograd.backward",
             Api::CollectiveWait => "c10d Work.wait",
             Api::Collective => "c10d collective",
+            Api::C10dAllReduce => "all_reduce",
+            Api::C10dBroadcast => "broadcast",
+            Api::C10dAllGather => "all_gather",
+            Api::C10dReduceScatter => "reduce_scatter",
+            Api::C10dBarrier => "barrier",
             Api::NcclAllReduce => "ncclAllReduce",
             Api::NcclReduceScatter => "ncclReduceScatter",
             Api::NcclAllGather => "ncclAllGather",
@@ -431,6 +442,11 @@ impl Api {
             P::TorchBackward => Api::TorchBackward,
             P::TorchCollectiveWait => Api::CollectiveWait,
             P::TorchCollective => Api::Collective,
+            P::C10dAllReduce => Api::C10dAllReduce,
+            P::C10dBroadcast => Api::C10dBroadcast,
+            P::C10dAllGather => Api::C10dAllGather,
+            P::C10dReduceScatter => Api::C10dReduceScatter,
+            P::C10dBarrier => Api::C10dBarrier,
             P::NcclAllReduce => Api::NcclAllReduce,
             P::NcclReduceScatter => Api::NcclReduceScatter,
             P::NcclAllGather => Api::NcclAllGather,
@@ -484,6 +500,11 @@ impl Api {
         matches!(
             self,
             Api::Collective
+                | Api::C10dAllReduce
+                | Api::C10dBroadcast
+                | Api::C10dAllGather
+                | Api::C10dReduceScatter
+                | Api::C10dBarrier
                 | Api::NcclAllReduce
                 | Api::NcclReduceScatter
                 | Api::NcclAllGather
@@ -491,6 +512,35 @@ impl Api {
                 | Api::NcclReduce
                 | Api::NcclSend
                 | Api::NcclRecv
+        )
+    }
+
+    /// A collective whose op is known (a c10d op through gloo, or an NCCL call): its place in
+    /// the ledger.
+    pub fn collective_op(self) -> Option<CollectiveOp> {
+        use CollectiveOp as O;
+        Some(match self {
+            Api::C10dAllReduce | Api::NcclAllReduce => O::AllReduce,
+            Api::C10dBroadcast | Api::NcclBroadcast => O::Broadcast,
+            Api::C10dAllGather | Api::NcclAllGather => O::AllGather,
+            Api::C10dReduceScatter | Api::NcclReduceScatter => O::ReduceScatter,
+            Api::C10dBarrier => O::Barrier,
+            Api::NcclReduce => O::Reduce,
+            Api::NcclSend => O::Send,
+            Api::NcclRecv => O::Recv,
+            _ => return None,
+        })
+    }
+
+    /// Whether the first argument of this api's entry is the process group (c10d's `this`).
+    pub fn group_in_arg0(self) -> bool {
+        matches!(
+            self,
+            Api::C10dAllReduce
+                | Api::C10dBroadcast
+                | Api::C10dAllGather
+                | Api::C10dReduceScatter
+                | Api::C10dBarrier
         )
     }
 
@@ -522,6 +572,38 @@ impl Api {
                 | Api::CuMemcpyHtoDAsync
                 | Api::CuMemcpyDtoHAsync
         )
+    }
+}
+
+/// A collective's op, as the ledger names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveOp {
+    AllReduce,
+    Broadcast,
+    AllGather,
+    ReduceScatter,
+    Barrier,
+    Reduce,
+    Send,
+    Recv,
+    /// Issued, op not told (recordings made before the ops were told apart).
+    Collective,
+}
+
+impl CollectiveOp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduce => "all_reduce",
+            CollectiveOp::Broadcast => "broadcast",
+            CollectiveOp::AllGather => "all_gather",
+            CollectiveOp::ReduceScatter => "reduce_scatter",
+            CollectiveOp::Barrier => "barrier",
+            CollectiveOp::Reduce => "reduce",
+            CollectiveOp::Send => "send",
+            CollectiveOp::Recv => "recv",
+            CollectiveOp::Collective => "collective",
+        }
     }
 }
 
@@ -563,6 +645,10 @@ pub enum Kind {
         api: Api,
         bytes: Option<u64>,
         copy: Option<CopyKind>,
+        /// A c10d collective's process group (its address in the rank: an identity within
+        /// one process only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<u64>,
     },
     /// The innermost open native call of this thread with this api returned.
     CallExit { api: Api, ret: u64 },
@@ -653,18 +739,21 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
                     api,
                     bytes: Some(raw.args[0]),
                     copy: Some(CopyKind::from_raw(raw.args[1])),
+                    group: None,
                 }
             } else if let Some(bytes) = api.nccl_bytes(&raw.args) {
                 Kind::CallEnter {
                     api,
                     bytes: Some(bytes),
                     copy: None,
+                    group: None,
                 }
             } else {
                 Kind::CallEnter {
                     api,
                     bytes: None,
                     copy: None,
+                    group: api.group_in_arg0().then_some(raw.args[0]),
                 }
             }
         }
@@ -828,7 +917,8 @@ mod tests {
             Kind::CallEnter {
                 api: Api::CudaMemcpyAsync,
                 bytes: Some(4096),
-                copy: Some(CopyKind::HostToDevice)
+                copy: Some(CopyKind::HostToDevice),
+                group: None,
             }
         );
     }
@@ -879,6 +969,7 @@ mod tests {
                 api: Api::CudaMemcpy,
                 bytes: Some(8),
                 copy: Some(CopyKind::DeviceToHost),
+                group: None,
             },
         });
         let s = serde_json::to_string(&item).unwrap();

@@ -284,33 +284,34 @@ pub const TORCH: &[ProbeSpec] = &[
         false,
         Exact("_ZN4c10d6detail22parseCppCommHookResultERKN3c106IValueE"),
     ),
-    // Collectives issued through gloo (a rank's arrival).
+    // Collectives issued through gloo (a rank's arrival), one probe id per op; `this` (the
+    // process group) is the first argument: the ledger's group.
     spec(
-        P::TorchCollective,
+        P::C10dAllReduce,
         "mark_enter",
         false,
         Contains("_ZN4c10d16ProcessGroupGloo9allreduceE"),
     ),
     spec(
-        P::TorchCollective,
+        P::C10dBarrier,
         "mark_enter",
         false,
         Contains("_ZN4c10d16ProcessGroupGloo7barrierE"),
     ),
     spec(
-        P::TorchCollective,
+        P::C10dBroadcast,
         "mark_enter",
         false,
         Contains("_ZN4c10d16ProcessGroupGloo9broadcastE"),
     ),
     spec(
-        P::TorchCollective,
+        P::C10dAllGather,
         "mark_enter",
         false,
         Contains("_ZN4c10d16ProcessGroupGloo9allgatherE"),
     ),
     spec(
-        P::TorchCollective,
+        P::C10dReduceScatter,
         "mark_enter",
         false,
         Contains("_ZN4c10d16ProcessGroupGloo14reduce_scatterE"),

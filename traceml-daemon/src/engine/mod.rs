@@ -90,6 +90,7 @@ use serde::{Deserialize, Serialize};
 use crate::event::{Class, Kind, StreamItem};
 
 mod cutter;
+pub mod ledger;
 mod prep;
 pub(crate) use prep::{LOOP_QUORUM, loop_prefix};
 #[cfg(test)]
@@ -228,6 +229,9 @@ pub struct EngineOutput {
     /// DataLoader workers' stack samples, folded (see [`WorkerFold`]).
     #[serde(skip)]
     pub workers: WorkerFold,
+    /// The collectives this process issued (see [`ledger`]).
+    #[serde(default)]
+    pub ledger: ledger::Ledger,
 }
 
 /// A thread that fetches batches for the training thread (see [`EngineOutput::feeders`]).
@@ -533,6 +537,7 @@ pub struct Engine {
     feeders: std::collections::BTreeMap<u32, Feeder>,
     thread_states: bool,
     workers: WorkerFold,
+    ledger: ledger::Ledger,
 }
 
 impl Default for Engine {
@@ -576,6 +581,7 @@ impl Engine {
             feeders: Default::default(),
             thread_states: false,
             workers: WorkerFold::default(),
+            ledger: ledger::Ledger::default(),
         }
     }
 
@@ -598,6 +604,11 @@ impl Engine {
     /// the one they wait for.
     pub fn in_collective_wait(&self) -> bool {
         self.folds.values().any(ThreadFold::in_collective_wait)
+    }
+
+    /// The collective ledger so far (the events folded so far).
+    pub fn ledger(&self) -> &ledger::Ledger {
+        &self.ledger
     }
 
     pub fn steps_so_far(&self) -> (u64, u64) {
@@ -698,6 +709,7 @@ impl Engine {
         self.released_ts = self.released_ts.max(e.ts);
         self.last_ts = self.last_ts.max(e.ts);
         self.markers.count(&e.kind);
+        self.ledger.push(e.ts, e.tid, &e.kind);
         let codes = &self.codes;
         let class = |code: u64| codes.get(&code).copied().unwrap_or(Class::Pending);
         self.folds
@@ -934,6 +946,7 @@ impl Engine {
             after_exec_events: self.after_exec,
             markers: self.markers,
             workers: std::mem::take(&mut self.workers),
+            ledger: std::mem::take(&mut self.ledger),
             ..EngineOutput::default()
         };
         if self.first_ts.is_none() {

@@ -75,6 +75,7 @@ impl Trace {
                 api,
                 bytes: None,
                 copy: None,
+                group: None,
             },
         )
     }
@@ -86,6 +87,7 @@ impl Trace {
                 api,
                 bytes: Some(bytes),
                 copy: Some(kind),
+                group: None,
             },
         )
     }

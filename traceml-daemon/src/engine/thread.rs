@@ -264,7 +264,9 @@ impl ThreadFold {
                 self.out.collectives.push((ts, bytes));
                 self.issued = Some(ts);
             }
-            Kind::CallEnter { api, bytes, copy } => self.call_enter(ts, api, bytes, copy, issued),
+            Kind::CallEnter {
+                api, bytes, copy, ..
+            } => self.call_enter(ts, api, bytes, copy, issued),
             // The end marker of a collective wait also runs where no wait is open (at launch,
             // on other threads): only an open wait is closed.
             Kind::CallExit {

@@ -197,6 +197,8 @@ impl EventEncoder {
     pub fn encode(&mut self, e: &Event, out: &mut Vec<u8>) -> Option<u64> {
         let api = match &e.kind {
             Kind::Exec | Kind::OffCpu { .. } | Kind::GradMode { .. } => return None,
+            // A collective's group has no compact field: a JSON `item` frame keeps it.
+            Kind::CallEnter { group: Some(_), .. } => return None,
             Kind::CallEnter { api, .. } | Kind::CallExit { api, .. } | Kind::Launch { api } => {
                 api_code(*api)?
             }
@@ -340,6 +342,7 @@ impl EventDecoder {
                 } else {
                     None
                 },
+                group: None,
             },
             3 => Kind::CallExit {
                 api: api_of(api)?,
@@ -494,6 +497,7 @@ mod tests {
                     api: Api::NcclRecv,
                     bytes: Some(4 << 20),
                     copy: None,
+                    group: None,
                 },
             },
         ];

@@ -95,6 +95,7 @@ fn every_item() -> Vec<StreamItem> {
                 api: Api::CudaMemcpyAsync,
                 bytes: Some(1 << 20),
                 copy: Some(CopyKind::HostToDevice),
+                group: None,
             },
         ),
         ev(
@@ -112,6 +113,7 @@ fn every_item() -> Vec<StreamItem> {
                 api: Api::CudaStreamSynchronize,
                 bytes: None,
                 copy: None,
+                group: None,
             },
         ),
         ev(

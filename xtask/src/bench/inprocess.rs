@@ -136,6 +136,20 @@ pub fn workloads(torch_py: Option<&Path>) -> Vec<(Workload, Option<String>)> {
         // were done).
         8.0,
     ));
+    // The DataLoader workers' stack sampling (10 a second a worker, read from the daemon) and
+    // the reads of their /proc: a job whose 4 workers sleep 8 ms an item (input-bound, ~8 ms
+    // steps).
+    out.push(torch(
+        "real-torch input-bound loop, 4 DataLoader workers",
+        &[
+            "tests/workloads/real_torch_train.py",
+            "--scenario",
+            "input_bound",
+            "--workers",
+            "4",
+        ],
+        6.0,
+    ));
     for v in ["3.9", "3.13"] {
         let (python, err) = match setup::pyenv_python(v) {
             Ok(p) => (p, None),
