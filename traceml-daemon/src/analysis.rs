@@ -310,6 +310,8 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         job: None,
         ranks: Vec::new(),
         what_if: Vec::new(),
+        collectives: collective_log(&engine.ledger),
+        collective_waits: None,
         stragglers: None,
     };
     summary.evaluation = evaluation(&engine.evaluation, summary.run.duration_s);
@@ -387,6 +389,24 @@ fn add_top_functions(summary: &mut Summary, engine: &EngineOutput, items: &[Stre
         stats.blocked_in = profile.blocked[p.index()].clone();
     }
     summary.phases.gpu_wait.wait_sites = profile.wait_sites;
+}
+
+/// The ledger's totals and its newest entries ([`crate::summary::COLLECTIVES_KEPT`]).
+fn collective_log(l: &crate::engine::ledger::Ledger) -> Option<crate::summary::CollectiveLog> {
+    (l.total > 0).then(|| crate::summary::CollectiveLog {
+        total: l.total,
+        per_group: l.per_group.clone(),
+        recent: l
+            .entries
+            .iter()
+            .skip(
+                l.entries
+                    .len()
+                    .saturating_sub(crate::summary::COLLECTIVES_KEPT),
+            )
+            .cloned()
+            .collect(),
+    })
 }
 
 /// The workers' profile ([`crate::pipeline`]): their folded stack samples, their CPU seconds

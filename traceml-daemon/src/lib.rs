@@ -36,6 +36,7 @@ pub mod diagnosis;
 pub mod engine;
 pub mod event;
 pub mod host;
+pub mod ledgers;
 pub mod metrics;
 pub mod overhead;
 pub mod phase;

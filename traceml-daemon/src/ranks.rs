@@ -515,6 +515,105 @@ pub fn straggler_what_if(runs: &[RankRun], culprit: u32) -> Option<crate::summar
     })
 }
 
+/// The ranks' collective ledgers joined ([`crate::ledgers`]), with the job's median step.
+pub fn collective_waits(runs: &[RankRun]) -> Option<crate::summary::CollectiveWaits> {
+    let logs: Vec<(u32, &crate::summary::CollectiveLog)> = runs
+        .iter()
+        .filter_map(|r| r.summary.collectives.as_ref().map(|l| (r.rank, l)))
+        .collect();
+    let steps: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.summary.step_ms.median)
+        .collect();
+    crate::ledgers::join(&logs, median(&steps))
+}
+
+/// The straggler finding with the ledger's word on it: the collectives the culprit was last at
+/// (its evidence), or the rank the ledger names instead (the finding's culprit then, with the
+/// disagreement said and the confidence lowered).
+fn with_ledger(mut f: Finding, w: &crate::summary::CollectiveWaits) -> Finding {
+    if w.compared < MIN_ALIGNED_STEPS as u64 {
+        return f;
+    }
+    let said = |r: &crate::summary::RankArrivals| {
+        format!(
+            "at the collectives, rank {} entered last at {} of {} joined across the ranks{}",
+            r.rank,
+            r.last,
+            w.compared,
+            r.median_late_ms
+                .map(|m| format!(" (median {m:.1} ms after the others)"))
+                .unwrap_or_default()
+        )
+    };
+    match (w.waits_for, f.culprit_rank) {
+        (Some(l), Some(c)) if l == c => {
+            if let Some(r) = w.ranks.iter().find(|r| r.rank == l) {
+                f.why.push_str(&format!("; {}", said(r)));
+            }
+        }
+        (Some(l), Some(c)) => {
+            if let Some(r) = w.ranks.iter().find(|r| r.rank == l) {
+                f.why.push_str(&format!(
+                    "; but {}: the job waits for rank {l}, not rank {c}",
+                    said(r)
+                ));
+                f.culprit_rank = Some(l);
+                f.confidence = Confidence::Medium;
+            }
+        }
+        (None, Some(c)) => {
+            if let Some(r) = w.ranks.iter().find(|r| r.rank == c) {
+                f.why
+                    .push_str(&format!("; {} (no rank was last at half of them)", said(r)));
+                f.confidence = Confidence::Medium;
+            }
+        }
+        _ => {}
+    }
+    f
+}
+
+/// The hang as the ledgers see it: the newest collective ranks are inside, who is inside it and
+/// who is not, and the desyncs (`None`: no rank inside a collective).
+fn hang_in_ledger(
+    w: &crate::summary::CollectiveWaits,
+    ranks: &[u32],
+) -> Option<(String, Vec<u32>)> {
+    let newest = w.open.iter().max_by_key(|o| (o.seq, o.group))?;
+    let inside: Vec<u32> = w
+        .open
+        .iter()
+        .filter(|o| o.group == newest.group && o.seq == newest.seq)
+        .map(|o| o.rank)
+        .collect();
+    let missing: Vec<u32> = ranks
+        .iter()
+        .copied()
+        .filter(|r| !inside.contains(r))
+        .collect();
+    let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let mut text = format!(
+        "rank{} {} inside {} #{} (group {})",
+        if inside.len() == 1 { "" } else { "s" },
+        list(&inside),
+        newest.op,
+        newest.seq,
+        newest.group
+    );
+    if !missing.is_empty() {
+        text.push_str(&format!(
+            "; rank{} {} not in it",
+            if missing.len() == 1 { "" } else { "s" },
+            list(&missing)
+        ));
+    }
+    for d in &w.desyncs {
+        text.push_str(&format!("; desync: {}", crate::ledgers::said(d)));
+    }
+    Some((text, missing))
+}
+
 /// The job's summary: the lowest rank's summary with every rank's row, the job's description,
 /// and the job-level findings first (HANG, then STRAGGLER) when they are warnings or worse.
 /// After an elastic restart the job is its last attempt: the ranks of earlier attempts (their
@@ -556,9 +655,26 @@ pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Opt
         ranks_measured: runs.len() as u32,
         ..job
     });
+    out.collective_waits = collective_waits(&runs);
     let mut job_findings: Vec<Finding> = Vec::new();
-    job_findings.extend(hang(&runs, stuck));
-    job_findings.extend(straggler(&runs));
+    job_findings.extend(hang(&runs, stuck).map(|mut f| {
+        let ranks: Vec<u32> = runs.iter().map(|r| r.rank).collect();
+        if let Some((text, missing)) = out
+            .collective_waits
+            .as_ref()
+            .and_then(|w| hang_in_ledger(w, &ranks))
+        {
+            f.why.push_str(&format!("; at the collectives: {text}"));
+            if missing.len() == 1 {
+                f.culprit_rank = Some(missing[0]);
+            }
+        }
+        f
+    }));
+    job_findings.extend(straggler(&runs).map(|f| match &out.collective_waits {
+        Some(w) => with_ledger(f, w),
+        None => f,
+    }));
     out.stragglers = classify_stragglers(&runs);
     if job_findings.is_empty()
         && let Some(s) = &out.stragglers

@@ -64,10 +64,98 @@ pub struct Summary {
     /// rank's pace. Empty: nothing to gain that the daemon can bound.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub what_if: Vec<WhatIf>,
+    /// The collectives this process issued (its ledger, `engine::ledger`): totals and the newest
+    /// entries, what a job's ranks are joined on. Absent: none seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collectives: Option<CollectiveLog>,
+    /// A multi-rank job: who the job waited for at its collectives, and where the ranks' calls
+    /// disagree (`ranks::join_ledgers`). Absent: fewer than two ranks with a ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_waits: Option<CollectiveWaits>,
     /// A multi-rank job whose ranks made each other wait: how the straggling is spread over
     /// the steps (`ranks::classify_stragglers`). Absent: no rank was slow in a step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stragglers: Option<Stragglers>,
+}
+
+/// One process's collective ledger in the summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveLog {
+    /// Collectives issued in all, and per group (by order of first use).
+    pub total: u64,
+    pub per_group: Vec<u64>,
+    /// The newest collectives (at most [`COLLECTIVES_KEPT`]), oldest first.
+    pub recent: Vec<crate::engine::ledger::LedgerEntry>,
+}
+
+/// Collectives a summary keeps of its ledger.
+pub const COLLECTIVES_KEPT: usize = 512;
+
+/// Who a job waited for at its collectives: the ranks' ledgers joined collective by collective
+/// (the same collective ends at the same instant on every rank: the entries of each rank whose
+/// exit is nearest are one collective).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveWaits {
+    /// Collectives joined across every rank.
+    pub compared: u64,
+    /// Per rank: how often it arrived last, and what that cost the others.
+    pub ranks: Vec<RankArrivals>,
+    /// The rank the job waited for (the last to arrive at the largest share of the compared
+    /// collectives, at least half of them, with a lateness over the noise); `null`: none.
+    pub waits_for: Option<u32>,
+    /// Where the ranks' calls disagree: a different op at the same collective, or a rank whose
+    /// collectives shift against the others' (it skipped or added one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub desyncs: Vec<Desync>,
+    /// The collectives open now (a rank inside one, no exit yet), by rank, at their aligned
+    /// sequence numbers: in a hang, who is inside which collective and who is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open: Vec<OpenCollective>,
+}
+
+/// One rank's arrivals at the joined collectives.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankArrivals {
+    pub rank: u32,
+    /// Collectives it entered last (by more than the noise).
+    pub last: u64,
+    pub last_share: f64,
+    /// The time the others waited for it there, summed: its entry less the median entry of
+    /// the others, ms.
+    pub caused_ms: f64,
+    /// Its median lateness when last, ms.
+    pub median_late_ms: Option<f64>,
+}
+
+/// Ranks that disagree at one collective.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Desync {
+    /// The collective, in the lowest rank's numbering on its group.
+    pub seq: u64,
+    pub group: u32,
+    /// `op`: the ops differ; `shift`: a rank's collectives pair with the others' one later (it
+    /// skipped this one) or one earlier (it issued an extra one).
+    pub kind: String,
+    /// Each rank's op there (`skipped` for a rank that did not issue it).
+    pub ops: Vec<RankOp>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankOp {
+    pub rank: u32,
+    pub op: String,
+}
+
+/// A collective a rank is inside now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpenCollective {
+    pub rank: u32,
+    /// Aligned to the lowest rank's numbering on the group.
+    pub seq: u64,
+    pub group: u32,
+    pub op: String,
+    /// Its entry, CLOCK_MONOTONIC ns.
+    pub enter_ts: u64,
 }
 
 /// How a job's straggling is spread over its steps.

@@ -46,7 +46,9 @@ fn count(items: &[StreamItem], pid: u32) -> Counts {
         match &e.kind {
             Kind::PyEnter { code, .. } if *code == next[0] => c.next_enter += 1,
             Kind::PyExit { code, raised: true } if *code == next[0] => c.next_raised += 1,
-            Kind::CallEnter { api, bytes, copy } => {
+            Kind::CallEnter {
+                api, bytes, copy, ..
+            } => {
                 *c.enters.entry(format!("{api:?}")).or_default() += 1;
                 match (copy, bytes) {
                     (Some(CopyKind::HostToDevice), Some(b)) => c.h2d_bytes.push(*b),

@@ -43,6 +43,8 @@ const LAYERS: &[&[&str]] = &[
     &["diagnosis", "whatif"],
     // Aggregation: steps and samples → the model, diagnosed; a job's ranks → the job's model.
     &["analysis"],
+    // A job's ranks' collective ledgers joined, then the job's model.
+    &["ledgers"],
     &["ranks"],
     // Two models → a comparison.
     &["compare"],

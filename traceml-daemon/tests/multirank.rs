@@ -272,6 +272,21 @@ fn check_straggler(s: &serde_json::Value, dir: &Path, out: &Path, n: u32, design
         .iter()
         .filter(|f| f["kind"] == "STRAGGLER")
         .collect();
+    // The ledger: the ranks' collectives joined; who entered last, by rank.
+    let w = &s["collective_waits"];
+    eprintln!(
+        "ledger: {} collectives joined, waits for {}, last: {}",
+        w["compared"],
+        w["waits_for"],
+        w["ranks"]
+            .as_array()
+            .map(|v| v
+                .iter()
+                .map(|r| format!("rank {} {} ({:.2})", r["rank"], r["last"], r["last_share"]))
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
     match expect {
         Expect::Straggler(rank) => {
             assert_eq!(
@@ -280,9 +295,14 @@ fn check_straggler(s: &serde_json::Value, dir: &Path, out: &Path, n: u32, design
                 "truth {truth:?}: {:#}",
                 s["primary_diagnosis"]
             );
+            // The job waited for the truth's culprit at its collectives.
+            assert!(w["compared"].as_u64().unwrap_or(0) >= 20, "{w:#}");
+            assert_eq!(w["waits_for"].as_u64(), Some(u64::from(rank)), "{w:#}");
         }
         Expect::NoStraggler => {
             assert!(found.is_empty(), "truth {truth:?}: {:#}", s["findings"]);
+            assert!(w["compared"].as_u64().unwrap_or(0) >= 20, "{w:#}");
+            assert!(w["waits_for"].is_null(), "{w:#}");
         }
         Expect::Either => {
             let mut failures = Vec::new();

@@ -6,8 +6,9 @@
 //!
 //! A collective's entry is the probe on its issue (`ProcessGroupGloo::allreduce`, `ncclAllReduce`:
 //! the rank's arrival). Its exit is the end of the first collective wait of the process
-//! (`c10d::Work::wait`, DDP's `Reducer::finalize_backward`) that ends after it: exact for a
-//! synchronous `dist.all_reduce`, the last bucket's end for DDP's buckets.
+//! (`c10d::Work::wait`, DDP's `Reducer::finalize_backward`: a wait a thread entered) that ends
+//! after it: exact for a synchronous `dist.all_reduce`, the last bucket's end for DDP's
+//! buckets.
 use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -58,6 +59,9 @@ pub struct Ledger {
     /// Entries still waiting for an exit, by the number they were pushed as (1-based).
     #[serde(skip)]
     open: Vec<u64>,
+    /// Threads inside a collective wait.
+    #[serde(skip)]
+    waiting: std::collections::HashSet<u32>,
 }
 
 /// The key of NCCL calls' group (their communicator is not read).
@@ -70,10 +74,18 @@ impl Ledger {
             Kind::CallEnter {
                 api, bytes, group, ..
             } if api.is_collective() => self.enter(ts, tid, *api, *bytes, *group),
+            Kind::CallEnter {
+                api: Api::CollectiveWait,
+                ..
+            } => {
+                self.waiting.insert(tid);
+            }
+            // The end of a wait this thread entered (the exit marker also fires on its own
+            // where torch calls it outside a wait: right after an issue).
             Kind::CallExit {
                 api: Api::CollectiveWait,
                 ..
-            } => self.exit(ts),
+            } if self.waiting.remove(&tid) => self.exit(ts),
             _ => {}
         }
     }
@@ -156,6 +168,10 @@ mod tests {
         }
     }
 
+    fn wait_start() -> Kind {
+        enter(Api::CollectiveWait, None)
+    }
+
     fn wait_end() -> Kind {
         Kind::CallExit {
             api: Api::CollectiveWait,
@@ -168,11 +184,15 @@ mod tests {
         let mut l = Ledger::default();
         let (a, b) = (Some(0x1000), Some(0x2000));
         l.push(10, 1, &enter(Api::C10dAllReduce, a));
+        // The exit marker outside a wait (torch calls it after an issue too) ends nothing.
+        l.push(11, 1, &wait_end());
+        l.push(15, 1, &wait_start());
         l.push(20, 1, &wait_end());
         l.push(30, 1, &enter(Api::C10dBroadcast, b));
         l.push(40, 1, &enter(Api::C10dAllReduce, a));
         // A launch or a copy is no collective.
         l.push(45, 1, &enter(Api::CudaMemcpy, None));
+        l.push(48, 1, &wait_start());
         l.push(50, 1, &wait_end());
         l.push(60, 1, &enter(Api::C10dAllReduce, a));
         let got: Vec<(u32, u64, &str, Option<u64>)> = l
@@ -201,6 +221,7 @@ mod tests {
         for i in 0..n {
             l.push(i * 10, 1, &enter(Api::C10dAllReduce, Some(1)));
             if i % 2 == 0 {
+                l.push(i * 10 + 4, 1, &wait_start());
                 l.push(i * 10 + 5, 1, &wait_end());
             }
         }

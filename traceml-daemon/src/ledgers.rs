@@ -1,0 +1,499 @@
+//! A job's collective ledgers joined: who the job waited for at each collective, and where the
+//! ranks' calls disagree. Pure: each rank's [`CollectiveLog`] in, [`CollectiveWaits`] out.
+//!
+//! # Joining
+//! A collective ends at the same instant on every rank (within the transport's latency), and a
+//! rank's entries of one group are in its own issue order. So per group the entries of each rank
+//! are cut into *batches* of equal exit (a synchronous `all_reduce` is a batch of one; DDP's
+//! buckets of a step end together at `finalize_backward`), each batch of the lowest rank is
+//! matched to the batch of every other rank whose exit is nearest (within [`MATCH_TOLERANCE`] of
+//! the gap between the lowest rank's consecutive exits), and matched batches are paired entry by
+//! entry, in order. A pair's sequence numbers give the rank's *offset* against the lowest rank;
+//! an offset that changes is a *shift*: the rank skipped a collective (or issued one more). The
+//! open entries (no exit yet: a hang) are placed with each rank's last offset.
+//!
+//! # Who the job waits for
+//! At a collective joined across every rank, the last rank to enter is the one the others
+//! waited for, by its entry less the median entry of the others (its *lateness*) when that is
+//! more than the noise (`max(1 ms, 10 % of the job's median step)`). The rank that was last at
+//! the largest share of the collectives, at least half of them, is the one the job waits for.
+//!
+//! # Desyncs
+//! Ranks whose ops differ at one collective (joined, or open at the same aligned number), and
+//! shifts, are desyncs: "rank 1 called broadcast #1043, ranks 0,2,3 all_reduce #1043".
+use std::collections::BTreeMap;
+
+use crate::engine::ledger::LedgerEntry;
+use crate::event::CollectiveOp;
+use crate::summary::{
+    CollectiveLog, CollectiveWaits, Desync, OpenCollective, RankArrivals, RankOp,
+};
+
+/// Two batches are one collective when their exits are this share of the lowest rank's median
+/// gap between consecutive exits apart, at most.
+pub const MATCH_TOLERANCE: f64 = 0.3;
+/// A rank is the one the job waited for at a collective when it entered this long after the
+/// median of the others, at least (ns), or [`LATE_STEP_SHARE`] of the median step when longer.
+pub const LATE_FLOOR_NS: u64 = 1_000_000;
+pub const LATE_STEP_SHARE: f64 = 0.10;
+/// The share of the joined collectives a rank must be last at to be the one the job waits for.
+pub const WAITS_FOR_SHARE: f64 = 0.5;
+/// Desyncs listed.
+pub const MAX_DESYNCS: usize = 8;
+
+/// One rank's entries of one group cut into batches of equal exit (open entries left out).
+fn batches(entries: &[&LedgerEntry]) -> Vec<(u64, Vec<usize>)> {
+    let mut out: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let Some(x) = e.exit_ts else { continue };
+        match out.last_mut() {
+            Some((t, v)) if *t == x => v.push(i),
+            _ => out.push((x, vec![i])),
+        }
+    }
+    out
+}
+
+/// The batch of `of` whose exit is nearest `t`, within `tol`.
+fn nearest(of: &[(u64, Vec<usize>)], t: u64, tol: u64) -> Option<usize> {
+    let i = of.partition_point(|b| b.0 < t);
+    [i.checked_sub(1), Some(i)]
+        .into_iter()
+        .flatten()
+        .filter(|&j| j < of.len())
+        .min_by_key(|&j| of[j].0.abs_diff(t))
+        .filter(|&j| of[j].0.abs_diff(t) <= tol)
+}
+
+/// One collective joined across ranks: each rank's entry (`None`: not matched).
+struct Joined<'a> {
+    /// The lowest rank's entry.
+    seq: u64,
+    group: u32,
+    by_rank: Vec<Option<&'a LedgerEntry>>,
+}
+
+/// The ranks' ledgers joined (`logs`: (rank, its log), any order); `median_step_ms`: the job's
+/// median step, for the lateness that counts. `None` with fewer than two ranks with a ledger.
+pub fn join(
+    logs: &[(u32, &CollectiveLog)],
+    median_step_ms: Option<f64>,
+) -> Option<CollectiveWaits> {
+    let mut logs: Vec<(u32, &CollectiveLog)> = logs.to_vec();
+    logs.sort_by_key(|l| l.0);
+    if logs.len() < 2 {
+        return None;
+    }
+    let late_ns = LATE_FLOOR_NS.max(
+        median_step_ms
+            .filter(|m| m.is_finite() && *m > 0.0)
+            .map_or(0, |m| (m * 1e6 * LATE_STEP_SHARE) as u64),
+    );
+    let n = logs.len();
+    let groups: Vec<u32> = {
+        let mut g: Vec<u32> = logs[0].1.recent.iter().map(|e| e.group).collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    };
+    let mut joined: Vec<Joined> = Vec::new();
+    let mut desyncs: Vec<Desync> = Vec::new();
+    let mut open: Vec<OpenCollective> = Vec::new();
+    for &g in &groups {
+        fn of(log: &CollectiveLog, g: u32) -> Vec<&LedgerEntry> {
+            log.recent.iter().filter(|e| e.group == g).collect()
+        }
+        let ref_entries = of(logs[0].1, g);
+        let ref_batches = batches(&ref_entries);
+        let gaps: Vec<f64> = ref_batches
+            .windows(2)
+            .map(|w| (w[1].0 - w[0].0) as f64)
+            .collect();
+        let tol = crate::stats::median(&gaps).map_or(u64::MAX, |m| (m * MATCH_TOLERANCE) as u64);
+        // Per ref entry (by index), each rank's entry.
+        let mut table: Vec<Vec<Option<&LedgerEntry>>> = vec![vec![None; n]; ref_entries.len()];
+        for (i, e) in ref_entries.iter().enumerate() {
+            table[i][0] = Some(e);
+        }
+        // Each rank's offset (ref seq − its seq) as of its last pair, for its open entries.
+        let mut offsets: Vec<Option<i64>> = vec![Some(0); n];
+        for (r, &(rank, log)) in logs.iter().enumerate().skip(1) {
+            offsets[r] = None;
+            let entries = of(log, g);
+            let theirs = batches(&entries);
+            let mut last_off: Option<i64> = None;
+            for (t, idx) in &ref_batches {
+                let Some(j) = nearest(&theirs, *t, tol) else {
+                    continue;
+                };
+                let other = &theirs[j].1;
+                for (k, &i) in idx.iter().enumerate() {
+                    let Some(&o) = other.get(k) else { break };
+                    let (a, b) = (ref_entries[i], entries[o]);
+                    table[i][r] = Some(b);
+                    let off = a.seq as i64 - b.seq as i64;
+                    if let Some(prev) = last_off
+                        && prev != off
+                        && desyncs.len() < MAX_DESYNCS
+                    {
+                        desyncs.push(shift(rank, logs[0].0, a, prev, off));
+                    }
+                    last_off = Some(off);
+                }
+            }
+            offsets[r] = last_off;
+        }
+        for (i, row) in table.into_iter().enumerate() {
+            joined.push(Joined {
+                seq: ref_entries[i].seq,
+                group: g,
+                by_rank: row,
+            });
+        }
+        // The open entries, aligned by each rank's last offset.
+        for (r, &(rank, log)) in logs.iter().enumerate() {
+            let Some(off) = offsets[r] else { continue };
+            for e in of(log, g).into_iter().filter(|e| e.exit_ts.is_none()) {
+                open.push(OpenCollective {
+                    rank,
+                    seq: (e.seq as i64 + off).max(0) as u64,
+                    group: g,
+                    op: e.op.as_str().to_owned(),
+                    enter_ts: e.enter_ts,
+                });
+            }
+        }
+    }
+    // Ops that differ at one collective: joined, or open at the same aligned number.
+    for j in &joined {
+        let ops: Vec<(u32, CollectiveOp)> = j
+            .by_rank
+            .iter()
+            .zip(&logs)
+            .filter_map(|(e, l)| e.map(|e| (l.0, e.op)))
+            .collect();
+        if differ(&ops) && desyncs.len() < MAX_DESYNCS {
+            desyncs.push(op_desync(j.seq, j.group, &ops));
+        }
+    }
+    let mut at: BTreeMap<(u32, u64), Vec<(u32, CollectiveOp)>> = BTreeMap::new();
+    for o in &open {
+        let op = logs
+            .iter()
+            .find(|l| l.0 == o.rank)
+            .and_then(|l| {
+                l.1.recent
+                    .iter()
+                    .find(|e| e.exit_ts.is_none() && e.enter_ts == o.enter_ts && e.group == o.group)
+            })
+            .map_or(CollectiveOp::Collective, |e| e.op);
+        at.entry((o.group, o.seq)).or_default().push((o.rank, op));
+    }
+    for ((g, seq), ops) in &at {
+        if differ(ops) && desyncs.len() < MAX_DESYNCS {
+            desyncs.push(op_desync(*seq, *g, ops));
+        }
+    }
+    // Who arrived last, where every rank is joined.
+    let mut ranks: Vec<RankArrivals> = logs
+        .iter()
+        .map(|l| RankArrivals {
+            rank: l.0,
+            ..RankArrivals::default()
+        })
+        .collect();
+    let mut lateness: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut compared = 0u64;
+    for j in &joined {
+        let Some(entries) = j.by_rank.iter().copied().collect::<Option<Vec<_>>>() else {
+            continue;
+        };
+        compared += 1;
+        let (last, e) = entries
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, e)| e.enter_ts)
+            .expect("two ranks or more");
+        let others: Vec<f64> = entries
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != last)
+            .map(|(_, o)| o.enter_ts as f64)
+            .collect();
+        let Some(mid) = crate::stats::median(&others) else {
+            continue;
+        };
+        let late = e.enter_ts as f64 - mid;
+        if late >= late_ns as f64 {
+            ranks[last].last += 1;
+            ranks[last].caused_ms += late / 1e6;
+            lateness[last].push(late / 1e6);
+        }
+    }
+    for (r, l) in ranks.iter_mut().zip(&lateness) {
+        r.last_share = if compared > 0 {
+            r.last as f64 / compared as f64
+        } else {
+            0.0
+        };
+        r.median_late_ms = crate::stats::median(l);
+    }
+    let waits_for = ranks
+        .iter()
+        .max_by(|a, b| a.last_share.total_cmp(&b.last_share))
+        .filter(|r| r.last_share >= WAITS_FOR_SHARE)
+        .map(|r| r.rank);
+    open.sort_by_key(|o| (o.group, o.seq, o.rank));
+    Some(CollectiveWaits {
+        compared,
+        ranks,
+        waits_for,
+        desyncs,
+        open,
+    })
+}
+
+/// Whether the known ops of `ops` differ (an op not told apart differs from none).
+fn differ(ops: &[(u32, CollectiveOp)]) -> bool {
+    let mut known = ops
+        .iter()
+        .map(|o| o.1)
+        .filter(|&o| o != CollectiveOp::Collective);
+    match known.next() {
+        Some(first) => known.any(|o| o != first),
+        None => false,
+    }
+}
+
+fn op_desync(seq: u64, group: u32, ops: &[(u32, CollectiveOp)]) -> Desync {
+    Desync {
+        seq,
+        group,
+        kind: "op".into(),
+        ops: ops
+            .iter()
+            .map(|&(rank, op)| RankOp {
+                rank,
+                op: op.as_str().into(),
+            })
+            .collect(),
+    }
+}
+
+/// Rank `rank`'s collectives pair with the lowest rank's at offset `now` where they paired at
+/// `before`: it issued fewer (skipped `now − before`) or more, by `a` (the lowest rank's first
+/// collective at the new offset).
+fn shift(rank: u32, lowest: u32, a: &LedgerEntry, before: i64, now: i64) -> Desync {
+    let skipped = now > before;
+    Desync {
+        seq: a.seq,
+        group: a.group,
+        kind: "shift".into(),
+        ops: vec![
+            RankOp {
+                rank: lowest,
+                op: a.op.as_str().into(),
+            },
+            RankOp {
+                rank,
+                op: if skipped {
+                    format!("skipped {}", now - before)
+                } else {
+                    format!("{} more", before - now)
+                },
+            },
+        ],
+    }
+}
+
+/// The card's words for a desync: "rank 1 called broadcast #1043, ranks 0,2,3 all_reduce
+/// #1043".
+pub fn said(d: &Desync) -> String {
+    if d.kind == "shift" {
+        let lowest = &d.ops[0];
+        let other = &d.ops[1];
+        return format!(
+            "rank {}'s collectives shifted against rank {}'s at {} #{} (group {}): it {}",
+            other.rank,
+            lowest.rank,
+            lowest.op,
+            d.seq,
+            d.group,
+            if other.op.starts_with("skipped") {
+                format!("{} of them", other.op)
+            } else {
+                format!("issued {}", other.op)
+            }
+        );
+    }
+    let mut by_op: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for o in &d.ops {
+        by_op.entry(o.op.as_str()).or_default().push(o.rank);
+    }
+    let mut parts: Vec<(usize, String, &str)> = by_op
+        .into_iter()
+        .map(|(op, ranks)| {
+            let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+            let who = if ranks.len() == 1 {
+                format!("rank {}", list[0])
+            } else {
+                format!("ranks {}", list.join(","))
+            };
+            (ranks.len(), who, op)
+        })
+        .collect();
+    // The odd one out first.
+    parts.sort_by_key(|p| p.0);
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, (_, who, op))| {
+            let verb = if i == 0 { " called" } else { "" };
+            format!("{who}{verb} {op} #{}", d.seq)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn e(seq: u64, op: CollectiveOp, enter: u64, exit: Option<u64>) -> LedgerEntry {
+        LedgerEntry {
+            seq,
+            group: 0,
+            op,
+            tid: 1,
+            enter_ts: enter,
+            exit_ts: exit,
+            bytes: None,
+        }
+    }
+
+    fn log(entries: Vec<LedgerEntry>) -> CollectiveLog {
+        CollectiveLog {
+            total: entries.len() as u64,
+            per_group: vec![entries.len() as u64],
+            recent: entries,
+        }
+    }
+
+    /// `n` all_reduces 50 ms apart; rank `slow` enters `late` ms after the others (who enter
+    /// 1 ms apart), from `seq0` on.
+    fn rank_log(rank: u32, seq0: u64, n: u64, slow: Option<u32>, late: u64) -> CollectiveLog {
+        log((0..n)
+            .map(|k| {
+                let t = 1_000 * MS + k * 50 * MS;
+                let enter = if slow == Some(rank) {
+                    t + late * MS
+                } else {
+                    t + u64::from(rank) * MS / 4
+                };
+                e(
+                    seq0 + k,
+                    CollectiveOp::AllReduce,
+                    enter,
+                    Some(t + (late + 2) * MS),
+                )
+            })
+            .collect())
+    }
+
+    #[test]
+    fn the_last_to_arrive_is_the_one_the_job_waits_for() {
+        // Ranks attached at different collectives: their own numbering differs.
+        let logs: Vec<CollectiveLog> = (0..4)
+            .map(|r| rank_log(r, u64::from(r) * 3, 40, Some(2), 20))
+            .collect();
+        let refs: Vec<(u32, &CollectiveLog)> = logs
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (r as u32, l))
+            .collect();
+        let w = join(&refs, Some(50.0)).unwrap();
+        assert_eq!(w.compared, 40);
+        assert_eq!(w.waits_for, Some(2));
+        let r2 = &w.ranks[2];
+        assert_eq!(r2.last, 40);
+        assert!((r2.median_late_ms.unwrap() - 19.75).abs() < 0.3, "{r2:?}");
+        assert!(w.ranks.iter().filter(|r| r.rank != 2).all(|r| r.last == 0));
+        assert!(w.desyncs.is_empty(), "{:?}", w.desyncs);
+    }
+
+    #[test]
+    fn an_even_job_waits_for_no_one() {
+        let logs: Vec<CollectiveLog> = (0..4).map(|r| rank_log(r, 0, 30, None, 0)).collect();
+        let refs: Vec<(u32, &CollectiveLog)> = logs
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (r as u32, l))
+            .collect();
+        let w = join(&refs, Some(50.0)).unwrap();
+        assert_eq!(w.compared, 30);
+        assert_eq!(w.waits_for, None);
+        assert!(w.ranks.iter().all(|r| r.last == 0));
+    }
+
+    #[test]
+    fn a_different_op_at_one_open_collective_is_a_desync() {
+        // Everyone completes 10 all_reduces; then ranks 0, 2, 3 enter all_reduce #10 and rank 1
+        // broadcast #10, and nobody leaves (a hang).
+        let logs: Vec<CollectiveLog> = (0..4)
+            .map(|r| {
+                let mut l = rank_log(r, 100, 10, None, 0);
+                let op = if r == 1 {
+                    CollectiveOp::Broadcast
+                } else {
+                    CollectiveOp::AllReduce
+                };
+                l.recent.push(e(110, op, 1_600 * MS, None));
+                l
+            })
+            .collect();
+        let refs: Vec<(u32, &CollectiveLog)> = logs
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (r as u32, l))
+            .collect();
+        let w = join(&refs, None).unwrap();
+        assert_eq!(w.open.len(), 4);
+        assert!(w.open.iter().all(|o| o.seq == 110), "{:?}", w.open);
+        assert_eq!(w.desyncs.len(), 1, "{:?}", w.desyncs);
+        assert_eq!(
+            said(&w.desyncs[0]),
+            "rank 1 called broadcast #110, ranks 0,2,3 all_reduce #110"
+        );
+    }
+
+    #[test]
+    fn a_skipped_collective_shifts_the_ranks_pairing() {
+        // Rank 1 skips the all_reduce the others call 5th: from there on its k-th call pairs
+        // with their (k+1)-th (gloo matches calls by order), and it waits at the end alone.
+        let logs: Vec<CollectiveLog> = (0..2u32)
+            .map(|r| {
+                let entries = (0..12u64)
+                    .filter(|&k| r == 0 || k != 5)
+                    .enumerate()
+                    .map(|(own, k)| {
+                        let t = 1_000 * MS + k * 50 * MS;
+                        e(own as u64, CollectiveOp::AllReduce, t, Some(t + 2 * MS))
+                    })
+                    .collect();
+                log(entries)
+            })
+            .collect();
+        let refs: Vec<(u32, &CollectiveLog)> = logs
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (r as u32, l))
+            .collect();
+        let w = join(&refs, None).unwrap();
+        assert_eq!(w.desyncs.len(), 1, "{:?}", w.desyncs);
+        let d = &w.desyncs[0];
+        assert_eq!((d.kind.as_str(), d.seq), ("shift", 6));
+        assert!(said(d).contains("skipped 1"), "{}", said(d));
+    }
+}
