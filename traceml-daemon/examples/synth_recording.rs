@@ -137,7 +137,12 @@ fn one_step(enc: &mut Enc, t: &mut u64, next: &mut impl FnMut(u64) -> u64) -> st
     *t += next(200_000);
     ev(enc, *t, PID, Kind::RecordExit)?;
     *t += 5_000;
-    let call = |api, bytes, copy| Kind::CallEnter { api, bytes, copy };
+    let call = |api, bytes, copy| Kind::CallEnter {
+        api,
+        bytes,
+        copy,
+        group: None,
+    };
     ev(
         enc,
         *t,
