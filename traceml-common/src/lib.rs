@@ -220,8 +220,9 @@ pub enum ProbeId {
     ProcessExec = 70,
     /// The `sched_switch` tracepoint (an [`EventKind::OffCpu`]).
     SchedSwitch = 71,
-    // c10d collectives issued through gloo, by op (entry markers, `this`, the process group, in
-    // args[0]): a rank's arrival at one collective of the ledger. (54, `TorchCollective`, is the
+    // c10d collectives issued through gloo, by op (entry markers; `this`, the process group, in
+    // args[1], after the hidden return pointer): a rank's arrival at one collective of the
+    // ledger. (54, `TorchCollective`, is the
     // same without the op, in recordings made before these.)
     C10dAllReduce = 80,
     C10dBroadcast = 81,

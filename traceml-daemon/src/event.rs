@@ -532,8 +532,10 @@ impl Api {
         })
     }
 
-    /// Whether the first argument of this api's entry is the process group (c10d's `this`).
-    pub fn group_in_arg0(self) -> bool {
+    /// Whether this api's entry carries the process group: c10d's `this`, in the second
+    /// argument register (the first holds the hidden pointer to the returned
+    /// `c10::intrusive_ptr<Work>`, a class returned in memory).
+    pub fn has_group(self) -> bool {
         matches!(
             self,
             Api::C10dAllReduce
@@ -753,7 +755,7 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
                     api,
                     bytes: None,
                     copy: None,
-                    group: api.group_in_arg0().then_some(raw.args[0]),
+                    group: api.has_group().then_some(raw.args[1]),
                 }
             }
         }

@@ -8,9 +8,13 @@
 //! buckets of a step end together at `finalize_backward`), each batch of the lowest rank is
 //! matched to the batch of every other rank whose exit is nearest (within [`MATCH_TOLERANCE`] of
 //! the gap between the lowest rank's consecutive exits), and matched batches are paired entry by
-//! entry, in order. A pair's sequence numbers give the rank's *offset* against the lowest rank;
-//! an offset that changes is a *shift*: the rank skipped a collective (or issued one more). The
-//! open entries (no exit yet: a hang) are placed with each rank's last offset.
+//! entry, in order. Each pair's sequence numbers vote for the rank's *offset* against the lowest
+//! rank (the ranks attached at different collectives: their own numbering starts at different
+//! ones); the most voted offset stands, and the collectives are joined by their numbers through
+//! it, open ones (no exit yet: a hang) included. A collective library pairs the calls of a group
+//! by their order, so one offset holds for the whole run: a rank that skipped a call stays paired
+//! one call ahead, and shows at the end as the rank missing from the collective the others are
+//! inside.
 //!
 //! # Who the job waits for
 //! At a collective joined across every rank, the last rank to enter is the one the others
@@ -19,14 +23,15 @@
 //! the largest share of the collectives, at least half of them, is the one the job waits for.
 //!
 //! # Desyncs
-//! Ranks whose ops differ at one collective (joined, or open at the same aligned number), and
-//! shifts, are desyncs: "rank 1 called broadcast #1043, ranks 0,2,3 all_reduce #1043".
-use std::collections::BTreeMap;
+//! Ranks whose ops differ at one collective (completed or open) are a desync: "rank 1 called
+//! broadcast #1043, ranks 0,2,3 all_reduce #1043".
+use std::collections::{BTreeMap, HashMap};
 
 use crate::engine::ledger::LedgerEntry;
 use crate::event::CollectiveOp;
 use crate::summary::{
-    CollectiveLog, CollectiveWaits, Desync, OpenCollective, RankArrivals, RankOp,
+    CollectiveLog, CollectiveWaits, Desync, JoinedCollective, OpenCollective, RankArrivals, RankOp,
+    RankSpan, TIMELINE_KEPT,
 };
 
 /// Two batches are one collective when their exits are this share of the lowest rank's median
@@ -97,7 +102,6 @@ pub fn join(
         g
     };
     let mut joined: Vec<Joined> = Vec::new();
-    let mut desyncs: Vec<Desync> = Vec::new();
     let mut open: Vec<OpenCollective> = Vec::new();
     for &g in &groups {
         fn of(log: &CollectiveLog, g: u32) -> Vec<&LedgerEntry> {
@@ -110,47 +114,51 @@ pub fn join(
             .map(|w| (w[1].0 - w[0].0) as f64)
             .collect();
         let tol = crate::stats::median(&gaps).map_or(u64::MAX, |m| (m * MATCH_TOLERANCE) as u64);
-        // Per ref entry (by index), each rank's entry.
-        let mut table: Vec<Vec<Option<&LedgerEntry>>> = vec![vec![None; n]; ref_entries.len()];
-        for (i, e) in ref_entries.iter().enumerate() {
-            table[i][0] = Some(e);
-        }
-        // Each rank's offset (ref seq − its seq) as of its last pair, for its open entries.
-        let mut offsets: Vec<Option<i64>> = vec![Some(0); n];
-        for (r, &(rank, log)) in logs.iter().enumerate().skip(1) {
-            offsets[r] = None;
+        // Each rank's entries by their own seq, and its offset (ref seq − its seq): the most
+        // frequent over the batches matched by exit.
+        let mut by_seq: Vec<HashMap<u64, &LedgerEntry>> = Vec::with_capacity(n);
+        let mut offsets: Vec<Option<i64>> = Vec::with_capacity(n);
+        for (r, &(_, log)) in logs.iter().enumerate() {
             let entries = of(log, g);
+            by_seq.push(entries.iter().map(|e| (e.seq, *e)).collect());
+            if r == 0 {
+                offsets.push(Some(0));
+                continue;
+            }
             let theirs = batches(&entries);
-            let mut last_off: Option<i64> = None;
+            let mut votes: HashMap<i64, u64> = HashMap::new();
             for (t, idx) in &ref_batches {
                 let Some(j) = nearest(&theirs, *t, tol) else {
                     continue;
                 };
-                let other = &theirs[j].1;
-                for (k, &i) in idx.iter().enumerate() {
-                    let Some(&o) = other.get(k) else { break };
-                    let (a, b) = (ref_entries[i], entries[o]);
-                    table[i][r] = Some(b);
-                    let off = a.seq as i64 - b.seq as i64;
-                    if let Some(prev) = last_off
-                        && prev != off
-                        && desyncs.len() < MAX_DESYNCS
-                    {
-                        desyncs.push(shift(rank, logs[0].0, a, prev, off));
-                    }
-                    last_off = Some(off);
+                for (&i, &o) in idx.iter().zip(&theirs[j].1) {
+                    *votes
+                        .entry(ref_entries[i].seq as i64 - entries[o].seq as i64)
+                        .or_default() += 1;
                 }
             }
-            offsets[r] = last_off;
+            offsets.push(
+                votes
+                    .into_iter()
+                    .max_by_key(|&(off, v)| (v, std::cmp::Reverse(off.unsigned_abs())))
+                    .map(|(off, _)| off),
+            );
         }
-        for (i, row) in table.into_iter().enumerate() {
+        for e in &ref_entries {
+            let by_rank = (0..n)
+                .map(|r| {
+                    let off = offsets[r]?;
+                    let seq = u64::try_from(e.seq as i64 - off).ok()?;
+                    by_seq[r].get(&seq).copied()
+                })
+                .collect();
             joined.push(Joined {
-                seq: ref_entries[i].seq,
+                seq: e.seq,
                 group: g,
-                by_rank: row,
+                by_rank,
             });
         }
-        // The open entries, aligned by each rank's last offset.
+        // The open entries, aligned by each rank's offset.
         for (r, &(rank, log)) in logs.iter().enumerate() {
             let Some(off) = offsets[r] else { continue };
             for e in of(log, g).into_iter().filter(|e| e.exit_ts.is_none()) {
@@ -164,7 +172,8 @@ pub fn join(
             }
         }
     }
-    // Ops that differ at one collective: joined, or open at the same aligned number.
+    // Ops that differ at one collective (completed or open).
+    let mut desyncs: Vec<Desync> = Vec::new();
     for j in &joined {
         let ops: Vec<(u32, CollectiveOp)> = j
             .by_rank
@@ -174,24 +183,6 @@ pub fn join(
             .collect();
         if differ(&ops) && desyncs.len() < MAX_DESYNCS {
             desyncs.push(op_desync(j.seq, j.group, &ops));
-        }
-    }
-    let mut at: BTreeMap<(u32, u64), Vec<(u32, CollectiveOp)>> = BTreeMap::new();
-    for o in &open {
-        let op = logs
-            .iter()
-            .find(|l| l.0 == o.rank)
-            .and_then(|l| {
-                l.1.recent
-                    .iter()
-                    .find(|e| e.exit_ts.is_none() && e.enter_ts == o.enter_ts && e.group == o.group)
-            })
-            .map_or(CollectiveOp::Collective, |e| e.op);
-        at.entry((o.group, o.seq)).or_default().push((o.rank, op));
-    }
-    for ((g, seq), ops) in &at {
-        if differ(ops) && desyncs.len() < MAX_DESYNCS {
-            desyncs.push(op_desync(*seq, *g, ops));
         }
     }
     // Who arrived last, where every rank is joined.
@@ -204,10 +195,14 @@ pub fn join(
         .collect();
     let mut lateness: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut compared = 0u64;
+    let mut waited: HashMap<(u32, u64), u32> = HashMap::new();
     for j in &joined {
         let Some(entries) = j.by_rank.iter().copied().collect::<Option<Vec<_>>>() else {
             continue;
         };
+        if entries.iter().any(|e| e.exit_ts.is_none()) {
+            continue;
+        }
         compared += 1;
         let (last, e) = entries
             .iter()
@@ -225,6 +220,7 @@ pub fn join(
         };
         let late = e.enter_ts as f64 - mid;
         if late >= late_ns as f64 {
+            waited.insert((j.group, j.seq), logs[last].0);
             ranks[last].last += 1;
             ranks[last].caused_ms += late / 1e6;
             lateness[last].push(late / 1e6);
@@ -244,12 +240,43 @@ pub fn join(
         .filter(|r| r.last_share >= WAITS_FOR_SHARE)
         .map(|r| r.rank);
     open.sort_by_key(|o| (o.group, o.seq, o.rank));
+    // The newest collectives every rank is in, for the timeline (by entry).
+    let mut full: Vec<&Joined> = joined
+        .iter()
+        .filter(|j| j.by_rank.iter().all(Option::is_some))
+        .collect();
+    full.sort_by_key(|j| j.by_rank[0].map(|e| e.enter_ts));
+    let timeline = full
+        .iter()
+        .rev()
+        .take(TIMELINE_KEPT)
+        .rev()
+        .map(|j| JoinedCollective {
+            seq: j.seq,
+            group: j.group,
+            waited_for: waited.get(&(j.group, j.seq)).copied(),
+            ranks: j
+                .by_rank
+                .iter()
+                .zip(&logs)
+                .filter_map(|(e, l)| {
+                    e.map(|e| RankSpan {
+                        rank: l.0,
+                        op: e.op.as_str().to_owned(),
+                        enter_ts: e.enter_ts,
+                        exit_ts: e.exit_ts,
+                    })
+                })
+                .collect(),
+        })
+        .collect();
     Some(CollectiveWaits {
         compared,
         ranks,
         waits_for,
         desyncs,
         open,
+        timeline,
     })
 }
 
@@ -280,52 +307,9 @@ fn op_desync(seq: u64, group: u32, ops: &[(u32, CollectiveOp)]) -> Desync {
     }
 }
 
-/// Rank `rank`'s collectives pair with the lowest rank's at offset `now` where they paired at
-/// `before`: it issued fewer (skipped `now − before`) or more, by `a` (the lowest rank's first
-/// collective at the new offset).
-fn shift(rank: u32, lowest: u32, a: &LedgerEntry, before: i64, now: i64) -> Desync {
-    let skipped = now > before;
-    Desync {
-        seq: a.seq,
-        group: a.group,
-        kind: "shift".into(),
-        ops: vec![
-            RankOp {
-                rank: lowest,
-                op: a.op.as_str().into(),
-            },
-            RankOp {
-                rank,
-                op: if skipped {
-                    format!("skipped {}", now - before)
-                } else {
-                    format!("{} more", before - now)
-                },
-            },
-        ],
-    }
-}
-
 /// The card's words for a desync: "rank 1 called broadcast #1043, ranks 0,2,3 all_reduce
 /// #1043".
 pub fn said(d: &Desync) -> String {
-    if d.kind == "shift" {
-        let lowest = &d.ops[0];
-        let other = &d.ops[1];
-        return format!(
-            "rank {}'s collectives shifted against rank {}'s at {} #{} (group {}): it {}",
-            other.rank,
-            lowest.rank,
-            lowest.op,
-            d.seq,
-            d.group,
-            if other.op.starts_with("skipped") {
-                format!("{} of them", other.op)
-            } else {
-                format!("issued {}", other.op)
-            }
-        );
-    }
     let mut by_op: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
     for o in &d.ops {
         by_op.entry(o.op.as_str()).or_default().push(o.rank);
@@ -469,20 +453,19 @@ mod tests {
     }
 
     #[test]
-    fn a_skipped_collective_shifts_the_ranks_pairing() {
-        // Rank 1 skips the all_reduce the others call 5th: from there on its k-th call pairs
-        // with their (k+1)-th (gloo matches calls by order), and it waits at the end alone.
-        let logs: Vec<CollectiveLog> = (0..2u32)
+    fn a_rank_that_skipped_one_is_missing_where_the_others_wait() {
+        // Rank 1 skipped one all_reduce: its calls pair with the others' in order (as the
+        // library pairs them), and the others end inside one more, without it.
+        let logs: Vec<CollectiveLog> = (0..3u32)
             .map(|r| {
-                let entries = (0..12u64)
-                    .filter(|&k| r == 0 || k != 5)
-                    .enumerate()
-                    .map(|(own, k)| {
+                let n = if r == 1 { 11 } else { 12 };
+                log((0..n)
+                    .map(|k| {
                         let t = 1_000 * MS + k * 50 * MS;
-                        e(own as u64, CollectiveOp::AllReduce, t, Some(t + 2 * MS))
+                        let exit = (k < 11).then_some(t + 2 * MS);
+                        e(k + 7 * u64::from(r), CollectiveOp::AllReduce, t, exit)
                     })
-                    .collect();
-                log(entries)
+                    .collect())
             })
             .collect();
         let refs: Vec<(u32, &CollectiveLog)> = logs
@@ -491,9 +474,9 @@ mod tests {
             .map(|(r, l)| (r as u32, l))
             .collect();
         let w = join(&refs, None).unwrap();
-        assert_eq!(w.desyncs.len(), 1, "{:?}", w.desyncs);
-        let d = &w.desyncs[0];
-        assert_eq!((d.kind.as_str(), d.seq), ("shift", 6));
-        assert!(said(d).contains("skipped 1"), "{}", said(d));
+        assert_eq!(w.compared, 11);
+        assert!(w.desyncs.is_empty(), "{:?}", w.desyncs);
+        let open: Vec<(u32, u64)> = w.open.iter().map(|o| (o.rank, o.seq)).collect();
+        assert_eq!(open, vec![(0, 11), (2, 11)]);
     }
 }

@@ -412,9 +412,10 @@ pub struct Look {
 }
 
 /// A hang named in seconds: some ranks have waited inside a collective for
-/// max(10 × the job's mean step, [`COLLECTIVE_HANG_FLOOR`]) while at least one rank is outside
-/// every collective, and no rank completed a step for that long. Every rank is stuck then
-/// ([`hang`] names the one outside from its stack).
+/// max(10 × the job's mean step, [`COLLECTIVE_HANG_FLOOR`]) while the others are outside every
+/// collective (the one they wait for) or inside one just as long (a desync: calls that never
+/// match, or a peer lost), and no rank completed a step for that long. Every rank is stuck then
+/// ([`hang`] names the one outside from its stack; the ledgers name a desync).
 pub fn collective_hang(looks: &[Look]) -> Option<Vec<Stuck>> {
     if looks.len() < 2 {
         return None;
@@ -422,12 +423,7 @@ pub fn collective_hang(looks: &[Look]) -> Option<Vec<Stuck>> {
     let mean = looks.iter().map(|l| l.mean_step).max()?;
     let threshold = (mean * 10).max(COLLECTIVE_HANG_FLOOR);
     let waiting = looks.iter().filter(|l| l.in_collective_for.is_some());
-    let outside = looks
-        .iter()
-        .filter(|l| l.in_collective_for.is_none())
-        .count();
-    if outside == 0
-        || waiting.clone().count() == 0
+    if waiting.clone().count() == 0
         || !waiting
             .clone()
             .all(|l| l.in_collective_for >= Some(threshold))
@@ -614,6 +610,20 @@ fn hang_in_ledger(
     Some((text, missing))
 }
 
+/// The one rank whose op differs from every other rank's at a desync (`None`: no single one).
+fn odd_one_out(d: &crate::summary::Desync) -> Option<u32> {
+    if d.kind != "op" || d.ops.len() < 3 {
+        return None;
+    }
+    let alone: Vec<u32> = d
+        .ops
+        .iter()
+        .filter(|o| d.ops.iter().filter(|x| x.op == o.op).count() == 1)
+        .map(|o| o.rank)
+        .collect();
+    (alone.len() == 1).then(|| alone[0])
+}
+
 /// The job's summary: the lowest rank's summary with every rank's row, the job's description,
 /// and the job-level findings first (HANG, then STRAGGLER) when they are warnings or worse.
 /// After an elastic restart the job is its last attempt: the ranks of earlier attempts (their
@@ -667,6 +677,12 @@ pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Opt
             f.why.push_str(&format!("; at the collectives: {text}"));
             if missing.len() == 1 {
                 f.culprit_rank = Some(missing[0]);
+            } else if let Some(odd) = out
+                .collective_waits
+                .as_ref()
+                .and_then(|w| w.desyncs.iter().find_map(odd_one_out))
+            {
+                f.culprit_rank = Some(odd);
             }
         }
         f
@@ -885,14 +901,19 @@ mod tests {
         let stuck = collective_hang(&[look(0, 5300, Some(5200)), look(1, 5300, None)]).unwrap();
         assert_eq!(stuck.len(), 2);
         assert!((stuck[0].idle_s - 5.3).abs() < 1e-9);
-        // 4.9 s is not yet; every rank in a collective is not this rule (no one outside);
-        // a rank still stepping is progress.
+        // 4.9 s is not yet; a rank still stepping is progress.
         assert_eq!(
             collective_hang(&[look(0, 5000, Some(4900)), look(1, 5000, None)]),
             None
         );
+        // Every rank inside a collective that long: calls that never match (a desync).
         assert_eq!(
-            collective_hang(&[look(0, 9000, Some(9000)), look(1, 9000, Some(9000))]),
+            collective_hang(&[look(0, 9000, Some(9000)), look(1, 9000, Some(9000))])
+                .map(|s| s.len()),
+            Some(2)
+        );
+        assert_eq!(
+            collective_hang(&[look(0, 9000, Some(9000)), look(1, 9000, Some(3000))]),
             None
         );
         assert_eq!(

@@ -745,6 +745,54 @@ fn ranks(s: &Summary, out: &mut Lines) {
     if let Some(st) = &s.stragglers {
         labeled(out, "", &stragglers_line(st));
     }
+    if let Some(w) = &s.collective_waits {
+        labeled(out, "LEDGER", &collective_waits_line(w));
+    }
+}
+
+/// The ledger's line: "48 collectives joined · the job waited for rank 2: last at 47 (98%),
+/// median 33.3 ms after the others · desync: rank 1 called broadcast #15, ranks 0,2,3
+/// all_reduce #15 · open: ranks 0,2,3 inside all_reduce #29".
+pub fn collective_waits_line(w: &crate::summary::CollectiveWaits) -> String {
+    let mut parts = vec![format!(
+        "{} collectives joined across the ranks",
+        w.compared
+    )];
+    match w
+        .waits_for
+        .and_then(|r| w.ranks.iter().find(|x| x.rank == r))
+    {
+        Some(r) => parts.push(format!(
+            "the job waited for rank {}: last to enter at {} ({:.0}%){}",
+            r.rank,
+            r.last,
+            r.last_share * 100.0,
+            r.median_late_ms
+                .map(|m| format!(", median {m:.1} ms after the others"))
+                .unwrap_or_default()
+        )),
+        None if w.compared > 0 => parts.push("no rank was last at most of them".into()),
+        None => {}
+    }
+    for d in &w.desyncs {
+        parts.push(format!("desync: {}", crate::ledgers::said(d)));
+    }
+    if let Some(newest) = w.open.iter().max_by_key(|o| (o.seq, o.group)) {
+        let inside: Vec<String> = w
+            .open
+            .iter()
+            .filter(|o| o.seq == newest.seq && o.group == newest.group)
+            .map(|o| o.rank.to_string())
+            .collect();
+        parts.push(format!(
+            "open: rank{} {} inside {} #{}",
+            if inside.len() == 1 { "" } else { "s" },
+            inside.join(","),
+            newest.op,
+            newest.seq
+        ));
+    }
+    parts.join(" · ")
 }
 
 /// The job's line, for the card and the HTML report alike: ranks measured, world size, launcher,

@@ -103,14 +103,40 @@ pub struct CollectiveWaits {
     /// The rank the job waited for (the last to arrive at the largest share of the compared
     /// collectives, at least half of them, with a lateness over the noise); `null`: none.
     pub waits_for: Option<u32>,
-    /// Where the ranks' calls disagree: a different op at the same collective, or a rank whose
-    /// collectives shift against the others' (it skipped or added one).
+    /// Where the ranks' calls disagree: a different op at the same collective.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub desyncs: Vec<Desync>,
     /// The collectives open now (a rank inside one, no exit yet), by rank, at their aligned
     /// sequence numbers: in a hang, who is inside which collective and who is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub open: Vec<OpenCollective>,
+    /// The newest joined collectives (at most [`TIMELINE_KEPT`]), each rank's entry and exit:
+    /// the HTML report's per-rank timeline.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<JoinedCollective>,
+}
+
+/// Joined collectives the job's summary keeps for its timeline.
+pub const TIMELINE_KEPT: usize = 16;
+
+/// One collective joined across the ranks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JoinedCollective {
+    pub seq: u64,
+    pub group: u32,
+    /// The rank the others waited for there (last to enter by more than the noise; `null`:
+    /// none).
+    pub waited_for: Option<u32>,
+    /// Each rank's entry and exit (CLOCK_MONOTONIC ns; exit `null`: still inside), by rank.
+    pub ranks: Vec<RankSpan>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankSpan {
+    pub rank: u32,
+    pub op: String,
+    pub enter_ts: u64,
+    pub exit_ts: Option<u64>,
 }
 
 /// One rank's arrivals at the joined collectives.
@@ -133,10 +159,9 @@ pub struct Desync {
     /// The collective, in the lowest rank's numbering on its group.
     pub seq: u64,
     pub group: u32,
-    /// `op`: the ops differ; `shift`: a rank's collectives pair with the others' one later (it
-    /// skipped this one) or one earlier (it issued an extra one).
+    /// `op`: the ranks' ops differ there.
     pub kind: String,
-    /// Each rank's op there (`skipped` for a rank that did not issue it).
+    /// Each rank's op there.
     pub ops: Vec<RankOp>,
 }
 

@@ -103,6 +103,11 @@ def main():
                          "time.sleep (the same extra wall time without CPU contention)")
     ap.add_argument("--hang-rank", type=int)
     ap.add_argument("--hang-after", type=int, default=10, help="the hang rank stops in step K (0-based)")
+    ap.add_argument("--desync-rank", type=int,
+                    help="allreduce mode: in step --desync-step this rank calls another collective "
+                         "(--desync-how op: dist.broadcast) or none (skip) where the others all-reduce")
+    ap.add_argument("--desync-step", type=int, default=10)
+    ap.add_argument("--desync-how", choices=("op", "skip"), default="op")
     ap.add_argument("--fail-rank", type=int, help="first attempt only: this rank exits with status 1")
     ap.add_argument("--fail-after", type=int, default=10, help="the fail rank exits after K steps")
     ap.add_argument("--truth-dir", help="where rank<R>.pid, progress-rank<R>.log and truth-rank<R>.json go")
@@ -305,6 +310,7 @@ def main():
     raw = []
     status = {"value": "running"}
     hang = None
+    desync = None
 
     def truth(final_t):
         steps = []
@@ -348,7 +354,7 @@ def main():
             "straggler": ({"rank": a.straggler_rank, "phase": a.straggler_phase, "ms": a.straggler_ms,
                            "how": a.straggler_how}
                           if a.straggler_rank is not None else None),
-            "status": status["value"], "hang": hang, "restart": restart,
+            "status": status["value"], "hang": hang, "desync": desync, "restart": restart,
             "collective": (
                 {"measurable": True, "op": "dist.all_reduce (sync, SUM)",
                  "calls_per_step": 1 if a.flatten else len(params),
@@ -432,7 +438,24 @@ def main():
                 if is_hang_rank:
                     while True:
                         time.sleep(3600)
-            all_reduce_grads()
+            if a.desync_rank is not None and i == a.desync_step:
+                # The collectives every rank issued in the measured steps before this one: the
+                # number (from 0) of the collective where the ranks disagree.
+                status["value"] = "desync"
+                calls = sum(r["coll_calls"] for r in raw)
+                desync = {"step": i, "t_ns": t5, "rank": a.desync_rank, "how": a.desync_how,
+                          "seq": calls, "others_op": "all_reduce",
+                          "op": "broadcast" if a.desync_how == "op" else None}
+                dump(t0)
+                if rank == a.desync_rank:
+                    if a.desync_how == "op":
+                        flat = torch.cat([p.grad.reshape(-1) for p in params])
+                        dist.broadcast(flat, src=0)
+                    # skip: no collective in this step
+                else:
+                    all_reduce_grads()
+            else:
+                all_reduce_grads()
         t6 = now()
         opt.step()
         t7 = now()

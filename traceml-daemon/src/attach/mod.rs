@@ -285,7 +285,8 @@ pub const TORCH: &[ProbeSpec] = &[
         Exact("_ZN4c10d6detail22parseCppCommHookResultERKN3c106IValueE"),
     ),
     // Collectives issued through gloo (a rank's arrival), one probe id per op; `this` (the
-    // process group) is the first argument: the ledger's group.
+    // process group, the ledger's group) is the second argument: the first is the hidden
+    // pointer to the returned `c10::intrusive_ptr<Work>`.
     spec(
         P::C10dAllReduce,
         "mark_enter",

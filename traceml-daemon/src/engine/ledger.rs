@@ -92,7 +92,7 @@ impl Ledger {
 
     fn enter(&mut self, ts: u64, tid: u32, api: Api, bytes: Option<u64>, group: Option<u64>) {
         self.total += 1;
-        let key = group.unwrap_or(if api.group_in_arg0() { 0 } else { NCCL_GROUP });
+        let key = group.unwrap_or(if api.has_group() { 0 } else { NCCL_GROUP });
         let next = self.groups.len() as u32;
         let g = match self.groups.get(&key) {
             Some(&g) => g,

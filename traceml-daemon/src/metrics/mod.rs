@@ -272,6 +272,8 @@ struct Job {
     verdict: Option<Verdict>,
     /// The job's straggler class (`ranks::classify_stragglers`), as of its last verdict.
     stragglers: Option<crate::summary::Stragglers>,
+    /// The job's joined collective ledgers (`ledgers::join`), as of its last verdict.
+    collectives: Option<crate::summary::CollectiveWaits>,
 }
 
 impl Job {
@@ -343,6 +345,13 @@ impl Exporter {
     pub fn set_stragglers(&mut self, job: &str, stragglers: Option<&crate::summary::Stragglers>) {
         if let Some(j) = self.jobs.get_mut(&label(job)) {
             j.stragglers = stragglers.cloned();
+        }
+    }
+
+    /// The job's joined collective ledgers (none: fewer than two ranks with one).
+    pub fn set_collectives(&mut self, job: &str, w: Option<&crate::summary::CollectiveWaits>) {
+        if let Some(j) = self.jobs.get_mut(&label(job)) {
+            j.collectives = w.cloned();
         }
     }
 
@@ -637,6 +646,99 @@ fn phase_and_verdict_families(enc: &mut DescriptorEncoder, e: &Exporter) -> std:
         "The other ranks' wait the slow steps cost so far (each slow step's excess, summed).",
         MetricType::Gauge,
         lost,
+    )?;
+    collective_families(enc, e)
+}
+
+/// The joined ledgers: per rank the collectives it entered last and the wait that cost the
+/// others, the collectives joined, the desyncs named and the ranks inside an open collective.
+fn collective_families(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+    fn of<'a>(j: &str, job: &'a Job) -> Option<(Labels, &'a crate::summary::CollectiveWaits)> {
+        let w = job.collectives.as_ref()?;
+        let info = job.ranks.values().next().map(|r| r.info.clone());
+        Some((job_labels(j, &info.unwrap_or_default()), w))
+    }
+    let per_rank = |f: &dyn Fn(&crate::summary::RankArrivals) -> f64| -> Vec<(Labels, f64)> {
+        e.jobs
+            .iter()
+            .filter_map(|(j, job)| of(j, job))
+            .flat_map(|(l, w)| {
+                w.ranks.iter().map(move |r| {
+                    let mut l = l.clone();
+                    l.push(("rank", r.rank.to_string()));
+                    (l, f(r))
+                })
+            })
+            .collect()
+    };
+    let job_value = |f: &dyn Fn(&crate::summary::CollectiveWaits) -> f64| -> Vec<(Labels, f64)> {
+        e.jobs
+            .iter()
+            .filter_map(|(j, job)| of(j, job))
+            .map(|(l, w)| (l, f(w)))
+            .collect()
+    };
+    let ints = |v: Vec<(Labels, f64)>| -> Vec<(Labels, ConstGauge<i64>)> {
+        v.into_iter()
+            .map(|(l, x)| (l, ConstGauge::new(x as i64)))
+            .collect()
+    };
+    let floats = |v: Vec<(Labels, f64)>| -> Vec<(Labels, ConstGauge<f64>)> {
+        v.into_iter()
+            .map(|(l, x)| (l, ConstGauge::new(x)))
+            .collect()
+    };
+    family(
+        enc,
+        "traceml_collective_last",
+        "Collectives (of those joined across the ranks, the newest 512 per rank) the rank \
+         entered last, by more than the noise: the one the others waited for.",
+        MetricType::Gauge,
+        ints(per_rank(&|r| r.last as f64)),
+    )?;
+    family(
+        enc,
+        "traceml_collective_caused_seconds",
+        "The others' wait at those collectives: the rank's entry less the others' median entry, \
+         summed.",
+        MetricType::Gauge,
+        floats(per_rank(&|r| r.caused_ms / 1e3)),
+    )?;
+    family(
+        enc,
+        "traceml_collectives_joined",
+        "Collectives joined across every rank (their ledgers' newest entries).",
+        MetricType::Gauge,
+        ints(job_value(&|w| w.compared as f64)),
+    )?;
+    family(
+        enc,
+        "traceml_collective_desyncs",
+        "Collectives where the ranks' ops differ (a desync: the job hangs or computes garbage).",
+        MetricType::Gauge,
+        ints(job_value(&|w| w.desyncs.len() as f64)),
+    )?;
+    let inside: Vec<(Labels, ConstGauge<f64>)> = e
+        .jobs
+        .iter()
+        .filter_map(|(j, job)| of(j, job))
+        .flat_map(|(l, w)| {
+            w.open.iter().map(move |o| {
+                let mut l = l.clone();
+                l.push(("rank", o.rank.to_string()));
+                l.push(("op", o.op.clone()));
+                l.push(("seq", o.seq.to_string()));
+                (l, ConstGauge::new(o.enter_ts as f64 / 1e9))
+            })
+        })
+        .collect();
+    family(
+        enc,
+        "traceml_collective_open_since_seconds",
+        "A rank inside a collective with no end yet (op, aligned sequence number): its entry, \
+         CLOCK_MONOTONIC seconds.",
+        MetricType::Gauge,
+        inside,
     )?;
     Ok(())
 }

@@ -70,6 +70,29 @@ fn every_series_carries_the_job_identity() {
             lost_ms: 400.0,
         }),
     );
+    e.set_collectives(
+        "torchrun-9-x",
+        Some(&crate::summary::CollectiveWaits {
+            compared: 40,
+            ranks: vec![crate::summary::RankArrivals {
+                rank: 3,
+                last: 30,
+                last_share: 0.75,
+                caused_ms: 1500.0,
+                median_late_ms: Some(50.0),
+            }],
+            waits_for: Some(3),
+            desyncs: Vec::new(),
+            open: vec![crate::summary::OpenCollective {
+                rank: 2,
+                seq: 41,
+                group: 0,
+                op: "all_reduce".into(),
+                enter_ts: 7_000_000_000,
+            }],
+            timeline: Vec::new(),
+        }),
+    );
     // A job of one process: its job_id is node-qualified, never shared with another node's.
     e.attached(
         "python-1-y",
@@ -109,6 +132,16 @@ fn every_series_carries_the_job_identity() {
                 && l.contains(r#"class="transient",rank="3"} 0.4"#)),
         "{text}"
     );
+    // The joined ledgers: who the others waited for, what it cost, who is inside what.
+    for want in [
+        r#"traceml_collective_last{job="torchrun-9-x",job_id="10.0.0.1:29500",node="node-b",rank="3"} 30"#,
+        r#"traceml_collective_caused_seconds{job="torchrun-9-x",job_id="10.0.0.1:29500",node="node-b",rank="3"} 1.5"#,
+        r#"traceml_collectives_joined{job="torchrun-9-x",job_id="10.0.0.1:29500",node="node-b"} 40"#,
+        r#"traceml_collective_desyncs{job="torchrun-9-x",job_id="10.0.0.1:29500",node="node-b"} 0"#,
+        r#"traceml_collective_open_since_seconds{job="torchrun-9-x",job_id="10.0.0.1:29500",node="node-b",rank="2",op="all_reduce",seq="41"} 7.0"#,
+    ] {
+        assert!(lines.contains(&want), "{want}\n{text}");
+    }
     for l in lines
         .iter()
         .filter(|l| l.starts_with("traceml_") && !l.starts_with("traceml_attached_jobs"))

@@ -311,10 +311,57 @@ fn ranks(s: &Summary) -> Markup {
              the one the others wait for at the collectives."
         }
         "\n"
+        @if let Some(w) = &s.collective_waits {
+            h3 { "Collectives, by rank" }
+            p id="collective-waits" { (Text(&crate::render::collective_waits_line(w))) }
+            @if !w.timeline.is_empty() {
+                (trusted(collective_timeline(w)))
+                p class="note" {
+                    "The newest collectives joined across the ranks: each bar runs from a rank's \
+                     entry to the collective's end on it; red, the rank the others waited for \
+                     (the last to enter, by more than the noise)."
+                }
+            }
+            "\n"
+        }
         @if hung {
             (hang_stacks(s, culprit))
         }
     }
+}
+
+/// The per-rank timeline of the newest joined collectives.
+fn collective_timeline(w: &crate::summary::CollectiveWaits) -> String {
+    let mut ranks: Vec<u32> = w
+        .timeline
+        .iter()
+        .flat_map(|c| c.ranks.iter().map(|r| r.rank))
+        .collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let rows: Vec<(String, Vec<(u64, u64, bool)>)> = ranks
+        .iter()
+        .map(|&rank| {
+            let bars = w
+                .timeline
+                .iter()
+                .filter_map(|c| {
+                    let r = c.ranks.iter().find(|r| r.rank == rank)?;
+                    Some((
+                        r.enter_ts,
+                        r.exit_ts.unwrap_or(r.enter_ts),
+                        c.waited_for == Some(rank),
+                    ))
+                })
+                .collect();
+            (format!("rank {rank}"), bars)
+        })
+        .collect();
+    crate::render::svg::collective_timeline(
+        "chart-collectives",
+        "The newest collectives, by rank",
+        &rows,
+    )
 }
 
 /// One row per rank: pid, steps, median step, each shown phase's median (collective_wait

@@ -307,6 +307,7 @@ impl Group {
             let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
             e.set_verdict(&self.cfg.name, Verdict::of(s));
             e.set_stragglers(&self.cfg.name, s.stragglers.as_ref());
+            e.set_collectives(&self.cfg.name, s.collective_waits.as_ref());
         }
     }
 
