@@ -80,6 +80,14 @@ fn the_rules_read_only_exported_series() {
             lost_ms: 5000.0,
         }),
     );
+    // And one whose ranks' ledgers were joined.
+    e.set_collectives(
+        "j",
+        Some(&traceml_daemon::summary::CollectiveWaits {
+            compared: 10,
+            ..Default::default()
+        }),
+    );
     let text = e.encode();
     let rules = std::fs::read_to_string(workspace().join("packaging/prometheus/traceml-rules.yml"))
         .unwrap();

@@ -339,7 +339,7 @@ fn collective_timeline(w: &crate::summary::CollectiveWaits) -> String {
         .collect();
     ranks.sort_unstable();
     ranks.dedup();
-    let rows: Vec<(String, Vec<(u64, u64, bool)>)> = ranks
+    let rows: Vec<crate::render::svg::TimelineRow> = ranks
         .iter()
         .map(|&rank| {
             let bars = w

@@ -432,6 +432,10 @@ mod tests {
     }
 }
 
+/// One row of [`collective_timeline`]: its label and its bars (entry, exit, the rank the others
+/// waited for), ns.
+pub type TimelineRow = (String, Vec<(u64, u64, bool)>);
+
 /// The collective timeline: one row per rank, one bar per joined collective from the rank's
 /// entry to the collective's end on it (`rows`: (label, [(enter, exit, last)]) in ns), the last
 /// rank to enter each collective drawn in red.
