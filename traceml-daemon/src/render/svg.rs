@@ -439,11 +439,7 @@ pub type TimelineRow = (String, Vec<(u64, u64, bool)>);
 /// The collective timeline: one row per rank, one bar per joined collective from the rank's
 /// entry to the collective's end on it (`rows`: (label, [(enter, exit, last)]) in ns), the last
 /// rank to enter each collective drawn in red.
-pub fn collective_timeline(
-    id: &str,
-    title: &str,
-    rows: &[(String, Vec<(u64, u64, bool)>)],
-) -> String {
+pub fn collective_timeline(id: &str, title: &str, rows: &[TimelineRow]) -> String {
     const ROW: f64 = 22.0;
     const LEFT: f64 = 70.0;
     const WIDTH: f64 = 900.0;
