@@ -323,6 +323,65 @@ fn close(mut out: String, legend: &[(&str, &str)]) -> String {
     out
 }
 
+/// One row of [`collective_timeline`]: its label and its bars (entry, exit, the rank the others
+/// waited for), ns.
+pub type TimelineRow = (String, Vec<(u64, u64, bool)>);
+
+/// The collective timeline: one row per rank, one bar per joined collective from the rank's
+/// entry to the collective's end on it (`rows`: (label, [(enter, exit, last)]) in ns), the last
+/// rank to enter each collective drawn in red.
+pub fn collective_timeline(id: &str, title: &str, rows: &[TimelineRow]) -> String {
+    const ROW: f64 = 22.0;
+    const LEFT: f64 = 70.0;
+    const WIDTH: f64 = 900.0;
+    let t0 = rows
+        .iter()
+        .flat_map(|r| r.1.iter().map(|b| b.0))
+        .min()
+        .unwrap_or(0);
+    let t1 = rows
+        .iter()
+        .flat_map(|r| r.1.iter().map(|b| b.1.max(b.0)))
+        .max()
+        .unwrap_or(t0)
+        .max(t0 + 1);
+    let span = (t1 - t0) as f64;
+    let x = |t: u64| LEFT + (t.saturating_sub(t0)) as f64 / span * (WIDTH - LEFT - 10.0);
+    let height = ROW * rows.len() as f64 + 30.0;
+    let mut out = format!(
+        "<svg id=\"{}\" class=\"chart\" viewBox=\"0 0 {WIDTH} {height}\" role=\"img\" aria-label=\"{t}\"><title>{t}</title>",
+        html(id),
+        t = html(title)
+    );
+    for (i, (label, bars)) in rows.iter().enumerate() {
+        let y = 8.0 + ROW * i as f64;
+        out.push_str(&format!(
+            "<text class=\"label\" x=\"4\" y=\"{}\">{}</text>",
+            num(y + 13.0),
+            html(label)
+        ));
+        for &(a, b, last) in bars {
+            let (xa, xb) = (x(a), x(b.max(a)));
+            let fill = if last { "#e45756" } else { "#9ecae9" };
+            out.push_str(&format!(
+                "<rect class=\"span\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"14\" fill=\"{fill}\"/>",
+                num(xa),
+                num(y + 2.0),
+                num((xb - xa).max(1.5))
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "<text x=\"{LEFT}\" y=\"{}\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{} ms</text>",
+        num(height - 6.0),
+        num(WIDTH - 10.0),
+        num(height - 6.0),
+        num(span / 1e6)
+    ));
+    out.push_str("</svg>");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,63 +489,4 @@ mod tests {
         let e = grouped_bars("e", "t", "rank", &y, &bands, &[]);
         assert!(!e.contains("class=\"bar\""));
     }
-}
-
-/// One row of [`collective_timeline`]: its label and its bars (entry, exit, the rank the others
-/// waited for), ns.
-pub type TimelineRow = (String, Vec<(u64, u64, bool)>);
-
-/// The collective timeline: one row per rank, one bar per joined collective from the rank's
-/// entry to the collective's end on it (`rows`: (label, [(enter, exit, last)]) in ns), the last
-/// rank to enter each collective drawn in red.
-pub fn collective_timeline(id: &str, title: &str, rows: &[TimelineRow]) -> String {
-    const ROW: f64 = 22.0;
-    const LEFT: f64 = 70.0;
-    const WIDTH: f64 = 900.0;
-    let t0 = rows
-        .iter()
-        .flat_map(|r| r.1.iter().map(|b| b.0))
-        .min()
-        .unwrap_or(0);
-    let t1 = rows
-        .iter()
-        .flat_map(|r| r.1.iter().map(|b| b.1.max(b.0)))
-        .max()
-        .unwrap_or(t0)
-        .max(t0 + 1);
-    let span = (t1 - t0) as f64;
-    let x = |t: u64| LEFT + (t.saturating_sub(t0)) as f64 / span * (WIDTH - LEFT - 10.0);
-    let height = ROW * rows.len() as f64 + 30.0;
-    let mut out = format!(
-        "<svg id=\"{}\" class=\"chart\" viewBox=\"0 0 {WIDTH} {height}\" role=\"img\" aria-label=\"{t}\"><title>{t}</title>",
-        html(id),
-        t = html(title)
-    );
-    for (i, (label, bars)) in rows.iter().enumerate() {
-        let y = 8.0 + ROW * i as f64;
-        out.push_str(&format!(
-            "<text class=\"label\" x=\"4\" y=\"{}\">{}</text>",
-            num(y + 13.0),
-            html(label)
-        ));
-        for &(a, b, last) in bars {
-            let (xa, xb) = (x(a), x(b.max(a)));
-            let fill = if last { "#e45756" } else { "#9ecae9" };
-            out.push_str(&format!(
-                "<rect class=\"span\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"14\" fill=\"{fill}\"/>",
-                num(xa),
-                num(y + 2.0),
-                num((xb - xa).max(1.5))
-            ));
-        }
-    }
-    out.push_str(&format!(
-        "<text x=\"{LEFT}\" y=\"{}\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{} ms</text>",
-        num(height - 6.0),
-        num(WIDTH - 10.0),
-        num(height - 6.0),
-        num(span / 1e6)
-    ));
-    out.push_str("</svg>");
-    out
 }
