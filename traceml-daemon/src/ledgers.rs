@@ -307,6 +307,33 @@ fn op_desync(seq: u64, group: u32, ops: &[(u32, CollectiveOp)]) -> Desync {
     }
 }
 
+/// Who is inside the newest open collective, by op: "ranks 0,2,3 inside all_reduce #29, rank 1
+/// inside barrier #29 (group 0)", and those ranks (`None`: no rank inside one).
+pub fn open_said(w: &CollectiveWaits) -> Option<(String, Vec<u32>)> {
+    let newest = w.open.iter().max_by_key(|o| (o.seq, o.group))?;
+    let at: Vec<&OpenCollective> = w
+        .open
+        .iter()
+        .filter(|o| o.group == newest.group && o.seq == newest.seq)
+        .collect();
+    let mut by_op: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for o in &at {
+        by_op.entry(o.op.as_str()).or_default().push(o.rank);
+    }
+    let parts: Vec<String> = by_op
+        .iter()
+        .map(|(op, r)| {
+            let list: Vec<String> = r.iter().map(u32::to_string).collect();
+            let who = if r.len() == 1 { "rank" } else { "ranks" };
+            format!("{who} {} inside {op} #{}", list.join(","), newest.seq)
+        })
+        .collect();
+    Some((
+        format!("{} (group {})", parts.join(", "), newest.group),
+        at.iter().map(|o| o.rank).collect(),
+    ))
+}
+
 /// The card's words for a desync: "rank 1 called broadcast #1043, ranks 0,2,3 all_reduce
 /// #1043".
 pub fn said(d: &Desync) -> String {
@@ -449,6 +476,10 @@ mod tests {
         assert_eq!(
             said(&w.desyncs[0]),
             "rank 1 called broadcast #110, ranks 0,2,3 all_reduce #110"
+        );
+        assert_eq!(
+            open_said(&w).unwrap().0,
+            "ranks 0,2,3 inside all_reduce #110, rank 1 inside broadcast #110 (group 0)"
         );
     }
 

@@ -576,33 +576,16 @@ fn hang_in_ledger(
     w: &crate::summary::CollectiveWaits,
     ranks: &[u32],
 ) -> Option<(String, Vec<u32>)> {
-    let newest = w.open.iter().max_by_key(|o| (o.seq, o.group))?;
-    let inside: Vec<u32> = w
-        .open
-        .iter()
-        .filter(|o| o.group == newest.group && o.seq == newest.seq)
-        .map(|o| o.rank)
-        .collect();
+    let (mut text, inside) = crate::ledgers::open_said(w)?;
     let missing: Vec<u32> = ranks
         .iter()
         .copied()
         .filter(|r| !inside.contains(r))
         .collect();
     let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let mut text = format!(
-        "rank{} {} inside {} #{} (group {})",
-        if inside.len() == 1 { "" } else { "s" },
-        list(&inside),
-        newest.op,
-        newest.seq,
-        newest.group
-    );
+    let who = |v: &[u32]| format!("rank{} {}", if v.len() == 1 { "" } else { "s" }, list(v));
     if !missing.is_empty() {
-        text.push_str(&format!(
-            "; rank{} {} not in it",
-            if missing.len() == 1 { "" } else { "s" },
-            list(&missing)
-        ));
+        text.push_str(&format!("; {} not in it", who(&missing)));
     }
     for d in &w.desyncs {
         text.push_str(&format!("; desync: {}", crate::ledgers::said(d)));

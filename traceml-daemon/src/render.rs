@@ -777,20 +777,8 @@ pub fn collective_waits_line(w: &crate::summary::CollectiveWaits) -> String {
     for d in &w.desyncs {
         parts.push(format!("desync: {}", crate::ledgers::said(d)));
     }
-    if let Some(newest) = w.open.iter().max_by_key(|o| (o.seq, o.group)) {
-        let inside: Vec<String> = w
-            .open
-            .iter()
-            .filter(|o| o.seq == newest.seq && o.group == newest.group)
-            .map(|o| o.rank.to_string())
-            .collect();
-        parts.push(format!(
-            "open: rank{} {} inside {} #{}",
-            if inside.len() == 1 { "" } else { "s" },
-            inside.join(","),
-            newest.op,
-            newest.seq
-        ));
+    if let Some((open, _)) = crate::ledgers::open_said(w) {
+        parts.push(format!("open: {open}"));
     }
     parts.join(" · ")
 }

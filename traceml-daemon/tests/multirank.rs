@@ -2,9 +2,11 @@
 //! under `torchrun` (tests/workloads/ddp/ddp_train.py: every rank writes its own truth). The
 //! daemon is attached to the launcher's pid or to a rank's pid and must find every rank, name the
 //! injected straggler (2 and 4 ranks), find none in an even job, measure each rank's collective
-//! wait within max(2 ms, 5 %) of the truth, write a HANG with stacks while a job is hung, and
-//! follow an elastic restart to the job's second attempt; `serve` must group the ranks of a job
-//! it discovers and name the straggler.
+//! wait within max(2 ms, 5 %) of the truth, write a HANG with stacks while a job is hung, name a
+//! desync (another op, a skipped all-reduce) within 10 s with the rank, collective and ops the
+//! truth gives, join the ranks' collective ledgers (the rank the job waited for is the truth's
+//! culprit), and follow an elastic restart to the job's second attempt; `serve` must group the
+//! ranks of a job it discovers and name the straggler.
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -560,6 +562,127 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
     drop(job);
+}
+
+/// Desyncs on four gloo ranks (explicit, flattened all-reduce, 30 steps): in step 15 rank 1
+/// calls `dist.broadcast` where the others all-reduce (`op`), or no collective (`skip`: its calls
+/// stay paired one ahead, so its final `dist.barrier()` meets the others' last all-reduce). The
+/// daemon, on the launcher with the default `--hang-after` (60 s), must write a HANG within 10 s
+/// of the point the workload's truth gives (rank 1's desync instant; for the skip, the end of its
+/// loop), naming rank 1, the collective where the ops differ by the number the truth gives (the
+/// collectives issued in the measured steps before it), and the ops there.
+fn desync(how: &str) {
+    let args = [
+        "--mode",
+        "allreduce",
+        "--flatten",
+        "--steps",
+        "30",
+        "--desync-rank",
+        "1",
+        "--desync-step",
+        "15",
+        "--desync-how",
+        how,
+    ];
+    let Some(job) = start(&format!("mr-desync-{how}"), 4, &args) else {
+        return;
+    };
+    let out = job.dir.join("out");
+    let mut child = daemon_cmd(&job, job.torchrun.id())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let (summary, found_ns) = loop {
+        assert!(t.elapsed() < Duration::from_secs(120), "no HANG written");
+        if let Ok(text) = std::fs::read_to_string(out.join("final_summary.json"))
+            && let Ok(s) = serde_json::from_str::<serde_json::Value>(&text)
+            && s["primary_diagnosis"]["kind"] == "HANG"
+        {
+            break (s, monotonic_ns());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let truth = json(&job.dir.join("truth-rank1.json"));
+    let (seq, since, op) = if how == "op" {
+        let d = &truth["desync"];
+        (
+            d["seq"].as_u64().unwrap(),
+            d["t_ns"].as_f64().unwrap(),
+            "broadcast",
+        )
+    } else {
+        // The skipping rank's collectives over its whole loop: its barrier is the next one.
+        let steps = truth["steps"].as_array().expect("rank 1 finished its loop");
+        let calls: u64 = steps
+            .iter()
+            .map(|s| s["collective_calls"].as_u64().unwrap())
+            .sum();
+        let end = steps.last().unwrap()["t_end_ns"].as_f64().unwrap();
+        (calls, end, "barrier")
+    };
+    let after_s = (found_ns as f64 - since) / 1e9;
+    let w = &summary["collective_waits"];
+    eprintln!(
+        "{how}: HANG written {after_s:.1} s after the truth's instant; desyncs {}; why: {}",
+        w["desyncs"], summary["primary_diagnosis"]["why"]
+    );
+    assert!(
+        after_s <= 10.0,
+        "HANG named {after_s:.1} s after the desync"
+    );
+    assert_eq!(
+        summary["primary_diagnosis"]["culprit_rank"].as_u64(),
+        Some(1),
+        "{:#}",
+        summary["primary_diagnosis"]
+    );
+    let d = w["desyncs"]
+        .as_array()
+        .and_then(|v| v.first())
+        .unwrap_or_else(|| panic!("no desync named: {w:#}"));
+    assert_eq!(d["seq"].as_u64(), Some(seq), "{d:#}");
+    let ops: Vec<(u64, &str)> = d["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["rank"].as_u64().unwrap(), o["op"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            (0, "all_reduce"),
+            (1, op),
+            (2, "all_reduce"),
+            (3, "all_reduce")
+        ],
+        "{d:#}"
+    );
+    let why = summary["primary_diagnosis"]["why"].as_str().unwrap();
+    assert!(
+        why.contains(&format!(
+            "rank 1 called {op} #{seq}, ranks 0,2,3 all_reduce #{seq}"
+        )),
+        "{why}"
+    );
+    // SAFETY: kill(2) of our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    drop(job);
+}
+
+#[test]
+#[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
+fn a_rank_calling_another_op_is_a_desync_named_in_seconds() {
+    desync("op");
+}
+
+#[test]
+#[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
+fn a_rank_that_skipped_an_all_reduce_is_named_where_the_calls_meet() {
+    desync("skip");
 }
 
 /// An elastic restart (`torchrun --max-restarts=1`): rank 1 exits with status 1 after 20 steps

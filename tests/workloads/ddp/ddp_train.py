@@ -9,6 +9,12 @@
                   --flatten), timed from Python: that is the collective wait of the step.
 
 Faults (all ranks get the same arguments; each rank decides from its own RANK):
+--desync-rank R --desync-step K --desync-how op|skip   (allreduce mode)
+                  in step K rank R calls dist.broadcast where the others all-reduce (op), or no
+                  collective at all (skip); every rank then ends with a dist.barrier(). The truth
+                  (written by every rank right before step K's collective) has "desync": the
+                  step, the rank, how, and "seq": the collectives each rank issued in the measured
+                  steps before it (the number, from 0, of the collective where they disagree).
 --straggler-rank R --straggler-phase compute|input --straggler-ms X
                   rank R burns X ms of CPU (busy loop on CLOCK_MONOTONIC, so exactly X ms of wall
                   time whatever the CPU contention) per step: at the start of the model's forward
@@ -477,6 +483,11 @@ def main():
                       "median_ms": {p: round(v / 1e6, 2) for p, v in res["median_phases_ns"].items() if v},
                       **({"collective_wait_est_ms": round(res["median_collective_wait_est_ns"] / 1e6, 2)}
                          if a.mode == "ddp" else {})}), flush=True)
+    if a.desync_rank is not None:
+        # As a script that saves a checkpoint would: every rank meets the others at a barrier
+        # after its loop. After a skip, the skipping rank's barrier is paired with the others'
+        # last all_reduce (calls pair by order): the desync shows there.
+        dist.barrier()
     dist.destroy_process_group()
 
 
