@@ -564,6 +564,120 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
     drop(job);
 }
 
+/// The straggler's class on `/metrics` while a four-rank DDP job runs, against the workload's
+/// truth: a rank slowed (40 ms sleep in forward) in steps 20–40 of 100 only (transient, naming
+/// it), a rank slowed throughout (persistent, naming it), and a slowness that moves to the next
+/// rank every 5 steps (rotating). Each class must be on `/metrics` (scraped every 200 ms) within
+/// 15 s of the onset (the truth's first slowed step's start) and be the final summary's.
+#[test]
+#[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
+fn stragglers_are_classified_within_seconds_of_their_onset() {
+    let mut failures = Vec::new();
+    for (class, rank, extra) in [
+        (
+            "transient",
+            Some(2u32),
+            &[
+                "--steps",
+                "100",
+                "--straggler-rank",
+                "2",
+                "--straggler-from",
+                "20",
+                "--straggler-to",
+                "40",
+            ][..],
+        ),
+        (
+            "persistent",
+            Some(1),
+            &["--steps", "60", "--straggler-rank", "1"][..],
+        ),
+        (
+            "rotating",
+            None,
+            &["--steps", "100", "--straggler-every", "5"][..],
+        ),
+    ] {
+        let mut args = vec![
+            "--mode",
+            "ddp",
+            "--straggler-phase",
+            "compute",
+            "--straggler-ms",
+            "40",
+            "--straggler-how",
+            "sleep",
+        ];
+        args.extend_from_slice(extra);
+        let Some(mut job) = start(&format!("mr-class-{class}"), 4, &args) else {
+            return;
+        };
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let want_line = format!(
+            "class=\"{class}\",rank=\"{}\"}} 1",
+            rank.map(|r| r.to_string()).unwrap_or_default()
+        );
+        let scraper = {
+            let (done, want_line) = (done.clone(), want_line.clone());
+            std::thread::spawn(move || {
+                let mut first: Option<u64> = None;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if first.is_none()
+                        && let Some((200, body)) = get(addr, "/metrics")
+                        && body.lines().any(|l| {
+                            l.starts_with("traceml_straggler_class{") && l.ends_with(&want_line)
+                        })
+                    {
+                        first = Some(monotonic_ns());
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                first
+            })
+        };
+        let launcher = job.torchrun.id();
+        let s = daemon_on(&mut job, launcher, &["--metrics-addr", &addr.to_string()]);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let seen = scraper.join().unwrap();
+        // The onset: the earliest start of a slowed step on any rank, by the ranks' own clocks.
+        let onset = (0..4)
+            .filter_map(|r| {
+                let t = json(&job.dir.join(format!("truth-rank{r}.json")));
+                t["steps"].as_array()?.iter().find_map(|st| {
+                    (st["straggler_burn_ns"].as_u64().unwrap_or(0) > 0)
+                        .then(|| st["t_start_ns"].as_u64().unwrap())
+                })
+            })
+            .min()
+            .expect("a slowed step in the truth");
+        let after = seen.map(|t| (t as f64 - onset as f64) / 1e9);
+        let final_class = s["stragglers"]["class"]
+            .as_str()
+            .unwrap_or("none")
+            .to_owned();
+        eprintln!(
+            "{class}: on /metrics {after:?} s after the onset; final class {final_class}, rank {}; \
+             {}",
+            s["stragglers"]["rank"], s["stragglers"]["episodes"]
+        );
+        match after {
+            Some(a) if a <= 15.0 => {}
+            _ => failures.push(format!(
+                "{class}: {want_line} on /metrics {after:?} s after the onset (at most 15 s)"
+            )),
+        }
+        if final_class != class || s["stragglers"]["rank"].as_u64().map(|r| r as u32) != rank {
+            failures.push(format!(
+                "{class}: the summary's class {final_class}, rank {}",
+                s["stragglers"]["rank"]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// Desyncs on four gloo ranks (explicit, flattened all-reduce, 30 steps): in step 15 rank 1
 /// calls `dist.broadcast` where the others all-reduce (`op`), or no collective (`skip`: its calls
 /// stay paired one ahead, so its final `dist.barrier()` meets the others' last all-reduce). The
