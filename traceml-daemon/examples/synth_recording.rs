@@ -3,7 +3,9 @@
 //! replay /dev/stdin`. The stream is what the markers probe set sees on a plain loop (the
 //! frame-evaluator probe detached): per step a DataLoader `record_function`, a 4 KiB H2D copy,
 //! two forward launches, `THPEngine_run_backward` with a launch from the autograd thread, an
-//! `Optimizer.step` `record_function` with a launch, and a stream sync. Step lengths vary
+//! all_reduce of the gradients (its issue with the process group, a collective wait around its
+//! completion: one collective of the ledger a step), an `Optimizer.step` `record_function` with
+//! a launch, and a stream sync. Step lengths vary
 //! (a fixed-seed generator), so the quantile sketches see a spread, and a stack sample and a
 //! probe-counter read come every 1,000 steps, as live runs send them.
 //!
@@ -41,12 +43,13 @@ fn main() -> std::io::Result<()> {
         one_step(&mut enc, &mut t, &mut next)?;
         if k % 1000 == 999 {
             // Cumulative hits, as the kernel counts them: per step 4 record_function hits,
-            // 3 calls with an exit probe, 4 launches.
+            // 3 calls with an exit probe, 3 entry markers (the all_reduce's issue, its wait's
+            // start and end), 4 launches.
             let n = k + 1;
             enc.write(&StreamItem::ProbeStats(ProbeStats {
                 ts: t,
                 exit: 3 * n,
-                call_enter: 3 * n,
+                call_enter: 6 * n,
                 record: 4 * n,
                 launch: 4 * n,
                 ..ProbeStats::default()
@@ -178,6 +181,32 @@ fn one_step(enc: &mut Enc, t: &mut u64, next: &mut impl FnMut(u64) -> u64) -> st
         PID,
         Kind::CallExit {
             api: Api::TorchBackward,
+            ret: 0,
+        },
+    )?;
+    // One all_reduce of the gradients (a collective of the ledger: its issue with the process
+    // group, then a wait around its completion).
+    *t += 5_000;
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::CallEnter {
+            api: Api::C10dAllReduce,
+            bytes: None,
+            copy: None,
+            group: Some(0x7f00_0000_1000),
+        },
+    )?;
+    *t += 5_000;
+    ev(enc, *t, PID, call(Api::CollectiveWait, None, None))?;
+    *t += next(40_000);
+    ev(
+        enc,
+        *t,
+        PID,
+        Kind::CallExit {
+            api: Api::CollectiveWait,
             ret: 0,
         },
     )?;

@@ -21,6 +21,7 @@ pub struct ReplayBench {
     pub steps: u64,
     pub counted: u64,
     pub events: u64,
+    pub collectives: u64,
     pub wall_s: f64,
     /// (seconds since start, RssAnon kB) of every sample.
     pub rss: Vec<(f64, u64)>,
@@ -87,6 +88,12 @@ pub fn measure(
         counted == steps,
         "the replay counted {counted} steps of the {steps} written"
     );
+    // One all_reduce a step: the ledger counted every one (and kept the newest 4,096).
+    let collectives = number_after(&json, "\"collectives\": {", "total").context("collectives")?;
+    ensure!(
+        collectives == steps,
+        "the ledger counted {collectives} collectives of the {steps} written"
+    );
     ensure!(
         rss.len() >= 2,
         "the replay ended before it could be sampled"
@@ -95,6 +102,7 @@ pub fn measure(
         steps,
         counted,
         events,
+        collectives,
         wall_s,
         rss,
     })
@@ -111,10 +119,13 @@ pub fn section(b: &ReplayBench, daemon: &str, load: &str) -> String {
         "{HEADING}\n\n\
          `traceml-daemon/examples/synth_recording {}` (a synthetic binary recording of ~1 ms \
          steps as the markers probe set sees them: DataLoader and Optimizer.step \
-         `record_function`s, an H2D copy, 4 launches, backward, a stream sync; ±25 % jitter) piped \
-         into `{daemon} replay /dev/stdin`: the fold a live run uses. `RssAnon` of the replaying \
-         daemon from `/proc/<pid>/status` every 200 ms. The summary counted {} steps ({} events) of \
-         the {} written (the first is the attach fragment). Load average before: {load}.\n\n\
+         `record_function`s, an H2D copy, 4 launches, backward, an all_reduce of the gradients \
+         with its wait, a stream sync; ±25 % jitter) piped into `{daemon} replay /dev/stdin`: the \
+         fold a live run uses. `RssAnon` of the replaying daemon from `/proc/<pid>/status` every \
+         200 ms. The summary counted {} steps ({} events) of the {} written (the first is the \
+         attach fragment), and its collective ledger {} collectives (one a step; the engine keeps \
+         the newest 4,096, the summary 512): the ledger's memory is in these numbers. Load \
+         average before: {load}.\n\n\
          | steps | events | wall | events/s | RssAnon at 10 s | at mid-run | last sample | peak | growth 10 s → end |\n\
          |---|---|---|---|---|---|---|---|---|\n\
          | {} | {} | {:.0} s | {:.1} M | {:.1} MB | {:.1} MB | {:.1} MB | {:.1} MB | **{:+.2} MB** |\n",
@@ -122,6 +133,7 @@ pub fn section(b: &ReplayBench, daemon: &str, load: &str) -> String {
         b.counted,
         b.events,
         b.steps,
+        b.collectives,
         b.steps,
         b.events,
         b.wall_s,
