@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-const PROMETHEUS: &str = "/usr/bin/prometheus";
 /// The hang floor of the shipped rules (60 s) and the test's.
 const HANG_FLOOR: &str = "expr: vector(60)";
 const TEST_HANG_FLOOR: &str = "expr: vector(5)";
@@ -121,7 +120,8 @@ fn torchrun() -> Option<PathBuf> {
     Some(py.parent().unwrap().join("torchrun"))
 }
 
-fn start_prometheus(dir: &Path, port: u16, targets: &[SocketAddr]) -> Proc {
+/// The shipped rules, with the test's hang floor, for [`start_prometheus`].
+fn test_rules(dir: &Path) -> PathBuf {
     let shipped =
         std::fs::read_to_string(workspace().join("packaging/prometheus/traceml-rules.yml"))
             .unwrap();
@@ -132,36 +132,7 @@ fn start_prometheus(dir: &Path, port: u16, targets: &[SocketAddr]) -> Proc {
     );
     let rules = dir.join("traceml-rules.yml");
     std::fs::write(&rules, shipped.replace(HANG_FLOOR, TEST_HANG_FLOOR)).unwrap();
-    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files: ['{}']\n\
-             scrape_configs:\n  - job_name: traceml\n    honor_labels: true\n    \
-             scrape_interval: 1s\n    scrape_timeout: 1s\n    static_configs:\n      \
-             - targets: [{}]\n",
-            rules.display(),
-            targets.join(", ")
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-    Proc(
-        Command::new(PROMETHEUS)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus"),
-    )
+    rules
 }
 
 /// How each node's daemon watches its agent.
@@ -261,7 +232,7 @@ fn start(label: &str, args: &[&str], mode: Mode) -> Option<Cluster> {
         .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
         .collect();
     let prom: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let prometheus = start_prometheus(&dir, prom.port(), &metrics);
+    let prometheus = start_prometheus(&dir, prom.port(), &metrics, Some(&test_rules(&dir)));
     let port = free_port();
     let (t0, t0_ns) = (Instant::now(), monotonic_ns());
     let (a0, d0) = agent_and_daemon(&dir, 0, port, args, metrics[0], mode);

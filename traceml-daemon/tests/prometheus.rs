@@ -8,13 +8,11 @@
 mod support;
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
 
-const PROMETHEUS: &str = "/usr/bin/prometheus";
 /// A step count no other test uses (serve includes only this workload's command line).
 const STEPS: u32 = 251;
 
@@ -58,35 +56,6 @@ fn one(prom: SocketAddr, q: &str) -> Option<f64> {
         [(_, x)] => Some(*x),
         _ => None,
     }
-}
-
-fn start_prometheus(dir: &Path, port: u16, target: SocketAddr) -> Proc {
-    let config = dir.join("prometheus.yml");
-    // The scrape config of the README's fleet recipe, every second.
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             scrape_configs:\n  - job_name: traceml\n    honor_labels: true\n    \
-             scrape_interval: 1s\n    scrape_timeout: 1s\n    static_configs:\n      \
-             - targets: ['{target}']\n"
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-    let child = Command::new(PROMETHEUS)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--log.level=warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start prometheus");
-    Proc(child)
 }
 
 #[test]
@@ -133,7 +102,7 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("traceml_attached_jobs 0\n"), "{body}");
 
-    let _prometheus = start_prometheus(&dir, prom.port(), metrics);
+    let _prometheus = start_prometheus(&dir, prom.port(), &[metrics], None);
     wait_for("Prometheus ready", Duration::from_secs(60), || {
         get(prom, "/-/ready").is_some_and(|(s, _)| s == 200)
     });

@@ -723,3 +723,48 @@ pub fn median(xs: Vec<f64>) -> f64 {
 pub const PUBLISHED_STRAGGLER_SCORE: f64 = 0.10;
 /// ... and it was the slowest in at least this share of the aligned steps.
 pub const PUBLISHED_STRAGGLER_PERSISTENCE: f64 = 0.60;
+
+/// Debian's Prometheus server.
+pub const PROMETHEUS: &str = "/usr/bin/prometheus";
+
+/// A Prometheus server on `127.0.0.1:port`, its data in `dir`, scraping `targets` every second
+/// with the scrape config of the README's fleet recipe (`honor_labels`), evaluating `rules`
+/// (a rules file) every second when given.
+pub fn start_prometheus(
+    dir: &Path,
+    port: u16,
+    targets: &[std::net::SocketAddr],
+    rules: Option<&Path>,
+) -> Proc {
+    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+    let rule_files = rules
+        .map(|r| format!("rule_files: ['{}']\n", r.display()))
+        .unwrap_or_default();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{rule_files}\
+             scrape_configs:\n  - job_name: traceml\n    honor_labels: true\n    \
+             scrape_interval: 1s\n    scrape_timeout: 1s\n    static_configs:\n      \
+             - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    Proc(
+        Command::new(PROMETHEUS)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus"),
+    )
+}
