@@ -331,11 +331,16 @@ pub struct StackReader {
     /// Bytes read per frame: enough for its link, code and owner fields.
     frame_len: usize,
     codes: CodeReader,
-    cache: HashMap<u64, PyFrame>,
-    /// Line tables by code object, read for the innermost frames (emptied with `cache`).
-    tables: HashMap<u64, Option<Arc<[u8]>>>,
+    /// Code objects read: their names, and their line table once an innermost frame needed it.
+    cache: HashMap<u64, CachedCode>,
     format: Option<super::linetable::TableFormat>,
     window: Window,
+}
+
+/// A code object's names and, read on first need, its line table (`Some(None)`: unreadable).
+struct CachedCode {
+    frame: PyFrame,
+    table: Option<Option<Arc<[u8]>>>,
 }
 
 /// A copy of target memory from one read, reused for the frames that lie in it.
@@ -417,7 +422,6 @@ impl StackReader {
                 code_type_addr,
             },
             cache: HashMap::new(),
-            tables: HashMap::new(),
             format: super::linetable::TableFormat::of_minor(version.minor),
             window: Window::default(),
         })
@@ -586,11 +590,14 @@ impl StackReader {
     /// from its line table (read once per code object).
     fn line_at(&mut self, mem: &TargetMemory, code: u64, first_line: u32, at: u64) -> Option<u32> {
         let format = self.format?;
-        let table = match self.tables.get(&code) {
-            Some(t) => t.clone(),
+        let cached = self.cache.get(&code).and_then(|c| c.table.clone());
+        let table = match cached {
+            Some(t) => t,
             None => {
                 let t = self.read_table(mem, code);
-                self.tables.insert(code, t.clone());
+                if let Some(c) = self.cache.get_mut(&code) {
+                    c.table = Some(t.clone());
+                }
                 t
             }
         }?;
@@ -615,8 +622,8 @@ impl StackReader {
     /// The names of the code object at `code`, from the cache or the target; `None` when it is
     /// not a code object.
     fn code(&mut self, mem: &TargetMemory, code: u64) -> Result<Option<PyFrame>, StackError> {
-        if let Some(f) = self.cache.get(&code) {
-            return Ok(Some(f.clone()));
+        if let Some(c) = self.cache.get(&code) {
+            return Ok(Some(c.frame.clone()));
         }
         let Some(names) = self.codes.read(mem, code)? else {
             return Ok(None);
@@ -630,9 +637,14 @@ impl StackReader {
         };
         if self.cache.len() >= CACHE_LIMIT {
             self.cache.clear();
-            self.tables.clear();
         }
-        self.cache.insert(code, f.clone());
+        self.cache.insert(
+            code,
+            CachedCode {
+                frame: f.clone(),
+                table: None,
+            },
+        );
         Ok(Some(f))
     }
 
@@ -1174,16 +1186,20 @@ int main(void) {
         let mem = TargetMemory::new(std::process::id());
         let mut r = reader(&f);
         for i in 0..CACHE_LIMIT as u64 {
-            let f = PyFrame {
+            let frame = PyFrame {
                 function: "x".into(),
                 file: "y".into(),
                 line: 0,
             };
-            r.cache.insert(1_000_000 + 8 * i, f);
+            // Line tables live with their code object's names, and go with them.
+            let table = Some(Some(Arc::from(&[1u8, 2][..])));
+            r.cache
+                .insert(1_000_000 + 8 * i, CachedCode { frame, table });
         }
-        // Full: the next new code object empties the cache first.
+        // Full: the next new code object empties the cache first, its tables with it.
         assert_eq!(&*r.code(&mem, f.addr(100)).unwrap().unwrap().function, "f");
         assert_eq!(r.cache.len(), 1);
+        assert!(r.cache.values().all(|c| c.table.is_none()));
     }
 
     #[test]
