@@ -678,6 +678,84 @@ fn stragglers_are_classified_within_seconds_of_their_onset() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// `top --pid <launcher>` on a two-rank job with stdout not a terminal: each second the job's
+/// line and one line per rank, live (the ranks' step counts grow while the job runs, no more
+/// than each rank's truth), the rank the others wait for marked where the truth has one.
+#[test]
+#[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
+fn top_on_a_job_shows_a_row_per_rank_live() {
+    let Some(mut job) = start("mr-top", 2, &STRAGGLER_2) else {
+        return;
+    };
+    let launcher = job.torchrun.id();
+    let child = Command::new(daemon())
+        .arg("top")
+        .arg("--pid")
+        .arg(launcher.to_string())
+        .arg("--ready-file")
+        .arg(job.dir.join("ready"))
+        .arg("--output")
+        .arg(job.dir.join("out"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_with_timeout(child, Duration::from_secs(300));
+    let _ = job.torchrun.wait();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    // Per second: "t=…" and then "  rank R pid P steps=N …" lines.
+    let mut blocks: Vec<Vec<(u32, u64, bool)>> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("t=") {
+            blocks.push(Vec::new());
+        } else if let (Some(b), Some(rest)) = (blocks.last_mut(), line.strip_prefix("  rank ")) {
+            let rank: u32 = rest.split(' ').next().unwrap().parse().unwrap();
+            let steps: u64 = rest
+                .split(' ')
+                .find_map(|w| w.strip_prefix("steps="))
+                .unwrap()
+                .parse()
+                .unwrap();
+            b.push((rank, steps, line.ends_with("◀ culprit")));
+        }
+    }
+    let live: Vec<&Vec<(u32, u64, bool)>> = blocks
+        .iter()
+        .filter(|b| b.len() == 2 && b.iter().all(|r| r.1 > 0))
+        .collect();
+    assert!(
+        live.len() >= 2,
+        "fewer than two live blocks with both ranks:\n{text}"
+    );
+    let truth_steps: Vec<u64> = (0..2)
+        .map(|r| {
+            json(&job.dir.join(format!("truth-rank{r}.json")))["step_count"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    for b in &live {
+        for &(rank, steps, _) in b.iter() {
+            assert!(
+                steps <= truth_steps[rank as usize],
+                "rank {rank}: {steps} steps"
+            );
+        }
+    }
+    let (first, last) = (live[0], live[live.len() - 1]);
+    assert!(
+        last.iter().zip(first.iter()).all(|(l, f)| l.1 >= f.1) && last[0].1 > first[0].1,
+        "steps did not grow:\n{text}"
+    );
+    if let Expect::Straggler(r) = truth_straggler(&job.dir, 2).expect() {
+        assert!(
+            last.iter().any(|&(rank, _, marked)| rank == r && marked),
+            "rank {r} not marked:\n{text}"
+        );
+    }
+}
+
 /// Desyncs on four gloo ranks (explicit, flattened all-reduce, 30 steps): in step 15 rank 1
 /// calls `dist.broadcast` where the others all-reduce (`op`), or no collective (`skip`: its calls
 /// stay paired one ahead, so its final `dist.barrier()` meets the others' last all-reduce). The

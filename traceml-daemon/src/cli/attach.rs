@@ -150,12 +150,15 @@ fn run_job(
     top: bool,
 ) -> Result<crate::summary::Summary, Error> {
     use crate::runtime::{group::GroupConfig, supervisor};
-    if top {
-        eprintln!(
-            "traceml-daemon: top has no live view of a multi-rank job yet; measuring every \
-             rank, the job's summary at the end"
-        );
-    }
+    // `top`: the job's summary every second, one row per rank.
+    let view: Option<supervisor::JobViewFn> = if top {
+        let display = crate::runtime::view::display_for(true, args.common.quiet);
+        crate::runtime::view::JobView::new(opts.pid, display)
+            .map_err(|e| Error::Unexpected(format!("setting up the terminal: {e}")))?
+            .map(|mut v| Box::new(move |s: &crate::summary::Summary| v.show(s)) as Box<_>)
+    } else {
+        None
+    };
     if !job.ranks.is_empty() {
         let ranks: Vec<String> = job
             .ranks
@@ -185,6 +188,7 @@ fn run_job(
         duration: opts.duration,
         ready_file: opts.ready_file.clone(),
         rank: opts,
+        view,
     };
     supervisor::run_job(job, run).map_err(Error::Target)
 }

@@ -564,6 +564,35 @@ pub fn plain_line(v: &LiveView) -> String {
     )
 }
 
+/// `top`'s plain lines for the ranks of a job, one per rank: `rank 2 pid 4242 steps=340
+/// step=35.1ms coll_w=2.0ms own=COMPUTE-BOUND ◀ culprit`.
+pub fn plain_rank_lines(s: &Summary) -> Vec<String> {
+    let culprit = s.primary_diagnosis.culprit_rank;
+    let m = |v: Option<f64>| {
+        v.map(|m| ms(Some(m)).replace(' ', ""))
+            .unwrap_or_else(|| "—".to_owned())
+    };
+    s.ranks
+        .iter()
+        .map(|r| {
+            format!(
+                "rank {} pid {} steps={} step={} coll_w={} own={}{}",
+                r.rank,
+                r.pid,
+                r.steps,
+                m(r.step_ms.median),
+                m(r.phases[crate::engine::Phase::CollectiveWait].median_ms),
+                r.verdict.headline(),
+                if culprit == Some(r.rank) {
+                    " ◀ culprit"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect()
+}
+
 /// The liveness line of the default attach mode (on stderr, refreshed in place), at most
 /// `width` columns: `traceml-daemon: attached to pid 1234 · 12.0 s · 340 steps · INPUT-BOUND
 /// (input_wait 86%)`.

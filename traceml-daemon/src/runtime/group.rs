@@ -302,6 +302,16 @@ impl Group {
         }
     }
 
+    /// The job's summary now: the running ranks' runs so far, joined (`None`: no rank yet).
+    pub fn live_summary(&self) -> Option<Summary> {
+        let runs = self
+            .ranks
+            .iter()
+            .filter(|r| r.running())
+            .map(|r| r.run(false));
+        crate::ranks::combine(runs.collect(), self.info.clone(), &self.hung)
+    }
+
     fn set_verdict(&self, s: &Summary) {
         if let Some(exporter) = &self.cfg.metrics {
             let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());

@@ -27,7 +27,12 @@ pub struct JobRun {
     pub duration: Option<Duration>,
     /// Written once every rank found is attached.
     pub ready_file: Option<PathBuf>,
+    /// `top`: shown the job's summary every second.
+    pub view: Option<JobViewFn>,
 }
+
+/// Shows the job's summary; true ends the run (the user detached).
+pub type JobViewFn = Box<dyn FnMut(&Summary) -> bool>;
 
 /// Whether process `pid` still runs (not a zombie).
 fn alive(pid: u32) -> bool {
@@ -36,7 +41,7 @@ fn alive(pid: u32) -> bool {
 
 /// Attaches to every rank of `job` and runs until they all end (or a signal, or the duration);
 /// returns the job's summary. Each rank's own summary is written under `rank-<r>/`.
-pub fn run_job(mut job: JobSpec, run: JobRun) -> Result<Summary, String> {
+pub fn run_job(mut job: JobSpec, mut run: JobRun) -> Result<Summary, String> {
     block_on(async move {
         let Signals {
             mut term,
@@ -91,6 +96,12 @@ pub fn run_job(mut job: JobSpec, run: JobRun) -> Result<Summary, String> {
                         }
                     }
                     group.tick(now);
+                    if let Some(view) = &mut run.view
+                        && let Some(s) = group.live_summary()
+                        && view(&s)
+                    {
+                        break Some(EndReason::Interrupted);
+                    }
                     if group.running() {
                         all_ended_at = None;
                     } else {

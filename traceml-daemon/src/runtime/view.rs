@@ -422,6 +422,62 @@ impl Drop for LivenessLine {
     }
 }
 
+/// `top` on a multi-rank job: the job's summary (every rank's run so far, the job's findings)
+/// shown each second, full screen on a terminal (one row per rank) or as plain lines (the job's
+/// line, then one line per rank).
+pub struct JobView {
+    pid: u32,
+    start: Instant,
+    screen: Option<Screen>,
+}
+
+impl JobView {
+    /// The view for `display` (`None`: nothing to show).
+    pub fn new(pid: u32, display: Display) -> io::Result<Option<JobView>> {
+        let screen = match display {
+            Display::Screen => Some(Screen::enter()?),
+            Display::Lines => None,
+            _ => return Ok(None),
+        };
+        Ok(Some(JobView {
+            pid,
+            start: Instant::now(),
+            screen,
+        }))
+    }
+
+    /// Shows the job's summary `s`; true when the user asked to detach (`q`, Esc, Ctrl-C).
+    pub fn show(&mut self, s: &crate::summary::Summary) -> bool {
+        let v = LiveView {
+            pid: self.pid,
+            elapsed_s: self.start.elapsed().as_secs_f64(),
+            attached: true,
+            window_s: 0.0,
+            window: s,
+            run: s,
+        };
+        match &mut self.screen {
+            Some(screen) => {
+                if matches!(read_keys(), Keys::Quit) {
+                    return true;
+                }
+                if let Err(e) = screen.draw(&v) {
+                    tracing::warn!("top: cannot draw: {e}");
+                }
+            }
+            None => {
+                let mut out = io::stdout().lock();
+                let _ = writeln!(out, "{}", crate::render::top::plain_line(&v));
+                for line in crate::render::top::plain_rank_lines(s) {
+                    let _ = writeln!(out, "  {line}");
+                }
+                let _ = out.flush();
+            }
+        }
+        false
+    }
+}
+
 /// Columns of the terminal (80 when unknown), less one so the line never wraps.
 fn columns() -> usize {
     let cols = terminal::size().map_or(80, |(c, _)| usize::from(c));
