@@ -20,7 +20,8 @@
 //! At a collective joined across every rank, the last rank to enter is the one the others
 //! waited for, by its entry less the median entry of the others (its *lateness*) when that is
 //! more than the noise (`max(1 ms, 10 % of the job's median step)`). The rank that was last at
-//! the largest share of the collectives, at least half of them, is the one the job waits for.
+//! the largest share of the collectives, at least 60 % of them (the straggler rule's persistence
+//! line), is the one the job waits for.
 //!
 //! # Desyncs
 //! Ranks whose ops differ at one collective (completed or open) are a desync: "rank 1 called
@@ -41,8 +42,9 @@ pub const MATCH_TOLERANCE: f64 = 0.3;
 /// median of the others, at least (ns), or [`LATE_STEP_SHARE`] of the median step when longer.
 pub const LATE_FLOOR_NS: u64 = 1_000_000;
 pub const LATE_STEP_SHARE: f64 = 0.10;
-/// The share of the joined collectives a rank must be last at to be the one the job waits for.
-pub const WAITS_FOR_SHARE: f64 = 0.5;
+/// The share of the joined collectives a rank must be last at to be the one the job waits for:
+/// the straggler rule's persistence line (`ranks::STRAGGLER_PERSISTENCE`).
+pub const WAITS_FOR_SHARE: f64 = 0.6;
 /// Desyncs listed.
 pub const MAX_DESYNCS: usize = 8;
 

@@ -101,7 +101,7 @@ pub struct CollectiveWaits {
     /// Per rank: how often it arrived last, and what that cost the others.
     pub ranks: Vec<RankArrivals>,
     /// The rank the job waited for (the last to arrive at the largest share of the compared
-    /// collectives, at least half of them, with a lateness over the noise); `null`: none.
+    /// collectives, at least 60 % of them, with a lateness over the noise); `null`: none.
     pub waits_for: Option<u32>,
     /// Where the ranks' calls disagree: a different op at the same collective.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
