@@ -581,7 +581,7 @@ pub fn plain_rank_lines(s: &Summary) -> Vec<String> {
                 r.pid,
                 r.steps,
                 m(r.step_ms.median),
-                m(r.phases[crate::engine::Phase::CollectiveWait].median_ms),
+                m(r.phases[crate::summary::Phase::CollectiveWait].median_ms),
                 r.verdict.headline(),
                 if culprit == Some(r.rank) {
                     " ◀ culprit"
