@@ -154,6 +154,22 @@ fn daemon_on(job: &mut Job, pid: u32, extra: &[&str]) -> serde_json::Value {
     json(&out.join("final_summary.json"))
 }
 
+/// Waits (at most `budget`) until the job's summary in `out` is a HANG, written while the job
+/// runs: the summary and when it was seen (CLOCK_MONOTONIC ns).
+fn hang_written(out: &Path, budget: Duration) -> (serde_json::Value, u64) {
+    let t = Instant::now();
+    loop {
+        assert!(t.elapsed() < budget, "no HANG written");
+        if let Ok(text) = std::fs::read_to_string(out.join("final_summary.json"))
+            && let Ok(s) = serde_json::from_str::<serde_json::Value>(&text)
+            && s["primary_diagnosis"]["kind"] == "HANG"
+        {
+            return (s, monotonic_ns());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn verdict(s: &serde_json::Value) -> (String, Option<u64>) {
     let d = &s["primary_diagnosis"];
     (
@@ -516,17 +532,7 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let (summary, found_ns) = loop {
-        assert!(t.elapsed() < Duration::from_secs(180), "no HANG written");
-        if let Ok(text) = std::fs::read_to_string(out.join("final_summary.json"))
-            && let Ok(s) = serde_json::from_str::<serde_json::Value>(&text)
-            && s["primary_diagnosis"]["kind"] == "HANG"
-        {
-            break (s, monotonic_ns());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let (summary, found_ns) = hang_written(&out, Duration::from_secs(180));
     // Named within 10 s of the hang, by the hung rank's own clock (its truth, written right
     // before it stopped).
     let hung = json(&job.dir.join("truth-rank1.json"));
@@ -786,17 +792,7 @@ fn desync(how: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let (summary, found_ns) = loop {
-        assert!(t.elapsed() < Duration::from_secs(120), "no HANG written");
-        if let Ok(text) = std::fs::read_to_string(out.join("final_summary.json"))
-            && let Ok(s) = serde_json::from_str::<serde_json::Value>(&text)
-            && s["primary_diagnosis"]["kind"] == "HANG"
-        {
-            break (s, monotonic_ns());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let (summary, found_ns) = hang_written(&out, Duration::from_secs(120));
     let truth = json(&job.dir.join("truth-rank1.json"));
     let (seq, since, op) = if how == "op" {
         let d = &truth["desync"];
