@@ -386,6 +386,16 @@ mod tests {
         }
     }
 
+    /// The logs joined, rank r being `logs[r]`.
+    fn join_ranks(logs: &[CollectiveLog], step_ms: Option<f64>) -> CollectiveWaits {
+        let refs: Vec<(u32, &CollectiveLog)> = logs
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (r as u32, l))
+            .collect();
+        join(&refs, step_ms).unwrap()
+    }
+
     fn log(entries: Vec<LedgerEntry>) -> CollectiveLog {
         CollectiveLog {
             total: entries.len() as u64,
@@ -421,12 +431,7 @@ mod tests {
         let logs: Vec<CollectiveLog> = (0..4)
             .map(|r| rank_log(r, u64::from(r) * 3, 40, Some(2), 20))
             .collect();
-        let refs: Vec<(u32, &CollectiveLog)> = logs
-            .iter()
-            .enumerate()
-            .map(|(r, l)| (r as u32, l))
-            .collect();
-        let w = join(&refs, Some(50.0)).unwrap();
+        let w = join_ranks(&logs, Some(50.0));
         assert_eq!(w.compared, 40);
         assert_eq!(w.waits_for, Some(2));
         let r2 = &w.ranks[2];
@@ -439,12 +444,7 @@ mod tests {
     #[test]
     fn an_even_job_waits_for_no_one() {
         let logs: Vec<CollectiveLog> = (0..4).map(|r| rank_log(r, 0, 30, None, 0)).collect();
-        let refs: Vec<(u32, &CollectiveLog)> = logs
-            .iter()
-            .enumerate()
-            .map(|(r, l)| (r as u32, l))
-            .collect();
-        let w = join(&refs, Some(50.0)).unwrap();
+        let w = join_ranks(&logs, Some(50.0));
         assert_eq!(w.compared, 30);
         assert_eq!(w.waits_for, None);
         assert!(w.ranks.iter().all(|r| r.last == 0));
@@ -466,12 +466,7 @@ mod tests {
                 l
             })
             .collect();
-        let refs: Vec<(u32, &CollectiveLog)> = logs
-            .iter()
-            .enumerate()
-            .map(|(r, l)| (r as u32, l))
-            .collect();
-        let w = join(&refs, None).unwrap();
+        let w = join_ranks(&logs, None);
         assert_eq!(w.open.len(), 4);
         assert!(w.open.iter().all(|o| o.seq == 110), "{:?}", w.open);
         assert_eq!(w.desyncs.len(), 1, "{:?}", w.desyncs);
@@ -501,12 +496,7 @@ mod tests {
                     .collect())
             })
             .collect();
-        let refs: Vec<(u32, &CollectiveLog)> = logs
-            .iter()
-            .enumerate()
-            .map(|(r, l)| (r as u32, l))
-            .collect();
-        let w = join(&refs, None).unwrap();
+        let w = join_ranks(&logs, None);
         assert_eq!(w.compared, 11);
         assert!(w.desyncs.is_empty(), "{:?}", w.desyncs);
         let open: Vec<(u32, u64)> = w.open.iter().map(|o| (o.rank, o.seq)).collect();
