@@ -11,6 +11,7 @@ pub mod memory;
 pub mod multi;
 pub mod pystack;
 pub mod python;
+pub mod release;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
@@ -784,9 +785,13 @@ impl Attacher {
             exit: false,
             ..PYTHON[0]
         };
-        for placed in self.place(&spec, host, site.file_offset)? {
-            drop(self.take(placed)?);
-        }
+        let placed = self.place(&spec, host, site.file_offset)?;
+        let taken = placed
+            .into_iter()
+            .map(|p| self.take(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Not waited for: see [`release`].
+        release::drop_in_background(taken);
         Ok(())
     }
 
@@ -955,19 +960,7 @@ fn resolve_sites(file: &ElfFile, host: &Path, role: Role) -> std::sync::Arc<Vec<
     resolved
 }
 
-/// Drops each link on its own thread and waits for them all: taking a `uprobe_multi` link out
-/// waits for an RCU-tasks-trace grace period, and links taken out concurrently share one (a
-/// thread that drops them one after another waits for each). Perf-event links gain nothing:
-/// the kernel releases those one at a time under a mutex.
-pub fn release(links: Vec<TakenLink>) {
-    let threads: Vec<_> = links
-        .into_iter()
-        .map(|l| std::thread::spawn(move || drop(l)))
-        .collect();
-    for t in threads {
-        let _ = t.join();
-    }
-}
+pub use release::release;
 
 /// The file offsets of one `uprobe_multi` link and their cookies.
 type Offsets = (Vec<u64>, Vec<u64>);

@@ -1060,7 +1060,7 @@ fn finish<F: FnMut(&StreamItem) -> Result<(), String>>(
     // torch target. Off the path to the verdict: the summary is written meanwhile, and the
     // kernel releases whatever is left when the daemon exits (which then waits for it).
     let links = k.attacher.link_count();
-    detaching(std::thread::spawn(move || {
+    attach::release::in_background(move || {
         let t0 = std::time::Instant::now();
         match k.attacher.take_links() {
             Ok(l) => attach::release(l),
@@ -1071,31 +1071,26 @@ fn finish<F: FnMut(&StreamItem) -> Result<(), String>>(
             "target {pid}: probes detached ({links} links) in {} ms",
             t0.elapsed().as_millis()
         );
-    }));
+    });
     Ok(reason)
 }
 
-/// Threads taking probes out of targets (see [`wait_detached`]).
-static DETACHING: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// Keeps `thread` (taking probes out) for [`wait_detached`]; forgets those done.
-fn detaching(thread: std::thread::JoinHandle<()>) {
-    let mut all = DETACHING.lock().unwrap_or_else(|e| e.into_inner());
-    all.retain(|t| !t.is_finished());
-    all.push(thread);
-}
-
-/// Waits until every probe is out of its target. The daemon calls it before it exits: the
-/// kernel would otherwise close the links left at the exit itself, one after another, where
-/// the threads take them out concurrently (with `uprobe_multi`, a 4-rank job's ~40 links in
-/// about the time of one).
+/// Waits until every probe is out of its targets, [`DETACH_WAIT`] at most (see
+/// [`attach::release`]); says what is left to the kernel.
 pub fn wait_detached() {
-    let all = std::mem::take(&mut *DETACHING.lock().unwrap_or_else(|e| e.into_inner()));
-    for t in all {
-        let _ = t.join();
+    let left = attach::release::wait(DETACH_WAIT);
+    if left > 0 {
+        tracing::warn!(
+            "{left} threads still taking probes out after {} s: the kernel holds the links' \
+             release while a process that exec'd with return probes pending lives (it releases \
+             them when that process exits, and this exit waits for it)",
+            DETACH_WAIT.as_secs()
+        );
     }
 }
+
+/// How long the daemon's exit waits for the probes it took out.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The next delivery of a signal the run listens to; never, when it does not.
 async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
@@ -1142,7 +1137,7 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
             // seconds under load): off the event loop, which keeps draining meanwhile.
             let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             k.detaching = Some(done.clone());
-            detaching(std::thread::spawn(move || {
+            attach::release::in_background(move || {
                 let t0 = std::time::Instant::now();
                 let n = links.len();
                 // One after another, entry first (see `Attacher::take_python`).
@@ -1154,7 +1149,7 @@ fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
                     t0.elapsed().as_millis()
                 );
                 done.store(true, std::sync::atomic::Ordering::Release);
-            }));
+            });
         })
     };
     if let Err(e) = switched {
