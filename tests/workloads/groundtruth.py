@@ -210,6 +210,17 @@ def parse(name, cfg):
     return ap.parse_args()
 
 
+def thread_switches():
+    """This thread's context switches so far (voluntary + involuntary), from its /proc status;
+    None where /proc does not say."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+            n = [int(line.split()[1]) for line in f if "ctxt_switches:" in line]
+        return sum(n) if len(n) == 2 else None
+    except OSError:
+        return None
+
+
 def run(name, overrides, argv_args=None):
     cfg = dict(DEFAULTS)
     cfg.update(overrides)
@@ -254,6 +265,7 @@ def run(name, overrides, argv_args=None):
     s_prev = stats()
     rebuilt = []  # REBUILT_NS after each step's next(it)
     rebuilt_start = REBUILT_NS[0]
+    switches_start = thread_switches()
     loop_start = now()
     step = 0
     while True:
@@ -308,6 +320,7 @@ def run(name, overrides, argv_args=None):
         s_prev = s
         step += 1
     loop_end = now()
+    switches_end = thread_switches()
     gc.enable()
 
     steps = []
@@ -366,6 +379,10 @@ def run(name, overrides, argv_args=None):
         "loop_start_ns": loop_start,
         "loop_end_ns": loop_end,
         "final_next": {"t_start_ns": t_stop_start, "t_end_ns": t_stop},
+        # The training thread's context switches (voluntary + involuntary, its /proc status)
+        # from the loop's start to its end: each is one switch out and one back in.
+        "thread_switches": None if switches_start is None or switches_end is None
+        else switches_end - switches_start,
         "step_count": len(steps),
         "steps": steps,
         "median_phases_ns": med,

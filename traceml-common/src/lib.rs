@@ -363,8 +363,11 @@ pub enum Stat {
     RecordEnter = 5,
     /// `record_exit` ran.
     RecordExit = 6,
+    /// `sched_switch` did a watched thread's work: the thread left its CPU (noted) or came
+    /// back (its interval sent). Switches of other threads return at once and are not counted.
+    Switch = 7,
 }
-pub const STATS_LEN: u32 = 7;
+pub const STATS_LEN: u32 = 8;
 
 /// Indexes of the `CONFIG` array: settings userspace changes while the probes run.
 #[repr(u32)]

@@ -518,6 +518,8 @@ fn daemon_overhead(
             native_calls: f(h.call_enter),
             record_function: f(h.record),
             launches: f(h.launch),
+            // Absent from recordings made before the switches were counted.
+            switches: (h.switch > 0).then(|| f(h.switch)).flatten(),
         }
     };
     let attach = target.map(|t| t.attach_ts_ns).unwrap_or(0);

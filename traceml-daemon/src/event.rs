@@ -86,10 +86,18 @@ pub struct ProbeStats {
     pub record: u64,
     /// Kernel launches seen (both modes).
     pub launch: u64,
+    /// Runs of the `sched_switch` program that did a watched thread's work (it left its CPU
+    /// or came back); 0 in recordings made before they were counted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub switch: u64,
     /// A probe-set change was still being carried out by the kernel at this reading (detaching
     /// uprobes takes seconds): the steady state starts after it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub switching: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A Python function named in stack samples.

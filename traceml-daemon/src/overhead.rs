@@ -23,6 +23,14 @@ pub struct CostModel {
     pub record_ns: f64,
     pub launch_event_ns: f64,
     pub launch_count_ns: f64,
+    /// One run of the `sched_switch` program doing a watched thread's work (see
+    /// [`COSTS`]); summaries written before it was costed read the reference value.
+    #[serde(default = "reference_switch_ns")]
+    pub switch_ns: f64,
+}
+
+fn reference_switch_ns() -> f64 {
+    COSTS.switch_ns
 }
 
 pub const COSTS: CostModel = CostModel {
@@ -32,6 +40,10 @@ pub const COSTS: CostModel = CostModel {
     record_ns: 900.0,
     launch_event_ns: 950.0,
     launch_count_ns: 500.0,
+    // Not timed on its own: the watched path's work (two hash-map operations, a clock read and,
+    // coming back, a ring-buffer record) costed like a uprobe's program without its trap, above
+    // the unwatched path's 0.1–0.5 µs per switch measured by `cargo xtask bench --sched-only`.
+    switch_ns: 500.0,
 };
 
 impl Default for CostModel {
@@ -71,6 +83,7 @@ impl CostModel {
             record_ns: COSTS.record_ns * u,
             launch_event_ns: COSTS.launch_event_ns * u,
             launch_count_ns: COSTS.launch_count_ns * u,
+            switch_ns: COSTS.switch_ns * u,
         }
     }
 
@@ -92,6 +105,7 @@ impl CostModel {
             + d.call_enter as f64 * self.call_enter_ns
             + d.record as f64 * self.record_ns
             + d.launch as f64 * launch
+            + d.switch as f64 * self.switch_ns
     }
 }
 
@@ -106,6 +120,7 @@ pub fn delta(a: &ProbeStats, b: &ProbeStats) -> ProbeStats {
         call_enter: b.call_enter.saturating_sub(a.call_enter),
         record: b.record.saturating_sub(a.record),
         launch: b.launch.saturating_sub(a.launch),
+        switch: b.switch.saturating_sub(a.switch),
     }
 }
 

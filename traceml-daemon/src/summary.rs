@@ -368,6 +368,10 @@ pub struct ProbeHits {
     /// `record_function` entries and exits.
     pub record_function: Option<f64>,
     pub launches: Option<f64>,
+    /// Runs of the thread-state program doing a watched thread's work (a switch out or back
+    /// in); absent where not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switches: Option<f64>,
 }
 
 /// One probe-set change.

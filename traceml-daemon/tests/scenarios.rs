@@ -184,11 +184,47 @@ fn run_scenario(
         }
         check_wait_site(label, s, &truth, &mut failures);
         check_handover(label, s, &truth, &mut failures);
+        check_switches(label, s, &truth, &mut failures);
     }
     Checked {
         failures,
         summary: out.summary,
         truth,
+    }
+}
+
+/// The thread-state program's runs the daemon costs (`daemon_overhead.hits_per_step.switches`)
+/// against the training thread's own context switches over the loop (`truth.thread_switches`,
+/// from its /proc status): each switch is one run as it leaves its CPU and one as it comes
+/// back. The daemon's count also holds the switches from its attach to the loop's start (the
+/// workload polls for the ready file) and after the loop's end, so it may be higher: within
+/// [0.9, 1.3] × twice the truth per step, plus 2 a step.
+fn check_switches(
+    label: &str,
+    s: &serde_json::Value,
+    truth: &serde_json::Value,
+    failures: &mut Vec<String>,
+) {
+    let Some(switches) = truth["thread_switches"].as_f64() else {
+        failures.push(format!(
+            "{label}: the truth has no thread_switches (no /proc status?)"
+        ));
+        return;
+    };
+    let steps = truth["step_count"].as_f64().unwrap_or(0.0).max(1.0);
+    let want = 2.0 * switches / steps;
+    let got = s["daemon_overhead"]["hits_per_step"]["switches"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    note(format!(
+        "{label}: thread-state runs {got:.2} a step, truth 2 × {:.2} switches a step",
+        switches / steps
+    ));
+    if !(got >= 0.9 * want && got <= 1.3 * want + 2.0) {
+        failures.push(format!(
+            "{label}: thread-state program runs {got:.2} a step, truth {want:.2} (2 × the \
+             training thread's {switches} context switches over {steps} steps)"
+        ));
     }
 }
 

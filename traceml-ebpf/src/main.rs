@@ -640,6 +640,7 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
             _pad: 0,
         };
         let _ = OFFCPU.insert(tid, &since, 0);
+        bump(&STATS, Stat::Switch as u32);
     }
     let next_tid = if global(&TASK_TGID_AFTER_PID) != 0 {
         // Little-endian (x86-64, arm64): pid in the low half, tgid in the high one.
@@ -664,6 +665,7 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
         return 0;
     };
     let _ = OFFCPU.remove(next_tid);
+    bump(&STATS, Stat::Switch as u32);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     emit(EventKind::OffCpu, ProbeId::SchedSwitch as u32, |e| {

@@ -651,6 +651,7 @@ fn probe_stats(attacher: &Attacher, switching: bool) -> ProbeStats {
         out.exit = get(Stat::Exit);
         out.call_enter = get(Stat::CallEnter);
         out.record = get(Stat::RecordEnter) + get(Stat::RecordExit);
+        out.switch = get(Stat::Switch);
     }
     let t = launch_totals(attacher);
     out.launch = t.runtime + t.driver;

@@ -717,13 +717,16 @@ pub fn inprocess(runs: &[InprocRun], s: &Schedule, daemon: &str) -> String {
     }
     let _ = writeln!(
         md,
-        "\nCPU time of the training thread per step, and the daemon's own estimate:\n"
+        "\nCPU time of the training thread per step, and the daemon's own estimate. Off spread: \
+         (largest − smallest off-window CPU per step) / smallest, this measure's noise floor on \
+         the row (a loop that blocks on its workers many times a step wakes at times the load \
+         decides, and its CPU per step moves with them):\n"
     );
     let _ = writeln!(
         md,
-        "| workload | CPU ms/step off | on | ratio median (min–max) | measured added µs/step | after the last change: added µs/step | estimated µs/step (% of step) / steady µs/step | daemon CPU % of a core |"
+        "| workload | CPU ms/step off | on | ratio median (min–max) | off spread | measured added µs/step | after the last change: added µs/step | estimated µs/step (% of step) / steady µs/step | daemon CPU % of a core |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     md.push_str(&cpu_rows);
     md.push_str(&probe_rows(runs));
     md.push_str(&attach_rows(runs));
@@ -806,7 +809,22 @@ fn run_rows(r: &InprocRun, md: &mut String, cpu_rows: &mut String) {
             })
             .collect()
     };
-    let (c_off, c_on, c_ratios, c_added) = compare_windows(&on, &cpu_of(&whole));
+    let cpu_whole = cpu_of(&whole);
+    let (c_off, c_on, c_ratios, c_added) = compare_windows(&on, &cpu_whole);
+    // The CPU measure's own noise: how far the off windows' CPU per step lies apart.
+    let cpu_off: Vec<f64> = cpu_whole
+        .iter()
+        .zip(&on)
+        .filter(|&(v, &o)| !o && v.is_finite())
+        .map(|(&v, _)| v)
+        .collect();
+    let cpu_spread = match (
+        cpu_off.iter().copied().reduce(f64::min),
+        cpu_off.iter().copied().reduce(f64::max),
+    ) {
+        (Some(lo), Some(hi)) if lo > 0.0 => format!("{:.1} %", (hi - lo) / lo * 100.0),
+        _ => "—".to_owned(),
+    };
     let (_, _, _, cs_added) = compare_windows(&on, &cpu_of(&steady));
     let (cm, clo, chi) = mmm(&c_ratios);
     let (est, est_pct, est_steady) = (
@@ -816,7 +834,7 @@ fn run_rows(r: &InprocRun, md: &mut String, cpu_rows: &mut String) {
     );
     let _ = writeln!(
         cpu_rows,
-        "| {} | {c_off:.2} | {c_on:.2} | {cm:.4} ({clo:.4}–{chi:.4}) | {:.0} | {} | {} / {} | {:.0} |",
+        "| {} | {c_off:.2} | {c_on:.2} | {cm:.4} ({clo:.4}–{chi:.4}) | {cpu_spread} | {:.0} | {} | {} / {} | {:.0} |",
         r.name,
         med(&c_added),
         or_dash(&cs_added, format!("{:.0}", med(&cs_added))),
