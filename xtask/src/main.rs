@@ -114,7 +114,8 @@ enum Cmd {
         #[arg(long)]
         bystander_only: bool,
         /// Only the node-scale rows: time to attach every rank and to stop, for 1, 2 and 4
-        /// ranks of a gloo job, `--pid <launcher>` and `serve`, spliced into BENCHMARKS.md.
+        /// ranks of a gloo job, `--pid <launcher>` and `serve`, and a 4-rank job's step time
+        /// with the daemon (its collective ledger) attached and not, spliced into BENCHMARKS.md.
         #[arg(long)]
         ranks_only: bool,
         /// Only the thread-state source's node cost: a context-switching bystander with the

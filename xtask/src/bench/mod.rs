@@ -307,11 +307,12 @@ fn ranks_bench(ctx: &Ctx) -> anyhow::Result<String> {
             rows.push(ranks::measure(ctx, mode, n)?);
         }
     }
-    Ok(ranks::section(
-        &rows,
-        "target/release/traceml-daemon",
-        &load,
-    ))
+    let mut md = ranks::section(&rows, "target/release/traceml-daemon", &load);
+    md += &match ranks::measure_ledger(ctx, 4) {
+        Ok(r) => ranks::ledger_section(&r),
+        Err(e) => format!("\nThe ledger's cost on a 4-rank job: not measured in this run: {e:#}\n"),
+    };
+    Ok(md)
 }
 
 /// `--sweep-only`: the release daemon's `sweep` over 1,000 job pairs, spliced into

@@ -4,6 +4,8 @@
 //! start until every rank is attached (its `attached to <pid>` log lines), and from SIGINT
 //! (`--pid`) or SIGTERM (`serve`) to the summary and to the daemon's exit, with the ranks still
 //! running. 1, 2 and 4 ranks (8 need more than this machine's 2 cores and 23 GiB to mean anything).
+//! Then what the daemon with its collective ledger costs a 4-rank job's step
+//! (`tests/workloads/bench/ledger_job.py`: on/off windows of one job, issue 41).
 use std::process::Command;
 
 use anyhow::{Context as _, ensure};
@@ -59,6 +61,135 @@ pub fn measure(ctx: &Ctx, mode: &'static str, ranks: u32) -> anyhow::Result<Row>
         ranks_alive: v["ranks_alive_at_exit"].as_u64().unwrap_or(0),
         rc: v["rc"].as_i64().unwrap_or(-1),
     })
+}
+
+/// Seconds of each on and off window of the ledger measurement, and how many on windows.
+const LEDGER_WINDOW_S: u32 = 10;
+const LEDGER_ON_WINDOWS: u32 = 3;
+
+/// A 4-rank job's step time with the daemon (and its ledger) attached and not.
+pub struct LedgerRow {
+    pub ranks: u32,
+    /// Rank 0's median step ms of each window, off and on in turn (off first and last).
+    pub windows: Vec<(bool, u64, Option<f64>)>,
+    /// Per on window: its median step / the mean of its off neighbours'.
+    pub ratios: Vec<f64>,
+    /// Per on window: the collectives the job summary compared across ranks.
+    pub joined: Vec<Option<u64>>,
+}
+
+pub fn measure_ledger(ctx: &Ctx, ranks: u32) -> anyhow::Result<LedgerRow> {
+    let py = ctx
+        .torch_py
+        .clone()
+        .context("no virtualenv with real torch (run `cargo xtask setup --torch`)")?;
+    let out = Command::new(&ctx.py)
+        .arg(root().join("tests/workloads/bench/ledger_job.py"))
+        .arg(root())
+        .arg(&ctx.daemon)
+        .args([
+            ranks.to_string(),
+            LEDGER_WINDOW_S.to_string(),
+            LEDGER_ON_WINDOWS.to_string(),
+        ])
+        .env("TRACEML_TORCH_PYTHON", py)
+        .output()
+        .context("running ledger_job.py")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "ledger_job.py {ranks}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout.lines().last().unwrap_or_default();
+    let v: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("ledger_job.py said {line:?}"))?;
+    let windows = v["windows"]
+        .as_array()
+        .context("windows")?
+        .iter()
+        .map(|w| {
+            (
+                w["kind"] == "on",
+                w["steps"].as_u64().unwrap_or(0),
+                w["median_ms"].as_f64(),
+            )
+        })
+        .collect();
+    let ratios = v["ratios"]
+        .as_array()
+        .context("ratios")?
+        .iter()
+        .filter_map(|r| r.as_f64())
+        .collect();
+    let joined = v["joined"]
+        .as_array()
+        .context("joined")?
+        .iter()
+        .map(|j| j.as_u64())
+        .collect();
+    Ok(LedgerRow {
+        ranks,
+        windows,
+        ratios,
+        joined,
+    })
+}
+
+/// The ledger table (appended to [`section`]).
+pub fn ledger_section(r: &LedgerRow) -> String {
+    let mut s = format!(
+        "\n### What the daemon with its collective ledger costs a {}-rank job's step\n\n\
+         `tests/workloads/bench/ledger_job.py`: one torchrun gloo DDP job ({} ranks, real torch on \
+         CPU, one all_reduce a step) runs throughout; `traceml-daemon --pid <launcher>` is attached \
+         in the *on* windows ({LEDGER_WINDOW_S} s from every rank attached to the daemon's end) and \
+         absent in the *off* ones ({LEDGER_WINDOW_S} s), off first and last. Rank 0's median step \
+         per window (its progress log, CLOCK_MONOTONIC at each step's end); each on window against \
+         the mean of the off windows beside it. The whole daemon is on in the on windows (every \
+         probe, the ledger's among them): an upper bound on the ledger's own cost. *Joined*: the \
+         collectives the job summary compared across ranks (the ledger at work).\n\n\
+         | window | steps | median step | on / off neighbours | collectives joined |\n\
+         |---|---|---|---|---|\n",
+        r.ranks, r.ranks
+    );
+    // Every on window lies between two off windows: its ratio and its joined count share its index.
+    let mut on_i = 0usize;
+    for (i, (on, steps, ms)) in r.windows.iter().enumerate() {
+        let (ratio, joined) = if *on {
+            let out = (
+                r.ratios
+                    .get(on_i)
+                    .map_or("—".to_owned(), |x| format!("{x:.4}")),
+                r.joined
+                    .get(on_i)
+                    .copied()
+                    .flatten()
+                    .map_or("—".to_owned(), |j| j.to_string()),
+            );
+            on_i += 1;
+            out
+        } else {
+            ("".to_owned(), "".to_owned())
+        };
+        s += &format!(
+            "| {} {} | {steps} | {} | {ratio} | {joined} |\n",
+            if *on { "on" } else { "off" },
+            i + 1,
+            ms.map_or("—".to_owned(), |m| format!("{m:.2} ms")),
+        );
+    }
+    if !r.ratios.is_empty() {
+        let mut v = r.ratios.clone();
+        v.sort_by(f64::total_cmp);
+        let med = v[v.len() / 2];
+        s += &format!(
+            "\nOn / off, median of the on windows: **{med:.4}** ({:+.1} %), min {:.4}, max {:.4}.\n",
+            (med - 1.0) * 100.0,
+            v[0],
+            v[v.len() - 1]
+        );
+    }
+    s
 }
 
 pub fn section(rows: &[Row], daemon: &str, load: &str) -> String {
