@@ -57,9 +57,14 @@ pub fn what_if(s: &Summary) -> Vec<WhatIf> {
 fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
     let st = &s.phases[p];
     let mean = st.mean_ms.filter(|&m| m > 0.0)?;
-    let (to, left, assumption) = match p {
-        Phase::InputWait if handover_bound(s).is_some() => {
-            let (h, k) = handover_bound(s)?;
+    // An input wait bound by the hand-over moves that work to the workers.
+    let handover = if p == Phase::InputWait {
+        handover_bound(s)
+    } else {
+        None
+    };
+    let (to, left, assumption) = match (p, handover) {
+        (Phase::InputWait, Some((h, k))) => {
             // The hand-over's work goes to the k workers, in parallel: the step loses it but
             // cannot be shorter than one worker's share of it.
             let without = step - h;
@@ -77,7 +82,7 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
                 ),
             )
         }
-        Phase::InputWait => match loader_floor(s, st, mean) {
+        (Phase::InputWait, None) => match loader_floor(s, st, mean) {
             Some((floor, share)) => (
                 format!("the loader's own {}", crate::units::ms(Some(floor))),
                 floor,
@@ -96,14 +101,14 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
                     .to_owned(),
             ),
         },
-        Phase::H2d => (
+        (Phase::H2d, _) => (
             "0".to_owned(),
             0.0,
             "an upper bound: the copies overlapped with compute, from pinned memory with \
              non_blocking=True"
                 .to_owned(),
         ),
-        Phase::GpuWait => match s.gpu.as_ref().and_then(|g| g.util_pct_mean) {
+        (Phase::GpuWait, _) => match s.gpu.as_ref().and_then(|g| g.util_pct_mean) {
             Some(util) => {
                 // The device's busy time per step stays; what the host waited beyond it goes.
                 let busy = step * (util / 100.0).clamp(0.0, 1.0);
@@ -122,12 +127,12 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
             // GPU-bound step): no bound to give.
             None => return None,
         },
-        Phase::Residual => (
+        (Phase::Residual, _) => (
             "0".to_owned(),
             0.0,
             "an upper bound: the loop's own work between phases moved off the step".to_owned(),
         ),
-        Phase::Forward | Phase::Backward | Phase::Optimizer => {
+        (Phase::Forward | Phase::Backward | Phase::Optimizer, _) => {
             let blocked = st.blocked_ms?;
             let device_work = st.launches_per_step.is_some_and(|l| l >= 1.0);
             if device_work || blocked / mean < BLOCKED_SHARE {
@@ -147,10 +152,10 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
         }
         // A single process's collective wait has no floor of its own: the straggler's
         // what-if is the job's (`ranks`).
-        Phase::CollectiveWait => return None,
+        (Phase::CollectiveWait, _) => return None,
     };
     let step_if = (step - mean + left).max(step * 1e-3);
-    let what = if p == Phase::InputWait && handover_bound(s).is_some() {
+    let what = if handover.is_some() {
         "input_wait's hand-over".to_owned()
     } else {
         p.name().to_owned()

@@ -267,12 +267,7 @@ impl Group {
                 .is_none_or(|t| now >= t + metrics::REFRESH)
         {
             self.last_verdict = Some(now);
-            let runs = self
-                .ranks
-                .iter()
-                .filter(|r| r.running())
-                .map(|r| r.run(false));
-            if let Some(s) = crate::ranks::combine(runs.collect(), self.info.clone(), &self.hung) {
+            if let Some(s) = self.live_summary() {
                 self.set_verdict(&s);
             }
         }
