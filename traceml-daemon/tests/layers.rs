@@ -57,7 +57,11 @@ const LAYERS: &[&[&str]] = &[
     &["runtime::settings"],
     // The runtime: a target's live run, its task and sinks, the view, a job's group, the
     // supervisors.
-    &["runtime::calibration", "runtime::workers"],
+    &[
+        "runtime::calibration",
+        "runtime::workers",
+        "runtime::kernel",
+    ],
     &["runtime::target"],
     &["runtime::task"],
     &["runtime::sinks", "runtime::view"],

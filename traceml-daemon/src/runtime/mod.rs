@@ -7,6 +7,9 @@
 
 pub mod calibration;
 pub mod group;
+mod kernel;
+mod options;
+mod run;
 pub mod serve;
 pub mod settings;
 pub mod sinks;
