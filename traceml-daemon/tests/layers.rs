@@ -57,11 +57,14 @@ const LAYERS: &[&[&str]] = &[
     &["runtime::settings"],
     // The runtime: a target's live run, its task and sinks, the view, a job's group, the
     // supervisors.
+    // The live run: what it is given, the kernel side it holds, its state, then the run.
     &[
         "runtime::calibration",
         "runtime::workers",
         "runtime::kernel",
+        "runtime::options",
     ],
+    &["runtime::run"],
     &["runtime::target"],
     &["runtime::task"],
     &["runtime::sinks", "runtime::view"],
