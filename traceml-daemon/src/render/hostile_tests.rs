@@ -7,6 +7,7 @@ use crate::analysis::fixtures::{self, Scenario};
 use crate::profile::TopFunction;
 use crate::sanitize::tests::{assert_terminal_safe, hostile_names};
 use crate::summary::ProbeFailed;
+use crate::summary::{DiagnosisKind, Phase, Summary};
 
 /// A residual-heavy run whose every target-derived string is hostile; the rules run again so
 /// their messages quote the hostile function and file names.

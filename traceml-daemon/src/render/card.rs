@@ -1,0 +1,1221 @@
+//! The verdict card: the summary as text, 80–100 columns as the caller asks, ANSI color only on
+//! request (`final_summary.txt`, the end of a `--pid` run).
+use std::io::{self, Write};
+
+use crate::diagnosis::COMPUTE_PHASES;
+use crate::sanitize::{cut_marker, terminal};
+use crate::summary::Phase;
+use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
+use crate::text::{self, wrap};
+use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
+use unicode_width::UnicodeWidthChar;
+
+/// Widest line of the card, in columns (the width of `final_summary.txt`).
+pub const WIDTH: usize = 100;
+/// Narrowest card, in columns (a terminal narrower than this wraps the lines).
+pub const MIN_WIDTH: usize = 80;
+/// Width of the label column.
+const LABEL: usize = 10;
+/// Width of a share bar.
+const BAR: usize = 20;
+
+/// Writes the verdict card, [`WIDTH`] columns wide.
+pub fn render_card(s: &Summary, w: &mut impl Write, color: bool) -> io::Result<()> {
+    render_card_width(s, w, color, WIDTH)
+}
+
+/// Writes the verdict card at most `width` columns wide (clamped to [`MIN_WIDTH`]..=[`WIDTH`]):
+/// text wraps and the share bars shorten; the columns stay where they are.
+pub fn render_card_width(
+    s: &Summary,
+    w: &mut impl Write,
+    color: bool,
+    width: usize,
+) -> io::Result<()> {
+    let p = Painter(color);
+    let mut out = Lines {
+        v: Vec::new(),
+        width: width.clamp(MIN_WIDTH, WIDTH),
+    };
+    header(s, &mut out);
+    out.rule('═');
+    verdict(s, &p, &mut out);
+    out.rule('─');
+    timing(s, &p, &mut out);
+    out.rule('─');
+    memory(s, &p, &mut out);
+    out.rule('─');
+    system(s, &p, &mut out);
+    let primary = &s.primary_diagnosis;
+    let others: Vec<&Finding> = s
+        .findings
+        .iter()
+        .filter(|f| !(f.kind == primary.kind && f.phase == primary.phase))
+        .collect();
+    if !others.is_empty() {
+        out.rule('─');
+        out.push(p.bold("OTHER FINDINGS"));
+        for f in others {
+            let sev = f.severity.as_str();
+            let text = format!(
+                "[{sev}] {}: {}. Next: {}.",
+                f.kind.headline(),
+                f.why.trim_end_matches('.'),
+                f.next.trim_end_matches('.')
+            );
+            for (i, line) in wrap_safe(&text, out.width - 2).into_iter().enumerate() {
+                let line = if i == 0 {
+                    line.replacen(sev, &p.severity(f.severity, sev), 1)
+                } else {
+                    format!("  {line}")
+                };
+                out.push(line);
+            }
+        }
+    }
+    ranks(s, &mut out);
+    code(s, &mut out);
+    out.rule('─');
+    data_quality(s, &p, &mut out);
+    overhead(s, &mut out);
+    for line in out.v {
+        writeln!(w, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// ANSI styling, or none.
+pub(crate) struct Painter(pub bool);
+
+impl Painter {
+    fn paint(&self, code: &str, s: &str) -> String {
+        if self.0 {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_owned()
+        }
+    }
+    pub(crate) fn bold(&self, s: &str) -> String {
+        self.paint("1", s)
+    }
+    pub(crate) fn dim(&self, s: &str) -> String {
+        self.paint("2", s)
+    }
+    pub(crate) fn red(&self, s: &str) -> String {
+        self.paint("1;31", s)
+    }
+    pub(crate) fn green(&self, s: &str) -> String {
+        self.paint("1;32", s)
+    }
+    pub(crate) fn yellow(&self, s: &str) -> String {
+        self.paint("1;33", s)
+    }
+    fn severity(&self, sev: Severity, s: &str) -> String {
+        match sev {
+            Severity::Critical => self.red(s),
+            Severity::Warning => self.yellow(s),
+            Severity::Info => self.green(s),
+        }
+    }
+}
+
+/// The card's lines as they are built, and its width in columns.
+struct Lines {
+    v: Vec<String>,
+    width: usize,
+}
+
+impl Lines {
+    fn push(&mut self, line: String) {
+        self.v.push(line);
+    }
+
+    /// A rule across the card.
+    fn rule(&mut self, c: char) {
+        self.v.push(c.to_string().repeat(self.width));
+    }
+}
+
+/// `label` in the label column, then `text` wrapped with a hanging indent.
+fn labeled(out: &mut Lines, label: &str, text: &str) {
+    for (i, line) in wrap_safe(text, out.width - LABEL).into_iter().enumerate() {
+        let l = if i == 0 { label } else { "" };
+        out.push(format!("{l:<LABEL$}{line}"));
+    }
+}
+
+/// Model text wrapped to `width` columns for the card. The model holds names read from the
+/// target (functions, files, command line, libraries, notes that quote them): control and escape
+/// characters are written visibly ([`terminal`]) and a word longer than a line is cut with a
+/// marker. Every piece of the card that can hold such a name goes through here or [`cut`].
+pub(crate) fn wrap_safe(text: &str, width: usize) -> Vec<String> {
+    wrap(&terminal(text), width)
+        .into_iter()
+        .map(|l| fit(l, width))
+        .collect()
+}
+
+/// `line` cut to `width` columns, ending in `…[cut N chars]` when cut.
+fn fit(line: String, width: usize) -> String {
+    if text::width(&line) <= width {
+        return line;
+    }
+    let chars = line.chars().count();
+    let mut keep = width.saturating_sub(12);
+    loop {
+        let kept = text::head(&line, keep);
+        let marker = cut_marker(chars - kept.chars().count(), "chars");
+        if keep == 0 || text::width(kept) + text::width(&marker) <= width {
+            return format!("{kept}{marker}");
+        }
+        keep -= 1;
+    }
+}
+
+/// Columns `s` takes on a terminal (ANSI escapes take none).
+fn visible_len(s: &str) -> usize {
+    let mut n = 0;
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => n += c.width().unwrap_or(0),
+        }
+    }
+    n
+}
+
+/// `s` padded with spaces to `width` visible columns.
+fn pad(s: &str, width: usize) -> String {
+    format!("{s}{}", " ".repeat(width.saturating_sub(visible_len(s))))
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if text::width(s) <= max {
+        s.to_owned()
+    } else {
+        format!("{}…", text::head(s, max - 1))
+    }
+}
+
+fn header(s: &Summary, out: &mut Lines) {
+    let t = &s.target;
+    let mut first = String::from("traceml-daemon");
+    if let Some(pid) = t.pid {
+        first.push_str(&format!(" · pid {pid}"));
+    }
+    if !t.cmdline.is_empty() {
+        first.push_str(" · ");
+        first.push_str(&t.cmdline.join(" "));
+    }
+    out.push(cut(&terminal(&first), out.width));
+    let mut second = who(s);
+    if let Some(py) = &t.python {
+        second.push(format!("Python {py}"));
+    }
+    let boundary = s
+        .steps
+        .boundary
+        .map(|b| format!(" (boundary {})", crate::summary::boundary_name(b)))
+        .unwrap_or_default();
+    let micro = s
+        .steps
+        .micro_batches
+        .as_ref()
+        .filter(|m| m.max > 1)
+        .map(|m| {
+            if m.min == m.max {
+                format!(" of {} micro-batches", m.max)
+            } else {
+                format!(" of {:.1} micro-batches", m.mean)
+            }
+        })
+        .unwrap_or_default();
+    second.push(format!("{} steps{micro}{boundary}", s.steps.count));
+    if let Some(d) = s.run.duration_s {
+        second.push(format!("attached {}", duration(d)));
+    }
+    second.push(format!("ended: {}", end_reason(s)));
+    // Wrapped, not cut: how the run ended comes last. The program a target exec'd is named by
+    // the target.
+    for line in wrap_safe(&second.join(" · "), out.width) {
+        out.push(line);
+    }
+}
+
+/// Whose job it is: user, pod or container, or systemd unit (named by the target's cgroup and
+/// environment: shown through [`wrap_safe`]).
+fn who(s: &Summary) -> Vec<String> {
+    let Some(id) = &s.target.identity else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    match (&id.user, id.uid) {
+        (Some(u), _) => out.push(format!("user {u}")),
+        (None, Some(uid)) => out.push(format!("uid {uid}")),
+        _ => {}
+    }
+    match (&id.pod_namespace, &id.pod_name) {
+        (Some(ns), Some(n)) => out.push(format!("pod {ns}/{n}")),
+        (None, Some(n)) => out.push(format!("pod {n}")),
+        _ => {}
+    }
+    if let Some(c) = &id.container_id {
+        let runtime = id.container_runtime.as_deref().unwrap_or("container");
+        let short: String = c.chars().take(12).collect();
+        out.push(format!("{runtime} {short}"));
+    } else if let Some(unit) = &id.unit {
+        out.push(unit.clone());
+    }
+    out
+}
+
+/// How the run ended, with the target's exit status, signal or new program when known.
+pub(super) fn end_reason(s: &Summary) -> String {
+    use crate::event::EndReason as E;
+    let end = s.run.end.as_ref();
+    match s.data_quality.end_reason {
+        E::TargetExited => match (end, end.and_then(|e| e.exit_status)) {
+            (_, Some(c)) => format!("target exited, status {c}"),
+            (Some(_), None) => "target exited, status unknown".into(),
+            (None, None) => "target exited".into(),
+        },
+        E::TargetKilled => {
+            let sig = end.and_then(|e| {
+                e.signal_name
+                    .clone()
+                    .or_else(|| e.signal.map(|n| format!("signal {n}")))
+            });
+            let core = if end.is_some_and(|e| e.core_dumped) {
+                " (core dumped)"
+            } else {
+                ""
+            };
+            match sig {
+                Some(sig) => format!("target killed by {sig}{core}"),
+                None => "target killed by a signal".into(),
+            }
+        }
+        E::TargetExeced => match end.and_then(|e| e.exec.as_deref()) {
+            Some(p) => format!("target exec'd {p}"),
+            None => "target exec'd".into(),
+        },
+        E::Interrupted => "interrupted".into(),
+        E::Terminated => "terminated".into(),
+        E::DurationElapsed => "duration elapsed".into(),
+        E::Truncated => "truncated".into(),
+    }
+}
+
+fn verdict(s: &Summary, p: &Painter, out: &mut Lines) {
+    let d = &s.primary_diagnosis;
+    out.push(format!(
+        "{}{}   {} · confidence {}",
+        pad(&p.bold("VERDICT"), LABEL),
+        p.severity(d.severity, &d.kind.headline()),
+        p.severity(d.severity, d.severity.as_str()),
+        d.confidence.as_str()
+    ));
+    labeled(out, "Why", &d.why);
+    labeled(out, "Next", &d.next);
+    for (i, w) in s.what_if.iter().enumerate() {
+        let label = if i == 0 { "What if" } else { "" };
+        labeled(
+            out,
+            label,
+            &format!("{} ({})", crate::whatif::sentence(w), w.assumption),
+        );
+    }
+}
+
+fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
+    out.push(format!(
+        "{}{:>10}{:>11}{:>9}",
+        pad(&p.bold("STEP TIMING"), 34),
+        "median",
+        "mean",
+        "share"
+    ));
+    let step_tail = s
+        .step_ms
+        .p90
+        .map(|v| format!("   p90 {}", ms(Some(v))))
+        .unwrap_or_default();
+    out.push(format!(
+        "{:<34}{:>10}{:>11}{:>9}{step_tail}",
+        "step",
+        ms(s.step_ms.median),
+        ms(s.step_ms.mean),
+        if s.steps.count > 0 && s.step_ms.median.is_some() {
+            "100%"
+        } else {
+            "—"
+        }
+    ));
+    let d = &s.primary_diagnosis;
+    let shown = s.shown_phases();
+    for (i, &phase) in shown.iter().enumerate() {
+        let st = &s.phases[phase];
+        let branch = if i + 1 == shown.len() {
+            "└─"
+        } else {
+            "├─"
+        };
+        let mark = if d.phase == Some(phase) {
+            "◀ cause"
+        } else if d.kind == DiagnosisKind::ComputeBound && COMPUTE_PHASES.contains(&phase) {
+            "◀ compute"
+        } else if s
+            .findings
+            .iter()
+            .any(|f| f.phase == Some(phase) && f.severity > Severity::Info)
+        {
+            "◀ also"
+        } else {
+            ""
+        };
+        let share = st.share.map(pct).unwrap_or_else(|| "—".to_owned());
+        // The bar fills what the columns leave (20 at 100 columns, 13 at 80).
+        let bar_max = BAR.min(out.width.saturating_sub(67));
+        let bar = st
+            .share
+            .map(|sh| "█".repeat((sh * bar_max as f64).round().clamp(0.0, bar_max as f64) as usize))
+            .unwrap_or_default();
+        let name = format!(
+            "{branch} {:<12}{}",
+            phase.name(),
+            pad(
+                &if mark == "◀ cause" {
+                    p.bold(mark)
+                } else {
+                    mark.to_owned()
+                },
+                10
+            )
+        );
+        let bar = if mark == "◀ cause" {
+            p.severity(d.severity, &bar)
+        } else {
+            bar
+        };
+        out.push(format!(
+            "{}{:>10}{:>11}{share:>9}   {bar}",
+            pad(&name, 34),
+            ms(st.median_ms),
+            ms(st.mean_ms)
+        ));
+    }
+    if let Some(text) = thread_text(s) {
+        labeled(out, "THREAD", &text);
+    }
+    if let Some(text) = evaluation_text(s) {
+        labeled(out, "EVAL", &text);
+    }
+    if let Some(text) = cuda_text(s) {
+        labeled(out, "CUDA", &text);
+    }
+}
+
+/// The training thread's own time in each shown phase: on its CPU, blocked (of which in
+/// uninterruptible I/O), waiting for a CPU. `None` without the thread-state source.
+fn thread_text(s: &Summary) -> Option<String> {
+    let parts: Vec<String> = s
+        .shown_phases()
+        .into_iter()
+        .filter_map(|phase| {
+            let st = &s.phases[phase];
+            let (mean, cpu, blocked) = (st.mean_ms?, st.cpu_ms?, st.blocked_ms?);
+            if mean < 0.05 {
+                return None;
+            }
+            let share = |v: f64| (v / mean * 100.0).round();
+            let io = st.io_ms.filter(|&v| share(v) >= 1.0);
+            let runq = st.runnable_ms.filter(|&v| share(v) >= 1.0);
+            // Where a fifth or more of the phase was blocked: the function it waited in.
+            let within = st
+                .blocked_in
+                .first()
+                .filter(|f| share(blocked) >= 20.0 && f.share >= 0.3)
+                .map(|f| format!(" in {} {}", f.function, pct(f.share)));
+            Some(format!(
+                "{} {:.0}% on CPU, {:.0}% blocked{}{}{}",
+                phase.name(),
+                share(cpu),
+                share(blocked),
+                within.unwrap_or_default(),
+                io.map(|v| format!(" ({:.0}% in I/O)", share(v)))
+                    .unwrap_or_default(),
+                runq.map(|v| format!(", {:.0}% waiting for a CPU", share(v)))
+                    .unwrap_or_default()
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| format!("training thread: {}", parts.join(" · ")))
+}
+
+/// The evaluation line: segments, batches, wall time and its share, and the phases that fill
+/// it; `None` without evaluation.
+pub(crate) fn evaluation_text(s: &Summary) -> Option<String> {
+    let e = &s.evaluation;
+    if e.segments == 0 {
+        return None;
+    }
+    let share = e
+        .share_of_wall
+        .map(|sh| format!(" = {} of wall time", pct(sh)))
+        .unwrap_or_default();
+    let mut phases: Vec<(Phase, f64)> = e
+        .phases
+        .iter()
+        .flat_map(|ph| ph.iter().map(|(p, v)| (p, v.share)))
+        .filter(|&(_, sh)| sh >= 0.005)
+        .collect();
+    phases.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let parts: Vec<String> = phases
+        .iter()
+        .take(3)
+        .map(|(p, sh)| format!("{} {}", p.name(), pct(*sh)))
+        .collect();
+    Some(format!(
+        "{} segment{} outside the steps, {} batches, {:.1} s{share}; {}",
+        e.segments,
+        if e.segments == 1 { "" } else { "s" },
+        e.batches,
+        e.wall_s,
+        parts.join(", ")
+    ))
+}
+
+/// The CUDA line of the card and the report: per-step launches, copies and syncs; "no CUDA
+/// activity" when a CUDA library was probed and the steps made none (a CPU-only run); `None`
+/// without steps.
+pub(super) fn cuda_text(s: &Summary) -> Option<String> {
+    let c = &s.cuda;
+    if !c.measured {
+        return Some(
+            "no CUDA library was probed: launches, copies and syncs not measured".to_owned(),
+        );
+    }
+    if s.steps.count == 0 {
+        return None;
+    }
+    let none = |x: Option<f64>| x.is_none_or(|v| v == 0.0);
+    if none(c.launches_per_step)
+        && none(c.h2d_copies_per_step)
+        && none(c.d2h_copies_per_step)
+        && none(c.syncs_per_step)
+    {
+        return Some(
+            "no CUDA activity: a CUDA library was probed, but the steps made no kernel launches, \
+             copies or syncs"
+                .to_owned(),
+        );
+    }
+    let mut parts = Vec::new();
+    if let Some(l) = c.launches_per_step {
+        parts.push(format!("{l:.0} launches/step"));
+    }
+    if let (Some(b), Some(n)) = (c.h2d_bytes_per_step, c.h2d_copies_per_step) {
+        let mut h = format!("H2D {}/step in {n:.0} copies", bytes_dec(b));
+        match (c.h2d_bytes_per_copy, c.h2d_gb_per_s) {
+            (Some(per), Some(bw)) => {
+                h.push_str(&format!(" ({} each, {bw:.1} GB/s)", bytes_dec(per)))
+            }
+            (Some(per), None) => h.push_str(&format!(" ({} each)", bytes_dec(per))),
+            _ => {}
+        }
+        parts.push(h);
+    }
+    if let Some(b) = c.d2h_bytes_per_step {
+        parts.push(format!("D2H {}/step", bytes_dec(b)));
+    }
+    if let Some(n) = c.syncs_per_step {
+        parts.push(format!("{n:.1} syncs/step"));
+    }
+    Some(parts.join(" · "))
+}
+
+fn thirds(t: Option<[u64; 3]>) -> Option<String> {
+    t.map(|[a, b, c]| {
+        format!(
+            "early→middle→late {} → {} → {}",
+            bytes_bin(a),
+            bytes_bin(b),
+            bytes_bin(c)
+        )
+    })
+}
+
+fn memory(s: &Summary, p: &Painter, out: &mut Lines) {
+    out.push(p.bold("MEMORY"));
+    let mut rss = Vec::new();
+    if let Some(m) = s.process.rss_bytes_max {
+        rss.push(format!("peak {}", bytes_bin(m)));
+    }
+    if let Some(m) = s.process.rss_bytes_mean {
+        rss.push(format!("mean {}", bytes_bin(m)));
+    }
+    rss.extend(thirds(s.memory.rss_bytes_by_third));
+    labeled(
+        out,
+        "host RSS",
+        &if rss.is_empty() {
+            "not sampled".to_owned()
+        } else {
+            rss.join(" · ")
+        },
+    );
+    let mut gpu = Vec::new();
+    match (
+        s.gpu.as_ref().and_then(|g| g.process_mem_bytes_max),
+        s.memory.gpu_mem_total_bytes,
+    ) {
+        (Some(m), Some(t)) => gpu.push(format!("peak {} of {}", bytes_bin(m), bytes_bin(t))),
+        (Some(m), None) => gpu.push(format!("peak {}", bytes_bin(m))),
+        _ => {}
+    }
+    gpu.extend(thirds(s.memory.gpu_process_mem_bytes_by_third));
+    let text = if s.gpu.is_none() {
+        "GPU metrics unavailable".to_owned()
+    } else if gpu.is_empty() {
+        "per-process GPU memory not reported".to_owned()
+    } else {
+        gpu.join(" · ")
+    };
+    labeled(out, "GPU mem", &text);
+}
+
+fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map(f).unwrap_or_else(|| "—".to_owned())
+}
+
+fn system(s: &Summary, p: &Painter, out: &mut Lines) {
+    out.push(p.bold("SYSTEM & PROCESS"));
+    let sys = &s.system;
+    let mut parts = vec![format!(
+        "CPU {} mean, {} peak",
+        opt(sys.cpu_pct_mean, |c| format!("{c:.0}%")),
+        opt(sys.cpu_pct_max, |c| format!("{c:.0}%"))
+    )];
+    match (sys.mem_used_bytes_max, sys.mem_total_bytes) {
+        (Some(u), Some(t)) => parts.push(format!("RAM peak {} of {}", bytes_bin(u), bytes_bin(t))),
+        (Some(u), None) => parts.push(format!("RAM peak {}", bytes_bin(u))),
+        _ => parts.push("RAM —".to_owned()),
+    }
+    if let Some(n) = sys.num_cpus {
+        parts.push(format!("{n} CPUs"));
+    }
+    labeled(out, "system", &parts.join(" · "));
+    let pr = &s.process;
+    let mut parts = vec![format!(
+        "CPU {} of one core",
+        opt(pr.cpu_pct_one_core_mean, |c| format!("{c:.0}%"))
+    )];
+    if let (Some(m), Some(n)) = (pr.cpu_pct_machine_mean, sys.num_cpus) {
+        parts[0].push_str(&format!(" ({m:.1}% of {n} CPUs)"));
+    }
+    if let Some(t) = pr.threads_max {
+        parts.push(format!("{t} threads"));
+    }
+    if let Some(c) = pr.cpu_seconds {
+        parts.push(format!("{c:.1} CPU s"));
+    }
+    labeled(out, "process", &parts.join(" · "));
+    let w = &s.workers;
+    let text = match (w.count, w.cpu_pct_one_core_mean) {
+        (None, _) => "not sampled".to_owned(),
+        (Some(0), _) => "none (data loading on the training process)".to_owned(),
+        (Some(n), Some(c)) => {
+            let state = w
+                .state
+                .map(|s| format!(" ({})", s.as_str()))
+                .unwrap_or_default();
+            let max = w
+                .cpu_pct_one_core_max
+                .map(|m| format!(", busiest {m:.0}%"))
+                .unwrap_or_default();
+            format!("{n} · {c:.0}% of one core each{max}{state}")
+        }
+        (Some(n), None) => format!("{n} · CPU not measured"),
+    };
+    labeled(out, "workers", &text);
+    if let Some(p) = &w.profile {
+        labeled(out, "", &crate::diagnosis::pipeline_line(p));
+    }
+    match &s.gpu {
+        None => labeled(out, "GPU", "GPU metrics unavailable"),
+        Some(g) => {
+            for d in &g.devices {
+                let mut parts = vec![d.name.clone().unwrap_or_else(|| "unknown GPU".to_owned())];
+                parts.push(format!(
+                    "util {}",
+                    opt(d.util_pct_mean, |u| format!("{u:.0}%"))
+                ));
+                match (d.mem_used_bytes_max, d.mem_total_bytes) {
+                    (Some(u), Some(t)) => {
+                        parts.push(format!("memory {} of {}", bytes_bin(u), bytes_bin(t)))
+                    }
+                    (Some(u), None) => parts.push(format!("memory {}", bytes_bin(u))),
+                    _ => {}
+                }
+                if let Some(t) = d.temp_c_max {
+                    parts.push(format!("{t:.0} °C"));
+                }
+                match (d.power_w_mean, d.power_limit_w) {
+                    (Some(pw), Some(l)) => parts.push(format!("{pw:.0} of {l:.0} W")),
+                    (Some(pw), None) => parts.push(format!("{pw:.0} W")),
+                    _ => {}
+                }
+                if !d.used_by_target && g.devices.iter().any(|d| d.used_by_target) {
+                    parts.push("not used by the target".to_owned());
+                }
+                labeled(out, &format!("GPU {}", d.index), &parts.join(" · "));
+            }
+        }
+    }
+}
+
+/// A multi-rank job: one row per rank (median step and phases, ms), the culprit marked.
+fn ranks(s: &Summary, out: &mut Lines) {
+    if s.ranks.is_empty() {
+        return;
+    }
+    out.rule('─');
+    let culprit = s.primary_diagnosis.culprit_rank;
+    let cols = [
+        (Phase::InputWait, "input"),
+        (Phase::Forward, "fwd"),
+        (Phase::Backward, "bwd"),
+        (Phase::Optimizer, "opt"),
+        (Phase::GpuWait, "gpu_w"),
+        (Phase::CollectiveWait, "coll_w"),
+    ];
+    let mut head = format!("{:<10}{:>6}{:>9}", "RANKS", "steps", "step");
+    for (_, n) in cols {
+        head.push_str(&format!("{n:>9}"));
+    }
+    out.push(head);
+    for r in &s.ranks {
+        let mut line = format!(
+            "{:<10}{:>6}{:>9}",
+            format!("rank {}", r.rank),
+            r.steps,
+            r.step_ms.median.map_or("—".into(), |v| format!("{v:.1}"))
+        );
+        for (p, _) in cols {
+            line.push_str(&format!(
+                "{:>9}",
+                r.phases[p]
+                    .median_ms
+                    .map_or("—".into(), |v| format!("{v:.1}"))
+            ));
+        }
+        if culprit == Some(r.rank) {
+            line.push_str("  ◀ culprit");
+        }
+        out.push(line);
+    }
+    if let Some(j) = &s.job {
+        labeled(out, "", &format!("(ms, medians) {}", job_line(j)));
+    }
+    if let Some(st) = &s.stragglers {
+        labeled(out, "", &stragglers_line(st));
+    }
+    if let Some(w) = &s.collective_waits {
+        labeled(out, "LEDGER", &collective_waits_line(w));
+    }
+}
+
+/// The ledger's line: "48 collectives joined · the job waited for rank 2: last at 47 (98%),
+/// median 33.3 ms after the others · desync: rank 1 called broadcast #15, ranks 0,2,3
+/// all_reduce #15 · open: ranks 0,2,3 inside all_reduce #29".
+pub fn collective_waits_line(w: &crate::summary::CollectiveWaits) -> String {
+    let mut parts = vec![format!(
+        "{} collectives joined across the ranks",
+        w.compared
+    )];
+    match w
+        .waits_for
+        .and_then(|r| w.ranks.iter().find(|x| x.rank == r))
+    {
+        Some(r) => parts.push(format!(
+            "the job waited for rank {}: last to enter at {} ({:.0}%){}",
+            r.rank,
+            r.last,
+            r.last_share * 100.0,
+            r.median_late_ms
+                .map(|m| format!(", median {m:.1} ms after the others"))
+                .unwrap_or_default()
+        )),
+        None if w.compared > 0 => parts.push("no rank was last at most of them".into()),
+        None => {}
+    }
+    for d in &w.desyncs {
+        parts.push(format!("desync: {}", crate::ledgers::said(d)));
+    }
+    if let Some((open, _)) = crate::ledgers::open_said(w) {
+        parts.push(format!("open: {open}"));
+    }
+    parts.join(" · ")
+}
+
+/// The job's line, for the card and the HTML report alike: ranks measured, world size, launcher,
+/// master, run id, restarts, as known.
+pub fn job_line(j: &crate::summary::JobInfo) -> String {
+    let mut parts = vec![format!("{} ranks measured", j.ranks_measured)];
+    if let Some(w) = j.world_size {
+        parts.push(format!("world size {w}"));
+    }
+    if let Some(l) = j.launcher_pid {
+        parts.push(format!("launcher pid {l}"));
+    }
+    if let Some(m) = &j.master {
+        parts.push(format!("master {m}"));
+    }
+    if let Some(r) = &j.run_id {
+        parts.push(format!("run id {r}"));
+    }
+    if j.restarts > 0 {
+        parts.push(restarted(j.restarts));
+    }
+    parts.join(" · ")
+}
+
+/// "stragglers: transient: rank 2 in steps 20–40 (20 steps), 0.4 s of the others' time · slow
+/// steps 25% of 80".
+pub fn stragglers_line(st: &crate::summary::Stragglers) -> String {
+    let who = match st.rank {
+        Some(r) => format!("rank {r}"),
+        None => "the slow rank changes every few steps".to_owned(),
+    };
+    let episodes: Vec<String> = st
+        .episodes
+        .iter()
+        .take(3)
+        .map(|e| {
+            format!(
+                "rank {} in steps {}–{} ({:.1} s lost)",
+                e.rank,
+                e.from_step,
+                e.to_step,
+                e.lost_ms / 1e3
+            )
+        })
+        .collect();
+    let more = st.episodes.len().saturating_sub(3);
+    let mut text = format!(
+        "stragglers: {}: {who} · slow steps {:.0}% of {} · {:.1} s of the others' time",
+        st.class.as_str(),
+        st.slow_share * 100.0,
+        st.steps,
+        st.lost_ms / 1e3
+    );
+    if !episodes.is_empty() {
+        text.push_str(&format!(" · episodes: {}", episodes.join(", ")));
+        if more > 0 {
+            text.push_str(&format!(" and {more} more"));
+        }
+    }
+    text
+}
+
+/// An elastic job's restarts, as the job's line says them.
+pub fn restarted(n: u32) -> String {
+    let times = if n == 1 {
+        "once".to_owned()
+    } else {
+        format!("{n} times")
+    };
+    format!("restarted {times} (elastic): ranks of attempt {}", n + 1)
+}
+
+/// The smallest `gpu_wait` share whose lines the CODE section shows (below it the waits cost
+/// little, whatever their line).
+const WAIT_LINES_SHARE: f64 = 0.05;
+
+/// Where the time goes in code: the residual and the primary finding's phase, from the stack
+/// samples (nothing without them), and where the GPU waits, by line, when it waits for
+/// [`WAIT_LINES_SHARE`] of the step or more.
+fn code(s: &Summary, out: &mut Lines) {
+    let mut phases = vec![Phase::Residual];
+    if let Some(p) = s.primary_diagnosis.phase
+        && p != Phase::Residual
+    {
+        phases.insert(0, p);
+    }
+    let waits = crate::diagnosis::waits_in(s)
+        .filter(|_| s.phases.gpu_wait.share.unwrap_or(0.0) >= WAIT_LINES_SHARE);
+    let mut lines: Vec<String> = phases
+        .into_iter()
+        .filter(|&p| !(p == Phase::GpuWait && waits.is_some()))
+        .filter_map(|p| {
+            let code = crate::diagnosis::code_in(s, p)?;
+            Some(format!(
+                "{} {}/step: {code}",
+                p.name(),
+                ms(s.phases[p].median_ms)
+            ))
+        })
+        .collect();
+    if let Some(w) = waits {
+        lines.insert(
+            0,
+            format!(
+                "gpu_wait {}/step ({}): {w}",
+                ms(s.phases.gpu_wait.mean_ms),
+                pct(s.phases.gpu_wait.share.unwrap_or(0.0))
+            ),
+        );
+    }
+    if lines.is_empty() {
+        return;
+    }
+    out.rule('─');
+    for (i, l) in lines.iter().enumerate() {
+        labeled(out, if i == 0 { "CODE" } else { "" }, l);
+    }
+}
+
+/// The daemon's own cost and the probe set that ran.
+fn overhead(s: &Summary, out: &mut Lines) {
+    let Some(o) = &s.daemon_overhead else {
+        return;
+    };
+    let set = match o.probe_sets.last() {
+        Some(last) if last.watching => {
+            "torch markers only (watching for training: no CUDA or frame-evaluator probe)"
+                .to_owned()
+        }
+        Some(last) if !last.python && o.probe_sets.len() > 1 => format!(
+            "torch markers + CUDA probes (frame-evaluator probe detached at {:.1} s)",
+            last.at_s
+        ),
+        Some(last) if !last.python => "torch markers + CUDA probes".to_owned(),
+        Some(_) => "every probe, frame evaluator included".to_owned(),
+        None => "unknown".to_owned(),
+    };
+    let launches = if o.probe_sets.last().is_some_and(|l| !l.launch_events) {
+        " · launches counted only"
+    } else {
+        ""
+    };
+    let cost = match (o.steady_us_per_step, o.steady_pct_of_step) {
+        (Some(us), Some(pct)) => format!("est. {us:.0} µs/step ({pct:.2}% of step)"),
+        (Some(us), None) => format!("est. {us:.0} µs/step"),
+        // Steps, but none once the last probe change was carried out (the run ended first):
+        // the share of CPU time, said so rather than "no steps".
+        _ if s.steps.count > 0 => match o.steady_pct_of_cpu.or(o.estimated_pct_of_cpu) {
+            Some(pct) => format!(
+                "est. {pct:.2}% of the target's CPU time (no step after the last probe change)"
+            ),
+            None => "estimate unavailable (no step after the last probe change)".to_owned(),
+        },
+        _ => match o.steady_pct_of_cpu.or(o.estimated_pct_of_cpu) {
+            Some(pct) => format!("est. {pct:.2}% of the target's CPU time (no steps)"),
+            None => "estimate unavailable (no steps)".to_owned(),
+        },
+    };
+    let budget = o
+        .budget_pct
+        .map(|b| format!("; budget {b}%"))
+        .unwrap_or_default();
+    let whole = match o.estimated_pct_of_step {
+        Some(p) if o.probe_sets.len() > 1 => format!("; {p:.2}% over the whole run"),
+        _ => String::new(),
+    };
+    // What learning the loop cost, paid once per attach (and per new loop), not per step.
+    let learning = match (o.learning_ms, o.learning_periods) {
+        (Some(ms), n) => {
+            let t = if ms >= 1000.0 {
+                format!("{:.2} s", ms / 1e3)
+            } else {
+                format!("{ms:.0} ms")
+            };
+            let times = match n {
+                0 | 1 => "once".to_owned(),
+                n => format!("over {n} learnings"),
+            };
+            format!(" · learning: est. {t} of the target's time, {times}")
+        }
+        (None, _) => String::new(),
+    };
+    for (i, line) in wrap_safe(
+        &format!("{set}{launches} · {cost}{budget}{whole}{learning}"),
+        out.width - 14,
+    )
+    .into_iter()
+    .enumerate()
+    {
+        out.push(format!(
+            "{:14}{line}",
+            if i == 0 { "DAEMON COST" } else { "" }
+        ));
+    }
+}
+
+fn data_quality(s: &Summary, p: &Painter, out: &mut Lines) {
+    let q = &s.data_quality;
+    let mut parts = Vec::new();
+    let lost = match (&q.events_lost, q.lost_ratio) {
+        (Some(l), Some(r)) if l.total + l.seq_gaps > 0 => {
+            format!("{} lost ({})", l.total + l.seq_gaps, pct(r))
+        }
+        (Some(_), _) => "0 lost".to_owned(),
+        (None, _) => "loss unknown".to_owned(),
+    };
+    parts.push(format!("events {} recorded, {lost}", q.events_recorded));
+    if q.events_recorded == 0 {
+        parts.push("no probe events".to_owned());
+    } else if q.probes_failed.is_empty() {
+        parts.push("all probes attached".to_owned());
+    } else {
+        let names: Vec<&str> = q.probes_failed.iter().map(|f| f.probe.as_str()).collect();
+        parts.push(format!("probes not attached: {}", names.join(", ")));
+    }
+    let libs: Vec<&str> = q
+        .cuda_libraries
+        .iter()
+        .map(|l| l.rsplit('/').next().unwrap_or(l))
+        .collect();
+    parts.push(if libs.is_empty() {
+        "CUDA: none".to_owned()
+    } else {
+        format!("CUDA: {}", libs.join(", "))
+    });
+    parts.push(format!(
+        "unmatched {} · reordered {} · partial steps dropped {}",
+        q.unmatched_events, q.reordered_events, q.partial_steps_dropped
+    ));
+    parts.push(format!("{} samples", q.samples));
+    parts.push(format!("confidence {}", q.confidence.as_str()));
+    let text = parts.join(" · ");
+    for (i, line) in wrap_safe(&text, out.width - 14).into_iter().enumerate() {
+        if i == 0 {
+            out.push(format!("{}  {line}", p.bold("DATA QUALITY")));
+        } else {
+            out.push(format!("{:14}{line}", ""));
+        }
+    }
+    for note in &q.notes {
+        for line in wrap_safe(&format!("note: {note}"), out.width - 14) {
+            out.push(format!("{:14}{}", "", p.dim(&line)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::fixtures::{self, Scenario};
+    use crate::render::to_json;
+
+    fn card(s: &Summary, color: bool) -> String {
+        let mut v = Vec::new();
+        render_card(s, &mut v, color).unwrap();
+        String::from_utf8(v).unwrap()
+    }
+
+    fn strip_ansi(s: &str) -> String {
+        let mut out = String::new();
+        let mut it = s.chars();
+        while let Some(c) = it.next() {
+            if c == '\x1b' {
+                for c in it.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// Steps, but none after the last probe change: the cost is a share of CPU time, and the
+    /// card does not say "no steps" of a run that had some.
+    #[test]
+    fn cost_without_steady_steps_is_not_called_no_steps() {
+        let mut s = fixtures::summary(&Scenario::default());
+        assert!(s.steps.count > 0);
+        let o = s
+            .daemon_overhead
+            .get_or_insert_with(crate::summary::DaemonOverhead::default);
+        o.steady_us_per_step = None;
+        o.steady_pct_of_step = None;
+        o.steady_pct_of_cpu = None;
+        o.estimated_pct_of_cpu = Some(1.88);
+        let text = card(&s, false);
+        assert!(
+            text.contains("est. 1.88% of the target's CPU time (no step after the last probe"),
+            "{text}"
+        );
+        assert!(!text.contains("(no steps)"), "{text}");
+    }
+
+    fn check_width(text: &str) {
+        for line in text.lines() {
+            let columns = crate::text::width(line);
+            assert!(columns <= WIDTH, "{columns} columns: {line}");
+        }
+    }
+
+    fn scenario_card(name: &str, sc: &Scenario) -> String {
+        let s = fixtures::summary(sc);
+        let text = card(&s, false);
+        check_width(&text);
+        assert!(!text.contains('\x1b'), "{name}: color without color");
+        let colored = card(&s, true);
+        assert!(colored.contains("\x1b["));
+        assert_eq!(
+            strip_ansi(&colored),
+            text,
+            "{name}: color changes the layout"
+        );
+        text
+    }
+
+    #[test]
+    fn card_input_bound() {
+        insta::assert_snapshot!(
+            "card_input_bound",
+            scenario_card("input", &fixtures::input_bound())
+        );
+    }
+
+    #[test]
+    fn card_compute_bound() {
+        insta::assert_snapshot!(
+            "card_compute_bound",
+            scenario_card("compute", &fixtures::compute_bound())
+        );
+    }
+
+    #[test]
+    fn card_balanced() {
+        insta::assert_snapshot!(
+            "card_balanced",
+            scenario_card("balanced", &fixtures::balanced())
+        );
+    }
+
+    #[test]
+    fn card_insufficient_data() {
+        let sc = Scenario {
+            steps: 3,
+            ..Scenario::default()
+        };
+        insta::assert_snapshot!("card_insufficient_data", scenario_card("insufficient", &sc));
+    }
+
+    #[test]
+    fn card_gpu_unavailable_with_creep_and_losses() {
+        let sc = Scenario {
+            gpu: false,
+            cuda: false,
+            rss_growth: 8 << 20,
+            lost: 300,
+            workers: 0,
+            ..fixtures::input_bound()
+        };
+        let text = scenario_card("nogpu", &sc);
+        assert!(text.contains("GPU metrics unavailable"));
+        insta::assert_snapshot!("card_gpu_unavailable", text);
+    }
+
+    #[test]
+    fn wide_names_fit_the_card_by_columns() {
+        // Four CJK characters, eight columns, 30 times: 240 columns in 120 characters.
+        let name = "训练循环".repeat(30);
+        let mut s = fixtures::summary(&Scenario {
+            phase_ms: [3.0, 1.0, 20.0, 25.0, 4.0, 0.5, 60.0],
+            ..fixtures::input_bound()
+        });
+        s.target.comm = Some(name.clone());
+        s.target.cmdline = vec!["python".into(), name.clone()];
+        for p in Phase::ALL {
+            s.phases[p].top_functions = vec![crate::profile::TopFunction {
+                function: format!("训练 {name}"),
+                file: format!("/src/{name}.py"),
+                line: 1,
+                share: 0.5,
+                samples: 3,
+            }];
+        }
+        let (primary, findings) = crate::diagnosis::diagnose(&s);
+        s.primary_diagnosis = primary;
+        s.findings = findings;
+        let text = card(&s, false);
+        check_width(&text);
+        assert!(text.contains("训练循环训练循环"), "{text}");
+        assert!(text.contains("chars]"), "a cut marker:\n{text}");
+    }
+
+    #[test]
+    fn card_follows_the_width_it_is_given() {
+        let s = fixtures::summary(&fixtures::input_bound());
+        for (asked, want) in [(40, MIN_WIDTH), (80, 80), (91, 91), (200, WIDTH)] {
+            let mut v = Vec::new();
+            render_card_width(&s, &mut v, false, asked).unwrap();
+            let text = String::from_utf8(v).unwrap();
+            let widest = text.lines().map(crate::text::width).max().unwrap();
+            assert!(widest <= want, "{asked}: {widest} columns\n{text}");
+            // The header's second line wraps when narrow (how the run ended comes last).
+            let rule = text.lines().find(|l| l.starts_with('═')).unwrap();
+            assert_eq!(crate::text::width(rule), want, "the rule");
+            assert!(text.contains("VERDICT   INPUT-BOUND"));
+        }
+    }
+
+    #[test]
+    fn cpu_only_run_says_no_cuda_activity() {
+        let mut s = fixtures::summary(&Scenario {
+            cuda: false,
+            workers: 0,
+            ..fixtures::input_bound()
+        });
+        s.cuda = crate::summary::CudaStats {
+            measured: true,
+            launches_per_step: Some(0.0),
+            h2d_bytes_per_step: Some(0.0),
+            h2d_copies_per_step: Some(0.0),
+            d2h_bytes_per_step: Some(0.0),
+            d2h_copies_per_step: Some(0.0),
+            syncs_per_step: Some(0.0),
+            ..Default::default()
+        };
+        let text = card(&s, false);
+        assert!(text.contains("CUDA      no CUDA activity"), "{text}");
+        assert!(!text.contains("0 launches/step"), "{text}");
+        // The rules ran before the CUDA numbers were replaced: run them again.
+        let (primary, _) = crate::diagnosis::diagnose(&s);
+        assert_eq!(primary.kind, DiagnosisKind::InputBound);
+        assert!(primary.next.contains("num_workers"), "{}", primary.next);
+        assert!(!primary.next.contains("pin_memory"), "{}", primary.next);
+    }
+
+    #[test]
+    fn card_of_empty_summary() {
+        let s = crate::analysis::summarize(&Default::default(), &[]);
+        let text = card(&s, false);
+        check_width(&text);
+        insta::assert_snapshot!("card_empty", text);
+    }
+
+    #[test]
+    fn json_input_bound() {
+        let s = fixtures::summary(&Scenario {
+            steps: 12,
+            ..fixtures::input_bound()
+        });
+        let json = to_json(&s);
+        assert!(json.contains("\"step_ms\": ["));
+        insta::assert_snapshot!("json_input_bound", json);
+        let back = Summary::from_json(&json).unwrap();
+        assert_eq!(to_json(&back), json);
+        assert_eq!(back.primary_diagnosis.why, s.primary_diagnosis.why);
+        assert_eq!(back.step_samples, s.step_samples);
+    }
+}
