@@ -375,9 +375,13 @@ impl Governor {
                 if steps > 0 || self.learn_steps > 0 {
                     self.learn_py += d.py_enter;
                     self.learn_wall_ns += interval;
+                    // The other probes' cost, less the thread-state program's: no probe set
+                    // changes it (it runs while the daemon is attached), so it does not weigh on
+                    // keeping the frame evaluator (the estimate counts it).
                     self.learn_other_ns += (self.cfg.costs.cost(&d, self.launch_events)
-                        - self.cfg.costs.python(d.py_enter))
-                    .max(0.0);
+                        - self.cfg.costs.python(d.py_enter)
+                        - d.switch as f64 * self.cfg.costs.switch_ns)
+                        .max(0.0);
                 }
                 self.tick_learning(&t, steps, &mut want, &mut reasons)
             }
