@@ -29,28 +29,38 @@ pub struct Row {
     pub rc: i64,
 }
 
-pub fn measure(ctx: &Ctx, mode: &'static str, ranks: u32) -> anyhow::Result<Row> {
+/// Runs `tests/workloads/bench/<script> WORKSPACE DAEMON ARGS...` with the torch venv and reads
+/// the one JSON line it prints last.
+fn run_job_script(ctx: &Ctx, script: &str, args: &[String]) -> anyhow::Result<serde_json::Value> {
     let py = ctx
         .torch_py
         .clone()
         .context("no virtualenv with real torch (run `cargo xtask setup --torch`)")?;
     let out = Command::new(&ctx.py)
-        .arg(root().join("tests/workloads/bench/stop_job.py"))
+        .arg(root().join("tests/workloads/bench").join(script))
         .arg(root())
         .arg(&ctx.daemon)
-        .args([ranks.to_string(), WAIT_S.to_string(), mode.to_owned()])
+        .args(args)
         .env("TRACEML_TORCH_PYTHON", py)
         .output()
-        .context("running stop_job.py")?;
+        .with_context(|| format!("running {script}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     ensure!(
         out.status.success(),
-        "stop_job.py {mode} {ranks}: {}\n{stdout}",
+        "{script} {}: {}\n{stdout}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     let line = stdout.lines().last().unwrap_or_default();
-    let v: serde_json::Value =
-        serde_json::from_str(line).with_context(|| format!("stop_job.py said {line:?}"))?;
+    serde_json::from_str(line).with_context(|| format!("{script} said {line:?}"))
+}
+
+pub fn measure(ctx: &Ctx, mode: &'static str, ranks: u32) -> anyhow::Result<Row> {
+    let v = run_job_script(
+        ctx,
+        "stop_job.py",
+        &[ranks.to_string(), WAIT_S.to_string(), mode.to_owned()],
+    )?;
     let f = |k: &str| v[k].as_f64();
     Ok(Row {
         mode,
@@ -79,31 +89,15 @@ pub struct LedgerRow {
 }
 
 pub fn measure_ledger(ctx: &Ctx, ranks: u32) -> anyhow::Result<LedgerRow> {
-    let py = ctx
-        .torch_py
-        .clone()
-        .context("no virtualenv with real torch (run `cargo xtask setup --torch`)")?;
-    let out = Command::new(&ctx.py)
-        .arg(root().join("tests/workloads/bench/ledger_job.py"))
-        .arg(root())
-        .arg(&ctx.daemon)
-        .args([
+    let v = run_job_script(
+        ctx,
+        "ledger_job.py",
+        &[
             ranks.to_string(),
             LEDGER_WINDOW_S.to_string(),
             LEDGER_ON_WINDOWS.to_string(),
-        ])
-        .env("TRACEML_TORCH_PYTHON", py)
-        .output()
-        .context("running ledger_job.py")?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "ledger_job.py {ranks}: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout.lines().last().unwrap_or_default();
-    let v: serde_json::Value =
-        serde_json::from_str(line).with_context(|| format!("ledger_job.py said {line:?}"))?;
+        ],
+    )?;
     let windows = v["windows"]
         .as_array()
         .context("windows")?
