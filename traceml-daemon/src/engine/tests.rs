@@ -1931,3 +1931,70 @@ fn sparse_samples_move_the_pooled_share() {
         });
     }
 }
+
+/// A periodic sampler (every 170 ns, as `--pid`'s every 10 ms) over 60 steps of 1000 ns whose
+/// forward span (600 ns) is 530 ns of augmentation and the model's last 70: three or four
+/// samples a span, and a fourth exactly when one lands in the model's tail. Each step's own
+/// share of prep samples made the model 62.5 ns a step (−11 %); the share pooled over the steps
+/// is the sampled share of all the spans (70.75 ns here).
+#[test]
+fn a_periodic_sampler_moves_augmentation_without_bias() {
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    let site = "/venv/lib/python3.11/site-packages";
+    let mut t = Trace::new();
+    t.detach(0)
+        .func(0, "<module>", "/home/u/train.py")
+        .func(1, "train", "/home/u/train.py")
+        .func(2, "augment", "/home/u/train.py")
+        .func(
+            3,
+            "Module._call_impl",
+            &format!("{site}/torch/nn/modules/module.py"),
+        )
+        .func(4, "Tensor.backward", &format!("{site}/torch/_tensor.py"));
+    const STEPS: u64 = 60;
+    let mut sample = 1_011;
+    for k in 1..=STEPS {
+        let b = k * 1_000;
+        t.rec(b, PID, dl).rec_end(b + 100, PID);
+        while sample < b + 1_000 {
+            let frames: &[u32] = match sample - b {
+                100..630 => &[0, 1, 2],
+                630..700 => &[0, 1, 3],
+                700..850 => &[0, 1, 4],
+                _ => &[0, 1],
+            };
+            t.stack(sample, frames);
+            sample += 170;
+        }
+        t.call(b + 700, PID, Api::TorchBackward)
+            .ret(b + 850, PID, Api::TorchBackward);
+        t.rec(b + 860, PID, OPT_REC).rec_end(b + 950, PID);
+    }
+    t.rec((STEPS + 1) * 1_000, PID, dl)
+        .rec_end((STEPS + 1) * 1_000 + 100, PID);
+    let out = t.codes().run();
+    assert!(out.steps.len() >= 50, "{:?}", out.steps.len());
+    let n = out.steps.len() as f64;
+    let forward = out
+        .steps
+        .iter()
+        .map(|s| s.phase(Phase::Forward))
+        .sum::<u64>() as f64
+        / n;
+    let input = out
+        .steps
+        .iter()
+        .map(|s| s.phase(Phase::InputWait))
+        .sum::<u64>() as f64
+        / n;
+    // Truth: 70 ns of model and 630 of input (100 fetch + 530 augmentation) a step.
+    assert!(
+        (forward - 70.0).abs() <= 3.5,
+        "forward {forward:.1} ns a step, truth 70"
+    );
+    assert!(
+        (input - 630.0).abs() <= 3.5,
+        "input {input:.1} ns a step, truth 630"
+    );
+}
