@@ -916,8 +916,8 @@ fn elastic_restart(serve: bool) {
     };
     let launcher = job.torchrun.id();
     let (daemon, log) = match &service {
-        Some((_, _, log)) => {
-            release_when_attached(&job, log);
+        Some((serve, _, log)) => {
+            release_when_attached(&job, log, serve.0.id());
             (None, log.clone())
         }
         None => {
@@ -1063,12 +1063,22 @@ fn start_serve(label: &str, extra: &[&str]) -> (Proc, PathBuf, PathBuf) {
 }
 
 /// Lets the job's ranks start their measured steps once serve has attached to every one (its
-/// log line), as a user's serve would have been long before.
-fn release_when_attached(job: &Job, log: &Path) {
-    wait_for(
+/// log line), as a user's serve would have been long before. A failure shows serve's log and
+/// where its threads wait in the kernel.
+fn release_when_attached(job: &Job, log: &Path, serve: u32) {
+    wait_for_else(
         "serve to attach every rank",
         Duration::from_secs(120),
         || job.ranks.iter().all(|&p| log_says_attached(log, p.into())),
+        || {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            format!(
+                "serve's log (last 40 lines):\n{}\nserve's threads:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                kernel_stacks(serve)
+            )
+        },
     );
     std::fs::write(job.dir.join("ready"), "go\n").unwrap();
 }
@@ -1108,7 +1118,7 @@ fn serve_groups_the_ranks_of_a_job_and_names_the_straggler() {
     let Some(mut job) = start("mr-serve-job", 2, &STRAGGLER_2) else {
         return;
     };
-    release_when_attached(&job, &log);
+    release_when_attached(&job, &log, serve.0.id());
     let launcher = job.torchrun.id();
     job_ends(&mut job);
     wait_for("the job's summary", Duration::from_secs(20), || {
@@ -1169,7 +1179,7 @@ fn serve_writes_a_hang_with_stacks_while_the_job_is_hung() {
     let Some(job) = start("mr-serve-hang-job", 2, &args) else {
         return;
     };
-    release_when_attached(&job, &log);
+    release_when_attached(&job, &log, serve.0.id());
     let launcher = job.torchrun.id();
     let hang = |s: &serde_json::Value| s["primary_diagnosis"]["kind"] == "HANG";
     let t = Instant::now();

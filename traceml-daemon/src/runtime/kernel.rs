@@ -20,7 +20,9 @@ pub fn monotonic_ns() -> u64 {
 
 /// What the live loop needs from the kernel side.
 pub(super) struct Kernel {
-    pub(super) attacher: Attacher,
+    /// Out only while a placement runs on a blocking thread (see `Run::with_attacher`): the
+    /// target's own loop awaits it, so nothing else of the run sees it missing.
+    attacher: Option<Attacher>,
     /// Set by the thread detaching probes when it is done (see `target::apply`).
     pub(super) detaching: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     pub(super) ring: RingBuf<MapData>,
@@ -35,10 +37,51 @@ pub(super) struct Kernel {
 }
 
 impl Kernel {
+    pub(super) fn new(
+        attacher: Attacher,
+        ring: RingBuf<MapData>,
+        classes: BpfHashMap<MapData, u64, u32>,
+        pending: BpfHashMap<MapData, u64, traceml_common::Pending>,
+        loss: PerCpuArray<MapData, u64>,
+        log: Option<aya_log::EbpfLogger<EbpfLog>>,
+        held_back: bool,
+    ) -> Kernel {
+        Kernel {
+            attacher: Some(attacher),
+            detaching: None,
+            ring,
+            classes,
+            pending,
+            loss,
+            log,
+            held_back,
+        }
+    }
+
+    const OUT: &str = "the attacher is out only while its own run awaits a placement";
+
+    pub(super) fn attacher(&self) -> &Attacher {
+        self.attacher.as_ref().expect(Self::OUT)
+    }
+
+    pub(super) fn attacher_mut(&mut self) -> &mut Attacher {
+        self.attacher.as_mut().expect(Self::OUT)
+    }
+
+    /// The attacher, lent to a blocking thread (`Run::with_attacher`).
+    pub(super) fn lend(&mut self) -> Attacher {
+        self.attacher.take().expect(Self::OUT)
+    }
+
+    /// The attacher, back from a blocking thread.
+    pub(super) fn give_back(&mut self, a: Attacher) {
+        self.attacher = Some(a);
+    }
+
     /// The kernel's probe hit counters now.
     pub(super) fn probe_stats(&mut self) -> ProbeStats {
         let switching = self.switching();
-        probe_stats(&self.attacher, switching)
+        probe_stats(self.attacher(), switching)
     }
 
     /// A probe-set change is still being carried out by the kernel.

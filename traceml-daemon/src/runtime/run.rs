@@ -317,22 +317,78 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         }
     }
 
-    /// Attaches to every interesting file mapped since the last scan.
-    pub(super) fn rescan(
+    /// Runs `f` with the attacher on a blocking thread, draining the ring meanwhile. Placing a
+    /// probe makes the kernel visit every process that maps the file, taking each one's
+    /// memory-map lock under a host-wide lock that fork and every other placement or removal
+    /// of a uprobe share: on a busy node (or behind a removal the kernel holds back, see
+    /// `attach::release`) it can wait long, and the loop's thread serves every target of a
+    /// `serve`.
+    pub(super) async fn with_attacher<T, G>(&mut self, k: &mut Kernel, f: G) -> T
+    where
+        T: Send + 'static,
+        G: FnOnce(&mut Attacher) -> T + Send + 'static,
+    {
+        let mut a = k.lend();
+        let job = tokio::task::spawn_blocking(move || {
+            let out = f(&mut a);
+            (a, out)
+        });
+        tokio::pin!(job);
+        let mut drain = tokio::time::interval(Duration::from_millis(10));
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                done = &mut job => match done {
+                    Ok((a, out)) => {
+                        k.give_back(a);
+                        return out;
+                    }
+                    // A panic while placing is the daemon's bug: it goes on as a panic.
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                },
+                _ = drain.tick() => {
+                    self.drain(k);
+                }
+            }
+        }
+    }
+
+    /// Attaches to every interesting file mapped since the last scan (off the loop's thread:
+    /// see [`Run::with_attacher`]).
+    pub(super) async fn rescan(
         &mut self,
         k: &mut Kernel,
         mappings: &[maps::Mapping],
     ) -> Result<(), LiveError> {
-        for (path, role) in to_probe(&k.attacher, mappings, k.held_back) {
-            let report = k.attacher.attach_file(&path, role)?;
-            self.probed(Probed {
-                path,
-                role,
-                report,
-                ts: monotonic_ns(),
-            })?;
+        let files = to_probe(k.attacher(), mappings, k.held_back);
+        if files.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        // Every file placed before an error still goes in the stream.
+        let (placed, error) = self
+            .with_attacher(k, move |a| {
+                let mut placed = Vec::new();
+                for (path, role) in files {
+                    match a.attach_file(&path, role) {
+                        Ok(report) => placed.push(Probed {
+                            path,
+                            role,
+                            report,
+                            ts: monotonic_ns(),
+                        }),
+                        Err(e) => return (placed, Some(e)),
+                    }
+                }
+                (placed, None)
+            })
+            .await;
+        for p in placed {
+            self.probed(p)?;
+        }
+        match error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// Puts a probed file in the stream: its failed probes, and the library with its probes.
@@ -366,7 +422,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
     /// The rescan: the maps first, then the process's state (see [`crate::host::ending`]: a
     /// process tearing down its memory on exit is not an exec); libraries mapped since the
     /// last look are probed and changed loss counters reported. `Some` when the run is over.
-    pub(super) fn look(
+    pub(super) async fn look(
         &mut self,
         k: &mut Kernel,
         watch: &mut ending::Watch,
@@ -380,7 +436,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             return Ok(Some(reason));
         }
         if let Some(mappings) = mappings {
-            self.rescan(k, &mappings)?;
+            self.rescan(k, &mappings).await?;
         }
         let lost = self.lost(k);
         if lost != *last_lost {
@@ -392,7 +448,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
 
     /// The governor's look: markers brought up to date (they are counted as events are
     /// processed), the counters in the stream, and its decision carried out.
-    pub(super) fn govern(
+    pub(super) async fn govern(
         &mut self,
         k: &mut Kernel,
         governor: &mut Governor,
@@ -410,7 +466,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             cpu_ns: procinfo::cpu_ns(self.opts.pid),
         };
         if let Some(d) = governor.tick(tick) {
-            apply(self, k, d)?;
+            apply(self, k, d).await?;
         }
         Ok(())
     }
@@ -455,7 +511,7 @@ pub(super) fn to_probe(
 }
 
 /// Carries out a governor decision and records it in the stream.
-pub(super) fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
+pub(super) async fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
     run: &mut Run<'_, F>,
     k: &mut Kernel,
     d: crate::overhead::ProbeDecision,
@@ -466,13 +522,13 @@ pub(super) fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
         // first steps learned see their copies and launches.
         k.held_back = false;
         if let Ok(mappings) = maps::read(run.opts.pid) {
-            run.rescan(k, &mappings)?;
+            run.rescan(k, &mappings).await?;
         }
     }
     let switched = if d.python {
-        k.attacher.arm_python()
+        run.with_attacher(k, |a| a.arm_python()).await
     } else {
-        k.attacher.take_python().map(|links| {
+        k.attacher_mut().take_python().map(|links| {
             // The kernel unregisters each link after an RCU grace period (tens of ms, up to
             // seconds under load): off the event loop, which keeps draining meanwhile.
             let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -496,16 +552,16 @@ pub(super) fn apply<F: FnMut(&StreamItem) -> Result<(), String>>(
         tracing::warn!("cannot switch the frame-evaluator probe: {e}");
         reason.push_str(&format!(" (failed: {e})"));
     }
-    if let Err(e) = k.attacher.set_launch_events(d.launch_events) {
+    if let Err(e) = k.attacher_mut().set_launch_events(d.launch_events) {
         tracing::warn!("cannot switch the launch mode: {e}");
     }
     tracing::info!("probe set: {reason}");
     run.emit(StreamItem::ProbeSet(Box::new(ProbeSet {
         ts: monotonic_ns(),
-        python: k.attacher.python_armed(),
+        python: k.attacher().python_armed(),
         launch_events: d.launch_events,
         reason,
         watching: k.held_back,
-        python_steady: d.python_steady && k.attacher.python_armed(),
+        python_steady: d.python_steady && k.attacher().python_armed(),
     })))
 }

@@ -179,16 +179,15 @@ async fn load(
         .map_err(|e| LiveError::Kernel(e.to_string()))?;
     let pending = BpfHashMap::try_from(take(&mut attacher, "PENDING")?)
         .map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let kernel = Kernel {
+    let kernel = Kernel::new(
         attacher,
-        detaching: None,
         ring,
         classes,
         pending,
         loss,
         log,
-        held_back: Governor::defers_libraries(opts.policy, opts.watch_first),
-    };
+        Governor::defers_libraries(opts.policy, opts.watch_first),
+    );
     Ok(Loaded {
         kernel,
         mem,
@@ -383,7 +382,7 @@ fn finish<F: FnMut(&StreamItem) -> Result<(), String>>(
     run.drain(&mut k);
     run.process(None)?;
     if tracing::enabled!(tracing::Level::DEBUG) {
-        if let Some(m) = k.attacher.ebpf.map("STATS")
+        if let Some(m) = k.attacher().ebpf.map("STATS")
             && let Ok(stats) = PerCpuArray::<_, u64>::try_from(m)
         {
             let v: Vec<u64> = (0..traceml_common::STATS_LEN)
@@ -393,7 +392,7 @@ fn finish<F: FnMut(&StreamItem) -> Result<(), String>>(
                 "probe stats [py_enter, ignored, pending capped, call_enter, exit]: {v:?}"
             );
         }
-        if let Some(m) = k.attacher.ebpf.map("THREADS")
+        if let Some(m) = k.attacher().ebpf.map("THREADS")
             && let Ok(threads) = BpfHashMap::<_, u32, traceml_common::ThreadState>::try_from(m)
         {
             for (tid, st) in threads.iter().flatten() {
@@ -420,7 +419,7 @@ fn finish<F: FnMut(&StreamItem) -> Result<(), String>>(
     if run.stack_errors > 0 {
         tracing::info!("{} stack samples could not be read", run.stack_errors);
     }
-    run.emit(StreamItem::LaunchTotals(launch_totals(&k.attacher)))?;
+    run.emit(StreamItem::LaunchTotals(launch_totals(k.attacher())))?;
     let lost = run.lost(&k);
     run.emit(StreamItem::Lost(lost))?;
     run.emit(StreamItem::End(End {
@@ -435,10 +434,10 @@ fn finish<F: FnMut(&StreamItem) -> Result<(), String>>(
     // kernel's `event_mutex`), on kernels without uprobe_multi: ~5 s for the ~40 links of a
     // torch target. Off the path to the verdict: the summary is written meanwhile, and the
     // kernel releases whatever is left when the daemon exits (which then waits for it).
-    let links = k.attacher.link_count();
+    let links = k.attacher().link_count();
     attach::release::in_background(move || {
         let t0 = std::time::Instant::now();
-        match k.attacher.take_links() {
+        match k.attacher_mut().take_links() {
             Ok(l) => attach::release(l),
             Err(e) => tracing::warn!("target {pid}: probes left to the attacher's drop: {e}"),
         }
@@ -593,7 +592,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                     rescan = interval_at(tokio::time::Instant::now() + every, every);
                     rescan.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 }
-                if let Some(reason) = run.look(k, watch, &mut last_lost)? {
+                if let Some(reason) = run.look(k, watch, &mut last_lost).await? {
                     return Ok(reason);
                 }
             }
@@ -610,7 +609,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 }
             }
             _ = govern.tick() => {
-                run.govern(k, governor)?;
+                run.govern(k, governor).await?;
                 if governor.stage() != govern_stage {
                     govern_stage = governor.stage();
                     let every = govern_every(govern_stage);

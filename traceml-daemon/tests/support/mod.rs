@@ -463,12 +463,47 @@ pub fn verdicts_near_by(
 }
 
 /// Polls `f` until it holds; fails the test with `what` past `timeout`.
-pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, timeout: Duration, f: impl FnMut() -> bool) {
+    wait_for_else(what, timeout, f, String::new);
+}
+
+/// [`wait_for`], and the failure says what `why` finds then (a log, the kernel's stacks).
+pub fn wait_for_else(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> bool,
+    why: impl FnOnce() -> String,
+) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        if t.elapsed() >= timeout {
+            panic!("timed out waiting for {what}\n{}", why());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Each thread of `pid`: its name, state and kernel stack (`/proc/<pid>/task/*/stack`, root
+/// only): where a process waits in the kernel, for a test's failure message.
+pub fn kernel_stacks(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("pid {pid}: gone\n");
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let state = read("stat")
+            .rsplit_once(") ")
+            .map_or(String::new(), |(_, r)| r.chars().take(1).collect());
+        out += &format!(
+            "thread {} ({}) {state}\n{}",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("stack")
+        );
+    }
+    out
 }
 
 /// The job directory `serve` made for `pid` under its state directory (`<comm>-<pid>-<start>`).
