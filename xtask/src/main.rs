@@ -133,12 +133,18 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Runs a command, echoing it; fails with the command line when it fails.
+/// Runs a command, echoing it and, when it took a while, how long (what a CI run's time goes
+/// to); fails with the command line when it fails.
 pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     eprintln!("xtask: $ {}", show(cmd));
+    let t0 = std::time::Instant::now();
     let status = cmd
         .status()
         .with_context(|| format!("cannot start {}", show(cmd)))?;
+    let took = t0.elapsed().as_secs();
+    if took >= 5 {
+        eprintln!("xtask: {}:{:02} for $ {}", took / 60, took % 60, show(cmd));
+    }
     if !status.success() {
         bail!("`{}` failed ({status})", show(cmd));
     }

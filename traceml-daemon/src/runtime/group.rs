@@ -168,14 +168,9 @@ impl Group {
             let m = sinks::Metrics::attach(exporter.clone(), &self.cfg.name, p.rank, p.pid, false);
             list.push(Box::new(m));
         }
-        list.push(Box::new(SummaryFiles::new(
-            rank_dir,
-            self.cfg.owner,
-            p.pid,
-            self.cfg.window,
-        )));
+        list.push(Box::new(SummaryFiles::new(rank_dir, self.cfg.owner, p.pid)));
         let sinks: Sinks = Rc::new(RefCell::new(list));
-        let folds = Rc::new(RefCell::new(Folds::default()));
+        let folds = Rc::new(RefCell::new(Folds::windowed(self.cfg.window)));
         let (task_folds, finished, proc) = (folds.clone(), self.finished.clone(), p.clone());
         let done = tokio::task::spawn_local(async move {
             let out = task::drive(&o, task_folds, sinks).await;

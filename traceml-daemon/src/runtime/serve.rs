@@ -508,18 +508,14 @@ impl Scan<'_> {
                 true,
             )));
         }
-        sinks.push(Box::new(SummaryFiles::new(
-            dir,
-            None,
-            pid,
-            Some(self.settings.window),
-        )));
+        sinks.push(Box::new(SummaryFiles::new(dir, None, pid)));
+        let window = self.settings.window;
         let (tx, rx) = watch::channel(None);
         let mut opts = self.options(pid);
         opts.stop = Some(rx);
         let execed = node.execed.clone();
         let done = tokio::task::spawn_local(async move {
-            let folds = Rc::new(RefCell::new(Folds::default()));
+            let folds = Rc::new(RefCell::new(Folds::windowed(Some(window))));
             let out = task::drive(&opts, folds, Rc::new(RefCell::new(sinks))).await;
             for e in &out.sink_errors {
                 tracing::warn!("pid {pid}: {e}");

@@ -4,12 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::analysis::Collector;
 use crate::event::StreamItem;
 use crate::host::output::Owner;
 use crate::metrics::{self, JobLabels, RankValues, Verdict};
 use crate::render::files::{Stem, verdict_line, write_summary_in};
-use crate::runtime::task::{Ended, Folds, Sink};
+use crate::runtime::task::{Ended, Folds, Sink, Tick};
 use crate::summary::{DiagnosisKind, Summary};
 
 /// The target's stream, written as it arrives (`--record`); replayable with `replay`.
@@ -136,14 +135,15 @@ impl Metrics {
 }
 
 impl Sink for Metrics {
-    fn tick(&mut self, folds: &mut Folds, now: Instant) {
+    fn tick(&mut self, tick: &Tick<'_>) {
+        let (folds, now) = (tick.folds, tick.now);
         if folds.run.events() == 0 || self.last.is_some_and(|t| now < t + metrics::REFRESH) {
             return;
         }
         self.last = Some(now);
-        let last_step = folds.observe(now).last_step_unix();
-        let (s, t) = folds.run.snapshot_with_totals();
-        let mut values = RankValues::from_summary(&s, &t, folds.gpu_utilization);
+        let last_step = folds.progress.last_step_unix();
+        let (s, t) = tick.so_far();
+        let mut values = RankValues::from_summary(s, t, folds.gpu_utilization);
         values.last_step_end_unix = last_step;
         let in_collective = folds.in_collective();
         if self.in_collective != Some(in_collective) {
@@ -163,8 +163,8 @@ impl Sink for Metrics {
         }
         values.in_collective = Some(in_collective);
         // The verdict shown: the last window's, the run so far's before the first window.
-        let verdict = Verdict::of(folds.last_window.as_ref().unwrap_or(&s));
-        self.update(&s, values, verdict);
+        let verdict = Verdict::of(folds.last_window.as_ref().unwrap_or(s));
+        self.update(s, values, verdict);
     }
 
     fn end(&mut self, ended: Option<&Ended<'_>>) -> Result<(), String> {
@@ -181,70 +181,44 @@ impl Sink for Metrics {
     }
 }
 
-/// A target's summary files in its directory: with a window, `summary-<n>.json` every window
-/// (and one log line: the window's verdict and the run's so far, at warning when the verdict
-/// changed); at the end `final_summary.*`.
+/// A target's summary files in its directory: where the folds close windows,
+/// `summary-<n>.json` for each (and one log line: the window's verdict and the run's so far,
+/// at warning when the verdict changed); at the end `final_summary.*`.
 pub struct SummaryFiles {
     dir: PathBuf,
     owner: Option<Owner>,
     pid: u32,
-    window: Option<Windowed>,
-}
-
-struct Windowed {
-    every: Duration,
-    fold: Collector,
-    next: Instant,
-    n: u32,
+    /// The verdict of the last window written.
     last_kind: Option<DiagnosisKind>,
 }
 
 impl SummaryFiles {
-    pub fn new(dir: PathBuf, owner: Option<Owner>, pid: u32, window: Option<Duration>) -> Self {
+    pub fn new(dir: PathBuf, owner: Option<Owner>, pid: u32) -> Self {
         SummaryFiles {
             dir,
             owner,
             pid,
-            window: window.map(|every| Windowed {
-                every,
-                fold: Collector::new(),
-                next: Instant::now() + every,
-                n: 0,
-                last_kind: None,
-            }),
+            last_kind: None,
         }
     }
 }
 
 impl Sink for SummaryFiles {
-    fn item(&mut self, item: &StreamItem, _: &Folds) -> Result<(), String> {
-        if let Some(w) = &mut self.window {
-            w.fold.push(item);
-        }
-        Ok(())
-    }
-
-    fn tick(&mut self, folds: &mut Folds, now: Instant) {
-        let Some(w) = &mut self.window else { return };
-        if now < w.next {
+    fn tick(&mut self, tick: &Tick<'_>) {
+        let (Some(n), Some(win)) = (tick.window, &tick.folds.last_window) else {
             return;
-        }
-        w.next = now + w.every;
-        w.n += 1;
-        let n = w.n;
-        let win = std::mem::replace(&mut w.fold, folds.run.fresh_window()).finish();
-        let so_far = folds.run.snapshot();
+        };
         let pid = self.pid;
-        if let Err(e) = write_summary_in(&self.dir, self.owner, Stem::Window(n), &win) {
+        if let Err(e) = write_summary_in(&self.dir, self.owner, Stem::Window(n), win) {
             tracing::warn!("pid {pid}: cannot write window summary {n}: {e}");
         }
         let line = format!(
             "pid {pid} window {n}: {} · run so far: {}",
-            verdict_line(&win),
-            verdict_line(&so_far)
+            verdict_line(win),
+            verdict_line(&tick.so_far().0)
         );
         let kind = win.primary_diagnosis.kind;
-        match w.last_kind.replace(kind) {
+        match self.last_kind.replace(kind) {
             // From or to "no verdict yet" is no change of verdict.
             Some(k)
                 if k != kind
@@ -256,7 +230,6 @@ impl Sink for SummaryFiles {
             }
             _ => tracing::info!("{line}"),
         }
-        folds.last_window = Some(win);
     }
 
     fn end(&mut self, ended: Option<&Ended<'_>>) -> Result<(), String> {
@@ -284,6 +257,55 @@ impl Sink for SummaryFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sinks read one tick: pushed in either order, `/metrics` and the window file say the
+    /// same, and `/metrics` shows the verdict of the window closed at that tick. (Before, the
+    /// summary files' sink closed the window and stored it for the metrics sink: with metrics
+    /// pushed first, its verdict was one window behind.)
+    #[test]
+    fn the_order_of_the_sinks_changes_nothing() {
+        use crate::analysis::fixtures;
+        let (_, items) = fixtures::build(&fixtures::input_bound());
+        let pid = u32::MAX - 3;
+        let outputs = |metrics_first: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let exporter: metrics::http::Shared = Default::default();
+            let m: Box<dyn Sink> = Box::new(Metrics::attach(exporter.clone(), "job", 0, pid, true));
+            let f: Box<dyn Sink> = Box::new(SummaryFiles::new(dir.path().into(), None, pid));
+            let mut sinks = if metrics_first {
+                vec![m, f]
+            } else {
+                vec![f, m]
+            };
+            let mut folds = Folds::windowed(Some(Duration::ZERO));
+            for item in &items {
+                folds.push(item);
+            }
+            crate::runtime::task::tick(&mut folds, &mut sinks, Instant::now());
+            let window = std::fs::read_to_string(dir.path().join("summary-1.json")).unwrap();
+            let verdict = folds.last_window.as_ref().unwrap().primary_diagnosis.kind;
+            // The time of the last step is now's: the same run, a few µs apart.
+            let text: Vec<String> = exporter
+                .lock()
+                .unwrap()
+                .encode()
+                .lines()
+                .filter(|l| !l.contains("last_step"))
+                .map(str::to_owned)
+                .collect();
+            (text, window, verdict)
+        };
+        let (a, b) = (outputs(true), outputs(false));
+        assert_eq!(a, b);
+        let (text, _, verdict) = a;
+        let line = format!("kind=\"{}\"", verdict.as_str());
+        assert!(
+            text.iter()
+                .any(|l| l.starts_with("traceml_verdict{") && l.contains(&line)),
+            "{line} not set:\n{}",
+            text.join("\n")
+        );
+    }
 
     /// An elastic restart: the rank's labels pass to the new process; the old process's late
     /// end neither marks the new one's series ended nor overwrites them.

@@ -1,8 +1,13 @@
 //! One target's task: its live run ([`target::run`]) folded as it streams into the target's
-//! [`Folds`], every item and a once-a-second tick handed to its [`Sink`]s (a recording,
+//! [`Folds`], every item and a once-a-second [`Tick`] handed to its [`Sink`]s (a recording,
 //! `/metrics`, summary files, the live view), and at the end its final summary handed to them
 //! too. `--pid`, the ranks of a job and every target of `serve` run this same task.
-use std::cell::RefCell;
+//!
+//! The sinks only read: the task brings the folds up to date at each tick (the engine advanced,
+//! the progress noted, a window closed when one is due) and then hands every sink the same
+//! [`Tick`], whose run-so-far summary is computed once, by the first sink that asks. What one
+//! sink shows never depends on another having run before it.
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -24,20 +29,58 @@ pub struct Folds {
     pub gpu_utilization: Option<f64>,
     /// The probes are attached (the first probe set was announced).
     pub attached: bool,
-    /// The latest window's summary, when a sink summarises windows (`serve`'s `--window`).
+    /// The window being folded, where the run is summarised by windows (`serve`'s `--window`).
+    window: Option<Window>,
+    /// The latest window's summary (`None` before the first window closed).
     pub last_window: Option<Summary>,
     /// When the run last completed a step: the hang check's and `/metrics`' liveness.
     pub progress: Progress,
 }
 
+/// The window being folded: its own collector (what the run's keeps besides steps, carried
+/// over: see [`Collector::fresh_window`]), when it closes, and its number.
+struct Window {
+    every: Duration,
+    fold: Collector,
+    next: Instant,
+    n: u32,
+}
+
 impl Folds {
+    /// Folds that also summarise the run every `window` (`None`: the run as a whole only).
+    pub fn windowed(window: Option<Duration>) -> Folds {
+        Folds {
+            window: window.map(|every| Window {
+                every,
+                fold: Collector::new(),
+                next: Instant::now() + every,
+                n: 0,
+            }),
+            ..Folds::default()
+        }
+    }
+
     pub fn push(&mut self, item: &StreamItem) {
         match item {
             StreamItem::Sample(s) => self.gpu_utilization = crate::metrics::gpu_utilization(s),
             StreamItem::ProbeSet(_) => self.attached = true,
             _ => {}
         }
+        if let Some(w) = &mut self.window {
+            w.fold.push(item);
+        }
         self.run.push(item);
+    }
+
+    /// Closes the window when it is due: its summary becomes [`Folds::last_window`]; its
+    /// number (from 1) is returned.
+    fn close_window(&mut self, now: Instant) -> Option<u32> {
+        let w = self.window.as_mut().filter(|w| now >= w.next)?;
+        w.next = now + w.every;
+        w.n += 1;
+        let fresh = self.run.fresh_window();
+        self.last_window = Some(std::mem::replace(&mut w.fold, fresh).finish());
+        Some(w.n)
     }
 
     /// Brings the engine up to now and notes whether steps were completed since the last look.
@@ -123,7 +166,45 @@ pub struct Ended<'a> {
     pub folds: &'a Folds,
 }
 
-/// Where a target's run goes besides its folds. Every method has a default that does nothing.
+/// One look at the run, the same for every sink: the folds brought up to `now`.
+pub struct Tick<'a> {
+    pub now: Instant,
+    pub folds: &'a Folds,
+    /// The number of the window closed at this tick (its summary: [`Folds::last_window`]).
+    pub window: Option<u32>,
+    so_far: OnceCell<(Summary, StepTotals)>,
+}
+
+impl<'a> Tick<'a> {
+    pub fn new(now: Instant, folds: &'a Folds, window: Option<u32>) -> Tick<'a> {
+        Tick {
+            now,
+            folds,
+            window,
+            so_far: OnceCell::new(),
+        }
+    }
+
+    /// The run so far and its step totals, computed at the first call of this tick.
+    pub fn so_far(&self) -> &(Summary, StepTotals) {
+        self.so_far
+            .get_or_init(|| self.folds.run.snapshot_with_totals())
+    }
+}
+
+/// Brings `folds` up to `now` (the engine, the progress, a window due) and hands every sink
+/// the same [`Tick`].
+pub fn tick(folds: &mut Folds, sinks: &mut [Box<dyn Sink>], now: Instant) {
+    folds.observe(now);
+    let window = folds.close_window(now);
+    let tick = Tick::new(now, folds, window);
+    for sink in sinks {
+        sink.tick(&tick);
+    }
+}
+
+/// Where a target's run goes besides its folds, which it only reads. Every method has a
+/// default that does nothing.
 pub trait Sink {
     /// Each item once the folds took it; an error ends the run (a recording that cannot be
     /// written).
@@ -132,7 +213,7 @@ pub trait Sink {
     }
 
     /// About every [`TICK`] while the run goes.
-    fn tick(&mut self, _folds: &mut Folds, _now: Instant) {}
+    fn tick(&mut self, _tick: &Tick<'_>) {}
 
     /// The run ended: its final summary, or `None` when it was never attached (nothing was
     /// gathered). An error is said by the caller.
@@ -169,17 +250,13 @@ pub async fn drive(opts: &Options, folds: Rc<RefCell<Folds>>, sinks: Sinks) -> O
             Ok(())
         });
         tokio::pin!(run);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 r = &mut run => break r,
-                _ = tick.tick() => {
-                    let now = Instant::now();
-                    let mut f = folds.borrow_mut();
-                    for sink in sinks.borrow_mut().iter_mut() {
-                        sink.tick(&mut f, now);
-                    }
+                _ = timer.tick() => {
+                    tick(&mut folds.borrow_mut(), &mut sinks.borrow_mut(), Instant::now());
                 }
             }
         }

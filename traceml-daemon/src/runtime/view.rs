@@ -146,7 +146,8 @@ impl Sink for View {
         Ok(())
     }
 
-    fn tick(&mut self, f: &mut Folds, now: Instant) {
+    fn tick(&mut self, tick: &task::Tick<'_>) {
+        let (f, now) = (tick.folds, tick.now);
         let every = match self.shown {
             Shown::Liveness(_) => LIVENESS_REFRESH,
             _ => task::TICK,
@@ -240,8 +241,8 @@ async fn screen_loop(
     let redraw = |sinks: &Sinks, folds: &Rc<RefCell<Folds>>| {
         // The view is the last sink: a forced tick redraws at once.
         if let Some(view) = sinks.borrow_mut().last_mut() {
-            let mut f = folds.borrow_mut();
-            view.tick(&mut f, Instant::now() + task::TICK);
+            let f = folds.borrow();
+            view.tick(&task::Tick::new(Instant::now() + task::TICK, &f, None));
         }
     };
     redraw(&sinks, &folds);
