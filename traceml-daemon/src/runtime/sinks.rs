@@ -2,7 +2,7 @@
 //! `/metrics`, and its summary files (window summaries and the final one). Each exists once,
 //! whichever mode runs the target (`--pid`, a rank of a job, a target of `serve`).
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::event::StreamItem;
 use crate::host::output::Owner;
@@ -257,15 +257,18 @@ impl Sink for SummaryFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The sinks read one tick: pushed in either order, `/metrics` and the window file say the
     /// same, and `/metrics` shows the verdict of the window closed at that tick. (Before, the
     /// summary files' sink closed the window and stored it for the metrics sink: with metrics
-    /// pushed first, its verdict was one window behind.)
+    /// pushed first, its verdict was one window behind: here the first, empty window's.)
     #[test]
     fn the_order_of_the_sinks_changes_nothing() {
-        use crate::analysis::fixtures;
-        let (_, items) = fixtures::build(&fixtures::input_bound());
+        // A recorded input-bound run (tests/fixtures/recordings).
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/recordings/input_bound_single.jsonl.gz");
+        let items = crate::record::read(&path).expect("recording").items;
         let pid = u32::MAX - 3;
         let outputs = |metrics_first: bool| {
             let dir = tempfile::tempdir().unwrap();
@@ -277,12 +280,16 @@ mod tests {
             } else {
                 vec![f, m]
             };
+            // A window closes at every tick: the first before any item (empty), the second
+            // with the whole run.
             let mut folds = Folds::windowed(Some(Duration::ZERO));
+            let now = Instant::now();
+            crate::runtime::task::tick(&mut folds, &mut sinks, now);
             for item in &items {
                 folds.push(item);
             }
-            crate::runtime::task::tick(&mut folds, &mut sinks, Instant::now());
-            let window = std::fs::read_to_string(dir.path().join("summary-1.json")).unwrap();
+            crate::runtime::task::tick(&mut folds, &mut sinks, now + Duration::from_secs(1));
+            let window = std::fs::read_to_string(dir.path().join("summary-2.json")).unwrap();
             let verdict = folds.last_window.as_ref().unwrap().primary_diagnosis.kind;
             // The time of the last step is now's: the same run, a few µs apart.
             let text: Vec<String> = exporter
@@ -298,6 +305,7 @@ mod tests {
         let (a, b) = (outputs(true), outputs(false));
         assert_eq!(a, b);
         let (text, _, verdict) = a;
+        assert_eq!(verdict, DiagnosisKind::InputBound, "the second window's");
         let line = format!("kind=\"{}\"", verdict.as_str());
         assert!(
             text.iter()
