@@ -10,7 +10,7 @@ pub(super) fn label(s: &str) -> String {
 #[derive(Debug)]
 pub(super) struct Exposition(pub(super) Exporter);
 
-type Labels = Vec<(&'static str, String)>;
+pub(super) type Labels = Vec<(&'static str, String)>;
 
 /// The identity labels of a series: `job` (this node's job directory), `job_id` (the job across
 /// nodes: [`crate::host::jobs::job_identity`], else `<node>/<job>`), and where known `node`.
