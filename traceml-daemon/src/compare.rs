@@ -428,6 +428,57 @@ fn describe(d: &TimeDelta) -> String {
     format!("{} → {}{pctx}", ms(d.a_median_ms), ms(d.b_median_ms))
 }
 
+/// Why two runs' step times do not compare (too few steps, steps delimited differently).
+fn not_comparable(a: &Summary, b: &Summary) -> Option<String> {
+    let (na, nb) = (a.step_samples.step_ms.len(), b.step_samples.step_ms.len());
+    if na < MIN_STEPS || nb < MIN_STEPS {
+        return Some(format!(
+            "run A has {na} and run B {nb} measured steps; at least {MIN_STEPS} each are needed"
+        ));
+    }
+    match (a.steps.boundary, b.steps.boundary) {
+        (Some(ba), Some(bb)) if ba != bb => Some(format!(
+            "the runs delimit steps differently ({} vs {}): their step times do not compare",
+            crate::summary::boundary_name(ba),
+            crate::summary::boundary_name(bb)
+        )),
+        _ => None,
+    }
+}
+
+/// The phase that moved most in direction `want`.
+fn biggest(phases: &Phases<TimeDelta>, want: Change) -> Option<Phase> {
+    Phase::ALL
+        .iter()
+        .filter(|&&p| phases[p].change == want)
+        .max_by(|&&x, &&y| {
+            phases[x]
+                .delta_ms
+                .unwrap_or(0.0)
+                .abs()
+                .total_cmp(&phases[y].delta_ms.unwrap_or(0.0).abs())
+        })
+        .copied()
+}
+
+/// The memory peaks that moved, `A → B`.
+fn mem_text(mem: &MemoryDeltas) -> String {
+    let mut parts = Vec::new();
+    for (name, v) in [
+        ("host RSS peak", &mem.rss_bytes_max),
+        ("GPU memory peak", &mem.gpu_process_mem_bytes_max),
+    ] {
+        if let (Some(x), Some(y)) = (v.a, v.b) {
+            parts.push(format!(
+                "{name} {} → {}",
+                bytes_bin(x as u64),
+                bytes_bin(y as u64)
+            ));
+        }
+    }
+    parts.join(", ")
+}
+
 fn judge(
     a: &Summary,
     b: &Summary,
@@ -437,58 +488,12 @@ fn judge(
     floor: f64,
 ) -> (CompareVerdict, String) {
     use CompareVerdict as V;
-    let (na, nb) = (a.step_samples.step_ms.len(), b.step_samples.step_ms.len());
-    if na < MIN_STEPS || nb < MIN_STEPS {
-        return (
-            V::Inconclusive,
-            format!(
-                "run A has {na} and run B {nb} measured steps; at least {MIN_STEPS} each are needed"
-            ),
-        );
+    if let Some(why) = not_comparable(a, b) {
+        return (V::Inconclusive, why);
     }
-    if let (Some(ba), Some(bb)) = (a.steps.boundary, b.steps.boundary)
-        && ba != bb
-    {
-        return (
-            V::Inconclusive,
-            format!(
-                "the runs delimit steps differently ({} vs {}): their step times do not compare",
-                crate::summary::boundary_name(ba),
-                crate::summary::boundary_name(bb)
-            ),
-        );
-    }
-    // The phase that moved most in each direction.
-    let biggest = |want: Change| {
-        Phase::ALL
-            .iter()
-            .filter(|&&p| phases[p].change == want)
-            .max_by(|&&x, &&y| {
-                phases[x]
-                    .delta_ms
-                    .unwrap_or(0.0)
-                    .abs()
-                    .total_cmp(&phases[y].delta_ms.unwrap_or(0.0).abs())
-            })
-            .copied()
-    };
+    let biggest = |want: Change| biggest(phases, want);
     let phase_text = |p: Phase| format!("{} {}", p.name(), describe(&phases[p]));
-    let mem_text = || {
-        let mut parts = Vec::new();
-        for (name, v) in [
-            ("host RSS peak", &mem.rss_bytes_max),
-            ("GPU memory peak", &mem.gpu_process_mem_bytes_max),
-        ] {
-            if let (Some(x), Some(y)) = (v.a, v.b) {
-                parts.push(format!(
-                    "{name} {} → {}",
-                    bytes_bin(x as u64),
-                    bytes_bin(y as u64)
-                ));
-            }
-        }
-        parts.join(", ")
-    };
+    let mem_text = || mem_text(mem);
     let step_text = format!(
         "step median {} (p {})",
         describe(step),

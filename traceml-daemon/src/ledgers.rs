@@ -96,7 +96,6 @@ pub fn join(
             .filter(|m| m.is_finite() && *m > 0.0)
             .map_or(0, |m| (m * 1e6 * LATE_STEP_SHARE) as u64),
     );
-    let n = logs.len();
     let groups: Vec<u32> = {
         let mut g: Vec<u32> = logs[0].1.recent.iter().map(|e| e.group).collect();
         g.sort_unstable();
@@ -106,88 +105,138 @@ pub fn join(
     let mut joined: Vec<Joined> = Vec::new();
     let mut open: Vec<OpenCollective> = Vec::new();
     for &g in &groups {
-        fn of(log: &CollectiveLog, g: u32) -> Vec<&LedgerEntry> {
-            log.recent.iter().filter(|e| e.group == g).collect()
+        join_group(&logs, g, &mut joined, &mut open);
+    }
+    let desyncs = desyncs(&joined, &logs);
+    let Arrivals {
+        ranks,
+        compared,
+        waited,
+    } = arrivals(&joined, &logs, late_ns);
+    let waits_for = ranks
+        .iter()
+        .max_by(|a, b| a.last_share.total_cmp(&b.last_share))
+        .filter(|r| r.last_share >= WAITS_FOR_SHARE)
+        .map(|r| r.rank);
+    open.sort_by_key(|o| (o.group, o.seq, o.rank));
+    Some(CollectiveWaits {
+        compared,
+        ranks,
+        waits_for,
+        desyncs,
+        open,
+        timeline: timeline(&joined, &logs, &waited),
+    })
+}
+
+/// The entries of group `g` in `log`.
+fn of(log: &CollectiveLog, g: u32) -> Vec<&LedgerEntry> {
+    log.recent.iter().filter(|e| e.group == g).collect()
+}
+
+/// Joins group `g` of every rank's log against the lowest rank's (`logs` sorted by rank):
+/// each rank's offset (reference seq − its seq) is the most frequent over the batches matched
+/// by exit. Its collectives go to `joined`, the entries still open (aligned by each rank's
+/// offset) to `open`.
+fn join_group<'a>(
+    logs: &[(u32, &'a CollectiveLog)],
+    g: u32,
+    joined: &mut Vec<Joined<'a>>,
+    open: &mut Vec<OpenCollective>,
+) {
+    let n = logs.len();
+    let ref_entries = of(logs[0].1, g);
+    let ref_batches = batches(&ref_entries);
+    let gaps: Vec<f64> = ref_batches
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0) as f64)
+        .collect();
+    let tol = crate::stats::median(&gaps).map_or(u64::MAX, |m| (m * MATCH_TOLERANCE) as u64);
+    let mut by_seq: Vec<HashMap<u64, &LedgerEntry>> = Vec::with_capacity(n);
+    let mut offsets: Vec<Option<i64>> = Vec::with_capacity(n);
+    for (r, &(_, log)) in logs.iter().enumerate() {
+        let entries = of(log, g);
+        by_seq.push(entries.iter().map(|e| (e.seq, *e)).collect());
+        if r == 0 {
+            offsets.push(Some(0));
+            continue;
         }
-        let ref_entries = of(logs[0].1, g);
-        let ref_batches = batches(&ref_entries);
-        let gaps: Vec<f64> = ref_batches
-            .windows(2)
-            .map(|w| (w[1].0 - w[0].0) as f64)
-            .collect();
-        let tol = crate::stats::median(&gaps).map_or(u64::MAX, |m| (m * MATCH_TOLERANCE) as u64);
-        // Each rank's entries by their own seq, and its offset (ref seq − its seq): the most
-        // frequent over the batches matched by exit.
-        let mut by_seq: Vec<HashMap<u64, &LedgerEntry>> = Vec::with_capacity(n);
-        let mut offsets: Vec<Option<i64>> = Vec::with_capacity(n);
-        for (r, &(_, log)) in logs.iter().enumerate() {
-            let entries = of(log, g);
-            by_seq.push(entries.iter().map(|e| (e.seq, *e)).collect());
-            if r == 0 {
-                offsets.push(Some(0));
+        let theirs = batches(&entries);
+        let mut votes: HashMap<i64, u64> = HashMap::new();
+        for (t, idx) in &ref_batches {
+            let Some(j) = nearest(&theirs, *t, tol) else {
                 continue;
+            };
+            for (&i, &o) in idx.iter().zip(&theirs[j].1) {
+                *votes
+                    .entry(ref_entries[i].seq as i64 - entries[o].seq as i64)
+                    .or_default() += 1;
             }
-            let theirs = batches(&entries);
-            let mut votes: HashMap<i64, u64> = HashMap::new();
-            for (t, idx) in &ref_batches {
-                let Some(j) = nearest(&theirs, *t, tol) else {
-                    continue;
-                };
-                for (&i, &o) in idx.iter().zip(&theirs[j].1) {
-                    *votes
-                        .entry(ref_entries[i].seq as i64 - entries[o].seq as i64)
-                        .or_default() += 1;
-                }
-            }
-            offsets.push(
-                votes
-                    .into_iter()
-                    .max_by_key(|&(off, v)| (v, std::cmp::Reverse(off.unsigned_abs())))
-                    .map(|(off, _)| off),
-            );
         }
-        for e in &ref_entries {
-            let by_rank = (0..n)
-                .map(|r| {
-                    let off = offsets[r]?;
-                    let seq = u64::try_from(e.seq as i64 - off).ok()?;
-                    by_seq[r].get(&seq).copied()
-                })
-                .collect();
-            joined.push(Joined {
-                seq: e.seq,
+        offsets.push(
+            votes
+                .into_iter()
+                .max_by_key(|&(off, v)| (v, std::cmp::Reverse(off.unsigned_abs())))
+                .map(|(off, _)| off),
+        );
+    }
+    for e in &ref_entries {
+        let by_rank = (0..n)
+            .map(|r| {
+                let off = offsets[r]?;
+                let seq = u64::try_from(e.seq as i64 - off).ok()?;
+                by_seq[r].get(&seq).copied()
+            })
+            .collect();
+        joined.push(Joined {
+            seq: e.seq,
+            group: g,
+            by_rank,
+        });
+    }
+    for (r, &(rank, log)) in logs.iter().enumerate() {
+        let Some(off) = offsets[r] else { continue };
+        for e in of(log, g).into_iter().filter(|e| e.exit_ts.is_none()) {
+            open.push(OpenCollective {
+                rank,
+                seq: (e.seq as i64 + off).max(0) as u64,
                 group: g,
-                by_rank,
+                op: e.op.as_str().to_owned(),
+                enter_ts: e.enter_ts,
             });
         }
-        // The open entries, aligned by each rank's offset.
-        for (r, &(rank, log)) in logs.iter().enumerate() {
-            let Some(off) = offsets[r] else { continue };
-            for e in of(log, g).into_iter().filter(|e| e.exit_ts.is_none()) {
-                open.push(OpenCollective {
-                    rank,
-                    seq: (e.seq as i64 + off).max(0) as u64,
-                    group: g,
-                    op: e.op.as_str().to_owned(),
-                    enter_ts: e.enter_ts,
-                });
-            }
-        }
     }
-    // Ops that differ at one collective (completed or open).
+}
+
+/// Ops that differ at one collective (completed or open), [`MAX_DESYNCS`] at most.
+fn desyncs(joined: &[Joined], logs: &[(u32, &CollectiveLog)]) -> Vec<Desync> {
     let mut desyncs: Vec<Desync> = Vec::new();
-    for j in &joined {
+    for j in joined {
         let ops: Vec<(u32, CollectiveOp)> = j
             .by_rank
             .iter()
-            .zip(&logs)
+            .zip(logs)
             .filter_map(|(e, l)| e.map(|e| (l.0, e.op)))
             .collect();
         if differ(&ops) && desyncs.len() < MAX_DESYNCS {
             desyncs.push(op_desync(j.seq, j.group, &ops));
         }
     }
-    // Who arrived last, where every rank is joined.
+    desyncs
+}
+
+/// Who arrived last at the collectives every rank completed.
+struct Arrivals {
+    /// Per rank (in `logs` order): how often it was late by `late_ns` or more, and by how much.
+    ranks: Vec<RankArrivals>,
+    /// Collectives compared (every rank in them, every one completed).
+    compared: u64,
+    /// (group, seq) → the rank the others waited for there.
+    waited: HashMap<(u32, u64), u32>,
+}
+
+fn arrivals(joined: &[Joined], logs: &[(u32, &CollectiveLog)], late_ns: u64) -> Arrivals {
+    let n = logs.len();
     let mut ranks: Vec<RankArrivals> = logs
         .iter()
         .map(|l| RankArrivals {
@@ -198,7 +247,7 @@ pub fn join(
     let mut lateness: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut compared = 0u64;
     let mut waited: HashMap<(u32, u64), u32> = HashMap::new();
-    for j in &joined {
+    for j in joined {
         let Some(entries) = j.by_rank.iter().copied().collect::<Option<Vec<_>>>() else {
             continue;
         };
@@ -236,20 +285,26 @@ pub fn join(
         };
         r.median_late_ms = crate::stats::median(l);
     }
-    let waits_for = ranks
-        .iter()
-        .max_by(|a, b| a.last_share.total_cmp(&b.last_share))
-        .filter(|r| r.last_share >= WAITS_FOR_SHARE)
-        .map(|r| r.rank);
-    open.sort_by_key(|o| (o.group, o.seq, o.rank));
-    // The newest collectives every rank is in, for the timeline (by entry).
+    Arrivals {
+        ranks,
+        compared,
+        waited,
+    }
+}
+
+/// The newest collectives every rank is in ([`TIMELINE_KEPT`] at most, by entry), for the
+/// report's timeline.
+fn timeline(
+    joined: &[Joined],
+    logs: &[(u32, &CollectiveLog)],
+    waited: &HashMap<(u32, u64), u32>,
+) -> Vec<JoinedCollective> {
     let mut full: Vec<&Joined> = joined
         .iter()
         .filter(|j| j.by_rank.iter().all(Option::is_some))
         .collect();
     full.sort_by_key(|j| j.by_rank[0].map(|e| e.enter_ts));
-    let timeline = full
-        .iter()
+    full.iter()
         .rev()
         .take(TIMELINE_KEPT)
         .rev()
@@ -260,7 +315,7 @@ pub fn join(
             ranks: j
                 .by_rank
                 .iter()
-                .zip(&logs)
+                .zip(logs)
                 .filter_map(|(e, l)| {
                     e.map(|e| RankSpan {
                         rank: l.0,
@@ -271,15 +326,7 @@ pub fn join(
                 })
                 .collect(),
         })
-        .collect();
-    Some(CollectiveWaits {
-        compared,
-        ranks,
-        waits_for,
-        desyncs,
-        open,
-        timeline,
-    })
+        .collect()
 }
 
 /// Whether the known ops of `ops` differ (an op not told apart differs from none).

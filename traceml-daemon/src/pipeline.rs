@@ -67,19 +67,7 @@ pub fn worker_profile(
         }
         _ => None,
     };
-    let mut reads: Vec<(&crate::event::ReadSite, u64)> =
-        w.reads.iter().map(|(r, &n)| (r, n)).collect();
-    reads.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let reads_from = reads
-        .into_iter()
-        .take(TOP_READS)
-        .filter(|_| blocked_n > 0)
-        .map(|(site, n)| ReadShare {
-            site: site.clone(),
-            share: n as f64 / blocked_n as f64,
-            samples: n,
-        })
-        .collect();
+    let reads_from = reads_from(w, blocked_n);
     Some(WorkerProfile {
         samples: w.samples,
         workers_sampled: u32::try_from(w.pids.len()).unwrap_or(u32::MAX),
@@ -114,21 +102,41 @@ pub fn worker_profile(
         } else {
             Vec::new()
         },
-        split: ipc.map(|i| {
-            // The rest of the wait is for a worker to finish: shared as the busy workers' states
-            // (all of it `blocked` when no busy sample says otherwise).
-            let rest = 1.0 - i;
-            let states = on_cpu + blocked + io;
-            let of = |x: f64| if states > 0.0 { rest * x / states } else { 0.0 };
-            PipelineSplit {
-                cpu: of(on_cpu),
-                blocked: if states > 0.0 { of(blocked) } else { rest },
-                io: of(io),
-                ipc: i,
-            }
-        }),
+        split: ipc.map(|i| split(i, on_cpu, blocked, io)),
         reads_from,
     })
+}
+
+/// The files (or sockets, pipes) the busy workers were blocked reading, the most first, each
+/// with its share of the `blocked_n` blocked samples.
+fn reads_from(w: &WorkerFold, blocked_n: u64) -> Vec<ReadShare> {
+    let mut reads: Vec<(&crate::event::ReadSite, u64)> =
+        w.reads.iter().map(|(r, &n)| (r, n)).collect();
+    reads.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    reads
+        .into_iter()
+        .take(TOP_READS)
+        .filter(|_| blocked_n > 0)
+        .map(|(site, n)| ReadShare {
+            site: site.clone(),
+            share: n as f64 / blocked_n as f64,
+            samples: n,
+        })
+        .collect()
+}
+
+/// The input wait split: `ipc` the hand-over; the rest of the wait is for a worker to finish,
+/// shared as the busy workers' states (all of it `blocked` when no busy sample says otherwise).
+fn split(ipc: f64, on_cpu: f64, blocked: f64, io: f64) -> PipelineSplit {
+    let rest = 1.0 - ipc;
+    let states = on_cpu + blocked + io;
+    let of = |x: f64| if states > 0.0 { rest * x / states } else { 0.0 };
+    PipelineSplit {
+        cpu: of(on_cpu),
+        blocked: if states > 0.0 { of(blocked) } else { rest },
+        io: of(io),
+        ipc,
+    }
 }
 
 /// Workers needed so that loading keeps pace with the step: one batch takes `batch_cpu_ms` of

@@ -129,30 +129,14 @@ pub fn straggler(runs: &[RankRun]) -> Option<Finding> {
     let c = &runs[culprit];
     let rank = c.rank;
     // The culprit's own phases against the other ranks' medians.
-    let excess = |p: Phase| {
-        let o: Vec<f64> = runs
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != culprit)
-            .map(|(_, r)| phase_median(&r.summary, p))
-            .collect();
-        phase_median(&c.summary, p) - median(&o).unwrap_or(0.0)
-    };
+    let excess = |p: Phase| phase_median(&c.summary, p) - others_phase_median(runs, culprit, p);
     let (dominant, by) = Phase::ALL
         .into_iter()
         .filter(|&p| p != Phase::CollectiveWait && p != Phase::Residual)
         .map(|p| (p, excess(p)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap_or((Phase::Forward, 0.0));
-    let wait_others = median(
-        &runs
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != culprit)
-            .map(|(_, r)| phase_median(&r.summary, Phase::CollectiveWait))
-            .collect::<Vec<_>>(),
-    )
-    .unwrap_or(0.0);
+    let wait_others = others_phase_median(runs, culprit, Phase::CollectiveWait);
     let input_note = if dominant != Phase::InputWait && excess(Phase::InputWait) < 0.1 * by.max(1.0)
     {
         "; its input_wait is normal"
@@ -176,18 +160,7 @@ pub fn straggler(runs: &[RankRun]) -> Option<Finding> {
         dominant.name(),
         by,
     );
-    let next = match dominant {
-        Phase::InputWait => format!(
-            "rank {rank} waits for its data: check its shard (uneven sizes or slower storage), \
-             give its DataLoader more workers"
-        ),
-        _ => format!(
-            "find why rank {rank} does more {} work: uneven batches or sequence lengths on that \
-             rank, extra work only it does (logging, checkpointing, evaluation on rank 0), or a \
-             slower or shared host/GPU (check its clocks and neighbours)",
-            dominant.name()
-        ),
-    };
+    let next = straggler_next(rank, dominant);
     Some(Finding {
         kind: DiagnosisKind::Straggler,
         severity,
@@ -198,6 +171,33 @@ pub fn straggler(runs: &[RankRun]) -> Option<Finding> {
         confidence: Confidence::High,
         culprit_rank: Some(rank),
     })
+}
+
+/// The median over the ranks other than `culprit` of their median `p` time (0 without one).
+fn others_phase_median(runs: &[RankRun], culprit: usize, p: Phase) -> f64 {
+    let o: Vec<f64> = runs
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != culprit)
+        .map(|(_, r)| phase_median(&r.summary, p))
+        .collect();
+    median(&o).unwrap_or(0.0)
+}
+
+/// What to try for a straggler whose `dominant` phase is longer than the other ranks'.
+fn straggler_next(rank: u32, dominant: Phase) -> String {
+    match dominant {
+        Phase::InputWait => format!(
+            "rank {rank} waits for its data: check its shard (uneven sizes or slower storage), \
+             give its DataLoader more workers"
+        ),
+        _ => format!(
+            "find why rank {rank} does more {} work: uneven batches or sequence lengths on that \
+             rank, extra work only it does (logging, checkpointing, evaluation on rank 0), or a \
+             slower or shared host/GPU (check its clocks and neighbours)",
+            dominant.name()
+        ),
+    }
 }
 
 /// A slow step's excess is at least this many standard deviations of a rank's own step-to-step
@@ -249,25 +249,7 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
                 .max_by(|a, b| a.1.total_cmp(&b.1))
         })
         .collect();
-    // The noise of one rank's own work from step to step, where it was not the slowest (the
-    // median over ranks of its median absolute deviation there, scaled to a standard
-    // deviation): a step is slow only well above it.
-    let noise = median(
-        &(0..runs.len())
-            .filter_map(|r| {
-                let own: Vec<f64> = steps
-                    .iter()
-                    .zip(&top)
-                    .filter(|(_, t)| t.is_none_or(|t| t.0 != r))
-                    .map(|(st, _)| st[r].1)
-                    .collect();
-                let m = median(&own)?;
-                median(&own.iter().map(|x| (x - m).abs()).collect::<Vec<_>>())
-            })
-            .collect::<Vec<_>>(),
-    )
-    .unwrap_or(0.0)
-        * 1.4826;
+    let noise = own_work_noise(&steps, &top, runs.len());
     let floor = (STRAGGLER_WARNING * step_median).max(NOISE_SIGMAS * noise);
     let slow: Vec<Option<(usize, f64)>> = top
         .into_iter()
@@ -278,20 +260,7 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
         return None;
     }
     let lost_ms = slow.iter().flatten().map(|s| s.1).sum::<f64>() * stride as f64;
-    // Episodes.
-    let mut episodes: Vec<(usize, usize, usize, usize, f64)> = Vec::new(); // rank, from, to, n, lost
-    for (k, s) in slow.iter().enumerate() {
-        let Some((r, x)) = *s else { continue };
-        match episodes.last_mut() {
-            Some(e) if e.0 == r && k - (e.2 - 1) <= EPISODE_GAP + 1 => {
-                e.2 = k + 1;
-                e.3 += 1;
-                e.4 += x;
-            }
-            _ => episodes.push((r, k, k + 1, 1, x)),
-        }
-    }
-    episodes.retain(|e| e.3 >= MIN_EPISODE_STEPS);
+    let episodes = episodes(&slow);
     let mut per_rank = vec![0usize; runs.len()];
     for &(r, _) in slow.iter().flatten() {
         per_rank[r] += 1;
@@ -332,6 +301,48 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
             .collect(),
         lost_ms,
     })
+}
+
+/// The noise of one rank's own work from step to step, where it was not the slowest (`top`:
+/// each aligned step's slowest rank): the median over ranks of its median absolute deviation
+/// there, scaled to a standard deviation. A step is slow only well above it.
+fn own_work_noise(steps: &[Vec<(f64, f64)>], top: &[Option<(usize, f64)>], ranks: usize) -> f64 {
+    median(
+        &(0..ranks)
+            .filter_map(|r| {
+                let own: Vec<f64> = steps
+                    .iter()
+                    .zip(top)
+                    .filter(|(_, t)| t.is_none_or(|t| t.0 != r))
+                    .map(|(st, _)| st[r].1)
+                    .collect();
+                let m = median(&own)?;
+                median(&own.iter().map(|x| (x - m).abs()).collect::<Vec<_>>())
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap_or(0.0)
+        * 1.4826
+}
+
+/// The episodes of `slow` (each aligned step's slow rank and its excess, ms): runs of one rank
+/// slow with gaps of at most [`EPISODE_GAP`] steps, [`MIN_EPISODE_STEPS`] slow steps or more,
+/// as (rank, from, to, slow steps, lost ms).
+fn episodes(slow: &[Option<(usize, f64)>]) -> Vec<(usize, usize, usize, usize, f64)> {
+    let mut episodes: Vec<(usize, usize, usize, usize, f64)> = Vec::new();
+    for (k, s) in slow.iter().enumerate() {
+        let Some((r, x)) = *s else { continue };
+        match episodes.last_mut() {
+            Some(e) if e.0 == r && k - (e.2 - 1) <= EPISODE_GAP + 1 => {
+                e.2 = k + 1;
+                e.3 += 1;
+                e.4 += x;
+            }
+            _ => episodes.push((r, k, k + 1, 1, x)),
+        }
+    }
+    episodes.retain(|e| e.3 >= MIN_EPISODE_STEPS);
+    episodes
 }
 
 /// The finding of a transient straggler (persistent ones are [`straggler`]'s; rotating ones

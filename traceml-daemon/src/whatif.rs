@@ -63,96 +63,25 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
     } else {
         None
     };
-    let (to, left, assumption) = match (p, handover) {
-        (Phase::InputWait, Some((h, k))) => {
-            // The hand-over's work goes to the k workers, in parallel: the step loses it but
-            // cannot be shorter than one worker's share of it.
-            let without = step - h;
-            let step_if = without.max(h / f64::from(k));
-            (
-                format!("the {}", plural_workers(k)),
-                (step_if - (step - mean)).clamp(0.0, mean),
-                format!(
-                    "an upper bound: the hand-over's {} a step on this thread (unpickling, \
-                     rebuilding) done in the {} and what arrives cheap to take over; the step \
-                     no shorter than their share of it, {} each",
-                    crate::units::ms(Some(h)),
-                    plural_workers(k),
-                    crate::units::ms(Some(h / f64::from(k)))
-                ),
-            )
-        }
-        (Phase::InputWait, None) => match loader_floor(s, st, mean) {
-            Some((floor, share)) => (
-                format!("the loader's own {}", crate::units::ms(Some(floor))),
-                floor,
-                format!(
-                    "the next batch ready when the loop asks, loading overlapped with compute; \
-                     the DataLoader's own work on this thread stays (collate and hand-over: \
-                     {:.0} % of its samples)",
-                    share * 100.0
-                ),
-            ),
-            None => (
-                "0".to_owned(),
-                0.0,
-                "an upper bound: the next batch ready when the loop asks, loading fully \
-                 overlapped with compute"
-                    .to_owned(),
-            ),
-        },
-        (Phase::H2d, _) => (
+    let (to, left, assumption) = match p {
+        Phase::InputWait => input_floor(s, st, step, mean, handover),
+        Phase::H2d => (
             "0".to_owned(),
             0.0,
             "an upper bound: the copies overlapped with compute, from pinned memory with \
              non_blocking=True"
                 .to_owned(),
         ),
-        (Phase::GpuWait, _) => match s.gpu.as_ref().and_then(|g| g.util_pct_mean) {
-            Some(util) => {
-                // The device's busy time per step stays; what the host waited beyond it goes.
-                let busy = step * (util / 100.0).clamp(0.0, 1.0);
-                let without = step - mean;
-                let left = (busy - without).clamp(0.0, mean);
-                (
-                    "GPU busy time".to_owned(),
-                    left,
-                    format!(
-                        "no blocking sync: the host queues work ahead; the GPU's busy time \
-                         ({util:.0} % of the step) stays"
-                    ),
-                )
-            }
-            // Without the device's busy time the wait may be the device's own work (a
-            // GPU-bound step): no bound to give.
-            None => return None,
-        },
-        (Phase::Residual, _) => (
+        Phase::GpuWait => gpu_floor(s, step, mean)?,
+        Phase::Residual => (
             "0".to_owned(),
             0.0,
             "an upper bound: the loop's own work between phases moved off the step".to_owned(),
         ),
-        (Phase::Forward | Phase::Backward | Phase::Optimizer, _) => {
-            let blocked = st.blocked_ms?;
-            let device_work = st.launches_per_step.is_some_and(|l| l >= 1.0);
-            if device_work || blocked / mean < BLOCKED_SHARE {
-                return None;
-            }
-            let cpu = (mean - blocked).max(0.0);
-            let wait = st
-                .blocked_in
-                .first()
-                .map(|f| format!(", in {},", f.function))
-                .unwrap_or_default();
-            (
-                format!("its on-CPU {}", crate::units::ms(Some(cpu))),
-                cpu,
-                format!("its blocked time{wait} is waiting, not compute, and goes"),
-            )
-        }
+        Phase::Forward | Phase::Backward | Phase::Optimizer => compute_floor(st, mean)?,
         // A single process's collective wait has no floor of its own: the straggler's
         // what-if is the job's (`ranks`).
-        (Phase::CollectiveWait, _) => return None,
+        Phase::CollectiveWait => return None,
     };
     let step_if = (step - mean + left).max(step * 1e-3);
     let what = if handover.is_some() {
@@ -168,6 +97,94 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
         throughput_factor: step / step_if,
         assumption,
     })
+}
+
+/// A floor: what the phase falls to (in words), the ms a step left of it, the assumption.
+type Floor = (String, f64, String);
+
+/// Input wait's floor: the hand-over moved to the `k` workers (`handover`: its ms a step and
+/// k), else the loader's own work on this thread, else 0.
+fn input_floor(
+    s: &Summary,
+    st: &crate::summary::PhaseStats,
+    step: f64,
+    mean: f64,
+    handover: Option<(f64, u32)>,
+) -> Floor {
+    if let Some((h, k)) = handover {
+        // The hand-over's work goes to the k workers, in parallel: the step loses it but
+        // cannot be shorter than one worker's share of it.
+        let without = step - h;
+        let step_if = without.max(h / f64::from(k));
+        return (
+            format!("the {}", plural_workers(k)),
+            (step_if - (step - mean)).clamp(0.0, mean),
+            format!(
+                "an upper bound: the hand-over's {} a step on this thread (unpickling, \
+                 rebuilding) done in the {} and what arrives cheap to take over; the step \
+                 no shorter than their share of it, {} each",
+                crate::units::ms(Some(h)),
+                plural_workers(k),
+                crate::units::ms(Some(h / f64::from(k)))
+            ),
+        );
+    }
+    match loader_floor(s, st, mean) {
+        Some((floor, share)) => (
+            format!("the loader's own {}", crate::units::ms(Some(floor))),
+            floor,
+            format!(
+                "the next batch ready when the loop asks, loading overlapped with compute; \
+                 the DataLoader's own work on this thread stays (collate and hand-over: \
+                 {:.0} % of its samples)",
+                share * 100.0
+            ),
+        ),
+        None => (
+            "0".to_owned(),
+            0.0,
+            "an upper bound: the next batch ready when the loop asks, loading fully \
+             overlapped with compute"
+                .to_owned(),
+        ),
+    }
+}
+
+/// gpu_wait's floor: the device's busy time a step stays, what the host waited beyond it goes.
+/// `None` without the device's busy time (the wait may be the device's own work).
+fn gpu_floor(s: &Summary, step: f64, mean: f64) -> Option<Floor> {
+    let util = s.gpu.as_ref().and_then(|g| g.util_pct_mean)?;
+    let busy = step * (util / 100.0).clamp(0.0, 1.0);
+    let without = step - mean;
+    let left = (busy - without).clamp(0.0, mean);
+    Some((
+        "GPU busy time".to_owned(),
+        left,
+        format!(
+            "no blocking sync: the host queues work ahead; the GPU's busy time ({util:.0} % of \
+             the step) stays"
+        ),
+    ))
+}
+
+/// A host compute phase mostly blocked (no device work in it) falls to its on-CPU time.
+fn compute_floor(st: &crate::summary::PhaseStats, mean: f64) -> Option<Floor> {
+    let blocked = st.blocked_ms?;
+    let device_work = st.launches_per_step.is_some_and(|l| l >= 1.0);
+    if device_work || blocked / mean < BLOCKED_SHARE {
+        return None;
+    }
+    let cpu = (mean - blocked).max(0.0);
+    let wait = st
+        .blocked_in
+        .first()
+        .map(|f| format!(", in {},", f.function))
+        .unwrap_or_default();
+    Some((
+        format!("its on-CPU {}", crate::units::ms(Some(cpu))),
+        cpu,
+        format!("its blocked time{wait} is waiting, not compute, and goes"),
+    ))
 }
 
 /// Where DataLoader code runs on the training thread (collate, fetch, hand-over): what stays

@@ -58,38 +58,9 @@ pub(super) fn daemon_overhead(
             .filter(|&(_, m)| m > 0.0)
             .map(|(us, m)| us / (m * 1e3) * 100.0)
     };
-    let hits = |h: &crate::event::ProbeStats, n: usize| {
-        let f = |v: u64| (n > 0).then(|| v as f64 / n as f64);
-        ProbeHits {
-            python: f(h.py_enter),
-            returns: f(h.exit),
-            native_calls: f(h.call_enter),
-            record_function: f(h.record),
-            launches: f(h.launch),
-            // Absent from recordings made before the switches were counted.
-            switches: (h.switch > 0).then(|| f(h.switch)).flatten(),
-        }
-    };
     let attach = target.map(|t| t.attach_ts_ns).unwrap_or(0);
-    // The target's CPU time from its /proc samples, from `from` on.
-    let cpu: Vec<(u64, f64)> = items
-        .iter()
-        .filter_map(|i| match i {
-            StreamItem::Sample(s) => s
-                .process
-                .as_ref()
-                .and_then(|p| p.cpu_seconds)
-                .filter(|c| c.is_finite())
-                .map(|c| (s.ts, c)),
-            _ => None,
-        })
-        .collect();
-    let cpu_ns_from = |from: u64| {
-        let mut it = cpu.iter().filter(|(ts, _)| *ts >= from);
-        let first = it.next()?;
-        let last = it.next_back()?;
-        Some((last.1 - first.1) * 1e9)
-    };
+    let cpu = cpu_seconds(items);
+    let cpu_ns_from = |from: u64| cpu_ns_from(&cpu, from);
     let pct_of_cpu = |added: f64, from: u64| {
         cpu_ns_from(from)
             .and_then(|c| crate::overhead::share_of_cpu(added, c))
@@ -105,16 +76,7 @@ pub(super) fn daemon_overhead(
         steady_pct_of_step: pct(steady),
         hits_per_step: hits(&est.hits, all_steps),
         steady_hits_per_step: hits(&est.steady_hits, steady_steps),
-        probe_sets: sets
-            .iter()
-            .map(|p| ProbeSetChange {
-                at_s: p.ts.saturating_sub(attach) as f64 / 1e9,
-                python: p.python,
-                launch_events: p.launch_events,
-                reason: p.reason.clone(),
-                watching: p.watching,
-            })
-            .collect(),
+        probe_sets: sets.iter().map(|p| probe_set(p, attach)).collect(),
         estimated_pct_of_cpu: pct_of_cpu(est.added_ns, 0),
         steady_pct_of_cpu: pct_of_cpu(est.steady_added_ns, est.steady_from_ns),
         learning_ms: (est.learnings > 0).then(|| est.learning_added_ns / 1e6),
@@ -122,4 +84,53 @@ pub(super) fn daemon_overhead(
         calibration: target.and_then(|t| t.calibration),
         cost_model: costs,
     })
+}
+
+/// Hits of each probe per step over `n` steps.
+fn hits(h: &crate::event::ProbeStats, n: usize) -> ProbeHits {
+    let f = |v: u64| (n > 0).then(|| v as f64 / n as f64);
+    ProbeHits {
+        python: f(h.py_enter),
+        returns: f(h.exit),
+        native_calls: f(h.call_enter),
+        record_function: f(h.record),
+        launches: f(h.launch),
+        // Absent from recordings made before the switches were counted.
+        switches: (h.switch > 0).then(|| f(h.switch)).flatten(),
+    }
+}
+
+/// The target's CPU seconds from its /proc samples: (ts, seconds).
+fn cpu_seconds(items: &[StreamItem]) -> Vec<(u64, f64)> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Sample(s) => s
+                .process
+                .as_ref()
+                .and_then(|p| p.cpu_seconds)
+                .filter(|c| c.is_finite())
+                .map(|c| (s.ts, c)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The target's CPU time (ns) between its first and last sample from `from` on.
+fn cpu_ns_from(cpu: &[(u64, f64)], from: u64) -> Option<f64> {
+    let mut it = cpu.iter().filter(|(ts, _)| *ts >= from);
+    let first = it.next()?;
+    let last = it.next_back()?;
+    Some((last.1 - first.1) * 1e9)
+}
+
+/// A probe-set change as the summary lists it (seconds from the attach).
+fn probe_set(p: &crate::event::ProbeSet, attach: u64) -> ProbeSetChange {
+    ProbeSetChange {
+        at_s: p.ts.saturating_sub(attach) as f64 / 1e9,
+        python: p.python,
+        launch_events: p.launch_events,
+        reason: p.reason.clone(),
+        watching: p.watching,
+    }
 }

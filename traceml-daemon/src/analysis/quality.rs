@@ -22,18 +22,7 @@ pub(super) fn data_quality(
             .filter(|i| matches!(i, StreamItem::Event(_)))
             .count() as u64
     };
-    let lost = items.iter().rev().find_map(|i| match i {
-        StreamItem::Lost(l) => Some(LostCounts {
-            ring_full: l.ring_full,
-            read_failed: l.read_failed,
-            state_full: l.state_full,
-            undecodable: l.undecodable,
-            seq_gaps: l.seq_gaps,
-            off_cpu_ring_full: l.off_cpu_ring_full,
-            total: l.total(),
-        }),
-        _ => None,
-    });
+    let lost = lost_counts(items);
     let lost_n = lost.as_ref().map(|l| l.total + l.seq_gaps);
     let lost_ratio = lost_n.map(|n| {
         if n == 0 {
@@ -42,17 +31,7 @@ pub(super) fn data_quality(
             n as f64 / (n + events_recorded) as f64
         }
     });
-    let probes_failed: Vec<ProbeFailed> = items
-        .iter()
-        .filter_map(|i| match i {
-            StreamItem::ProbeFailed(p) => Some(ProbeFailed {
-                probe: p.probe.clone(),
-                file: p.file.clone(),
-                reason: p.reason.clone(),
-            }),
-            _ => None,
-        })
-        .collect();
+    let probes_failed = probes_failed(items);
     let end_reason = items
         .iter()
         .find_map(|i| match i {
@@ -114,4 +93,35 @@ pub(super) fn data_quality(
         confidence,
         notes,
     }
+}
+
+/// The last loss counts in the stream.
+fn lost_counts(items: &[StreamItem]) -> Option<LostCounts> {
+    items.iter().rev().find_map(|i| match i {
+        StreamItem::Lost(l) => Some(LostCounts {
+            ring_full: l.ring_full,
+            read_failed: l.read_failed,
+            state_full: l.state_full,
+            undecodable: l.undecodable,
+            seq_gaps: l.seq_gaps,
+            off_cpu_ring_full: l.off_cpu_ring_full,
+            total: l.total(),
+        }),
+        _ => None,
+    })
+}
+
+/// Every probe that could not be placed.
+fn probes_failed(items: &[StreamItem]) -> Vec<ProbeFailed> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::ProbeFailed(p) => Some(ProbeFailed {
+                probe: p.probe.clone(),
+                file: p.file.clone(),
+                reason: p.reason.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
 }

@@ -206,8 +206,6 @@ fn pipeline_next(
         .as_ref()
         .map(|m| m.total)
         .unwrap_or(u64::from(s.steps.count));
-    let cores = s.system.num_cpus;
-    let sys = s.system.cpu_pct_mean;
     if let Some(ipc) = p.ipc.filter(|&i| i >= 0.05) {
         why.push_str(&format!(
             "; {:.0}% of the input wait was the hand-over (reading finished batches off the \
@@ -216,95 +214,120 @@ fn pipeline_next(
         ));
     }
     match p.bound {
-        PipelineBound::Ipc => {
-            let f = func(&p.ipc_in).unwrap_or_else(|| "unpickling".into());
-            let ipc = p.ipc.unwrap_or(0.0);
-            let cost = s
-                .phases
-                .input_wait
-                .mean_ms
-                .map(|m| format!(" ({:.0} ms a step)", m * ipc))
-                .unwrap_or_default();
-            format!(
-                "the workers finish first: {:.0}% of the input wait{cost} is this process taking \
-                 their batches over, in {f}: return tensors or compact bytes, not objects that \
-                 rebuild on arrival; do that work in the workers (__getitem__ or collate_fn); \
-                 more workers will not help",
-                ipc * 100.0
-            )
-        }
-        PipelineBound::Cpu => {
-            let f = func(&p.cpu_in).unwrap_or_else(|| "the dataset's code".into());
-            let saturated = sys.is_some_and(|c| c >= 85.0);
-            let need = p
-                .batch_cpu_ms
-                .zip(compute)
-                .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)));
-            match need {
-                _ if saturated => format!(
-                    "the workers are CPU-bound in {f} and no core is free (system CPU {}): more \
-                     workers will not help; make that per-sample work cheaper (pre-process once, \
-                     decode on the GPU, smaller samples)",
-                    opt_pct(sys)
-                ),
-                Some((b, c, (n, headroom))) if cores.is_none_or(|cores| headroom < cores) => {
-                    format!(
-                        "the workers are CPU-bound in {f}: one batch takes {b:.0} ms of one core \
-                         and a step's own work is {c:.0} ms: num_workers ≥ {n}, {headroom} with \
-                         headroom (now {k}, {} cores)",
-                        cores.map_or("?".into(), |c| c.to_string())
-                    )
-                }
-                Some((b, c, (n, _))) => format!(
-                    "the workers are CPU-bound in {f}: one batch takes {b:.0} ms of one core and a \
-                     step's own work is {c:.0} ms: keeping pace needs {n} workers, more than the \
-                     {} cores: more workers will not help; make that per-sample work cheaper",
-                    cores.map_or("?".into(), |c| c.to_string())
-                ),
-                None => format!(
-                    "the workers are CPU-bound in {f}: add workers while cores are free (system \
-                     CPU {}), or make that per-sample work cheaper",
-                    opt_pct(sys)
-                ),
-            }
-        }
+        PipelineBound::Ipc => ipc_next(s, p, func(&p.ipc_in)),
+        PipelineBound::Cpu => cpu_next(s, p, k, compute, func(&p.cpu_in)),
         PipelineBound::Wait | PipelineBound::Io => {
-            let f = func(&p.blocked_in).unwrap_or_else(|| "the dataset's code".into());
-            let read = p.reads_from.first().filter(|r| r.share >= READ_SHARE);
-            let what = match read {
-                Some(r) => reading_next(r),
-                None if p.bound == PipelineBound::Io => "in storage I/O (uninterruptible \
-                    reads): faster or local storage, larger sequential reads or shards"
-                    .to_owned(),
-                None => "asleep (a lock, a queue, a sleep, a network or pipe read), not \
-                         computing"
-                    .to_owned(),
-            };
-            // A worker's wall time per batch: its share of busy samples over the run.
-            let per_batch = s
-                .run
-                .measured_s
-                .or(s.run.duration_s)
-                .filter(|_| batches > 0)
-                .map(|wall| {
-                    p.busy * f64::from(p.workers_sampled.max(1)) * wall * 1e3 / batches as f64
-                });
-            // A pipe's writer sets the pace: more workers would wait on it too.
-            let paced = read.is_some_and(|r| r.site.kind == crate::event::ReadKind::Pipe);
-            let more = per_batch
-                .filter(|_| !paced)
-                .zip(compute)
-                .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)))
-                .map(|(b, c, (n, headroom))| {
-                    format!(
-                        "; a batch keeps a worker {b:.0} ms and a step's own work is {c:.0} ms: \
-                         num_workers ≥ {n}, {headroom} with headroom overlaps the waits (now {k})"
-                    )
-                })
-                .unwrap_or_default();
-            format!("the workers wait in {f}, {what}{more}")
+            wait_next(s, p, k, compute, batches, func(&p.blocked_in))
         }
     }
+}
+
+/// The workers finish first: the hand-over (`f`: where this process takes their batches
+/// over) is the cost.
+fn ipc_next(s: &Summary, p: &crate::summary::WorkerProfile, f: Option<String>) -> String {
+    let f = f.unwrap_or_else(|| "unpickling".into());
+    let ipc = p.ipc.unwrap_or(0.0);
+    let cost = s
+        .phases
+        .input_wait
+        .mean_ms
+        .map(|m| format!(" ({:.0} ms a step)", m * ipc))
+        .unwrap_or_default();
+    format!(
+        "the workers finish first: {:.0}% of the input wait{cost} is this process taking \
+         their batches over, in {f}: return tensors or compact bytes, not objects that \
+         rebuild on arrival; do that work in the workers (__getitem__ or collate_fn); \
+         more workers will not help",
+        ipc * 100.0
+    )
+}
+
+/// The workers are CPU-bound in `f`: how many keep pace, or why more will not help.
+fn cpu_next(
+    s: &Summary,
+    p: &crate::summary::WorkerProfile,
+    k: u32,
+    compute: Option<f64>,
+    f: Option<String>,
+) -> String {
+    let f = f.unwrap_or_else(|| "the dataset's code".into());
+    let (cores, sys) = (s.system.num_cpus, s.system.cpu_pct_mean);
+    let saturated = sys.is_some_and(|c| c >= 85.0);
+    let need = p
+        .batch_cpu_ms
+        .zip(compute)
+        .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)));
+    match need {
+        _ if saturated => format!(
+            "the workers are CPU-bound in {f} and no core is free (system CPU {}): more \
+             workers will not help; make that per-sample work cheaper (pre-process once, \
+             decode on the GPU, smaller samples)",
+            opt_pct(sys)
+        ),
+        Some((b, c, (n, headroom))) if cores.is_none_or(|cores| headroom < cores) => {
+            format!(
+                "the workers are CPU-bound in {f}: one batch takes {b:.0} ms of one core \
+                 and a step's own work is {c:.0} ms: num_workers ≥ {n}, {headroom} with \
+                 headroom (now {k}, {} cores)",
+                cores.map_or("?".into(), |c| c.to_string())
+            )
+        }
+        Some((b, c, (n, _))) => format!(
+            "the workers are CPU-bound in {f}: one batch takes {b:.0} ms of one core and a \
+             step's own work is {c:.0} ms: keeping pace needs {n} workers, more than the \
+             {} cores: more workers will not help; make that per-sample work cheaper",
+            cores.map_or("?".into(), |c| c.to_string())
+        ),
+        None => format!(
+            "the workers are CPU-bound in {f}: add workers while cores are free (system \
+             CPU {}), or make that per-sample work cheaper",
+            opt_pct(sys)
+        ),
+    }
+}
+
+/// The workers wait in `f` (asleep or in I/O): where, and how many workers overlap the waits.
+fn wait_next(
+    s: &Summary,
+    p: &crate::summary::WorkerProfile,
+    k: u32,
+    compute: Option<f64>,
+    batches: u64,
+    f: Option<String>,
+) -> String {
+    use crate::summary::PipelineBound;
+    let f = f.unwrap_or_else(|| "the dataset's code".into());
+    let read = p.reads_from.first().filter(|r| r.share >= READ_SHARE);
+    let what = match read {
+        Some(r) => reading_next(r),
+        None if p.bound == PipelineBound::Io => "in storage I/O (uninterruptible \
+            reads): faster or local storage, larger sequential reads or shards"
+            .to_owned(),
+        None => "asleep (a lock, a queue, a sleep, a network or pipe read), not \
+                 computing"
+            .to_owned(),
+    };
+    // A worker's wall time per batch: its share of busy samples over the run.
+    let per_batch = s
+        .run
+        .measured_s
+        .or(s.run.duration_s)
+        .filter(|_| batches > 0)
+        .map(|wall| p.busy * f64::from(p.workers_sampled.max(1)) * wall * 1e3 / batches as f64);
+    // A pipe's writer sets the pace: more workers would wait on it too.
+    let paced = read.is_some_and(|r| r.site.kind == crate::event::ReadKind::Pipe);
+    let more = per_batch
+        .filter(|_| !paced)
+        .zip(compute)
+        .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)))
+        .map(|(b, c, (n, headroom))| {
+            format!(
+                "; a batch keeps a worker {b:.0} ms and a step's own work is {c:.0} ms: \
+                 num_workers ≥ {n}, {headroom} with headroom overlaps the waits (now {k})"
+            )
+        })
+        .unwrap_or_default();
+    format!("the workers wait in {f}, {what}{more}")
 }
 
 /// Input that does not come from a DataLoader on the training thread: a feeder thread's queue,

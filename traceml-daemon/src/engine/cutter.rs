@@ -210,20 +210,33 @@ pub(crate) fn cut_windows(c: &mut Cutter, t: &ThreadTrace, w: u64, at_end: bool,
     }
 }
 
-/// Closes the window at an optimizer exit (or the trace's end): see the module doc.
-fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
-    let marks = std::mem::take(&mut c.window);
-    // Fetches that are batches (with their group, see the module doc), and the first
-    // StopIteration that ended an epoch.
-    let mut fetches: Vec<u64> = Vec::new();
-    let mut group_of: Vec<u32> = Vec::new();
-    let mut groups = 0u32;
+/// A window's marks read: its fetches that are batches (with their group, see the module
+/// doc), the first StopIteration that ended an epoch, its backwards.
+struct Scan {
+    fetches: Vec<u64>,
+    group_of: Vec<u32>,
+    groups: u32,
+    epoch_end: Option<u64>,
+    /// A fetch raised (StopIteration).
+    raised: bool,
+    /// Backwards.
+    b: u32,
+}
+
+/// Reads a window's marks; `prefetch` is set where a raised fetch is the prefetch past the
+/// last batch while the last batch trains.
+fn scan(marks: &[Mark], t: &ThreadTrace, prefetch: &mut bool) -> Scan {
+    let mut out = Scan {
+        fetches: Vec::new(),
+        group_of: Vec::new(),
+        groups: 0,
+        epoch_end: None,
+        raised: false,
+        b: 0,
+    };
     // The previous fetch of the group in progress: (its return, its duration).
     let mut last_end: Option<(u64, u64)> = None;
-    let mut epoch_end: Option<u64> = None;
-    let mut raised = false;
-    let mut b = 0u32;
-    let mut group = |f: &InputCall, last_end: &mut Option<(u64, u64)>| {
+    let group = |f: &InputCall, last_end: &mut Option<(u64, u64)>, groups: &mut u32| {
         let dur = f.end.unwrap_or(f.ts) - f.ts;
         let joined = last_end.is_some_and(|(e, prev)| {
             // The time the loop ran between the two fetches: a preemption in between (the
@@ -232,56 +245,98 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
             gap <= GROUP_GAP_NS && gap.saturating_mul(10) <= prev.max(dur)
         });
         if !joined {
-            groups += 1;
+            *groups += 1;
         }
         *last_end = Some((f.end.unwrap_or(f.ts), dur));
-        groups - 1
+        *groups - 1
     };
     for (i, m) in marks.iter().enumerate() {
         match *m {
             Mark::Fetch(f) if !f.raised => {
-                group_of.push(group(&f, &mut last_end));
-                fetches.push(f.ts);
+                out.group_of
+                    .push(group(&f, &mut last_end, &mut out.groups));
+                out.fetches.push(f.ts);
             }
             Mark::Fetch(f) => {
-                raised = true;
+                out.raised = true;
                 if matches!(marks.get(i + 1), Some(Mark::Backward(_))) {
                     // The prefetch past the last batch while the last batch trains.
-                    c.prefetch = true;
-                    group_of.push(group(&f, &mut last_end));
-                    fetches.push(f.ts);
+                    *prefetch = true;
+                    out.group_of
+                        .push(group(&f, &mut last_end, &mut out.groups));
+                    out.fetches.push(f.ts);
                 } else {
-                    epoch_end.get_or_insert(f.ts);
+                    out.epoch_end.get_or_insert(f.ts);
                     last_end = None;
                 }
             }
             Mark::Backward(_) => {
-                b += 1;
+                out.b += 1;
                 last_end = None;
             }
         }
     }
+    out
+}
+
+/// A window without a batch fetched (`b` backwards, `epoch_end` where an epoch ended).
+fn no_batch(c: &mut Cutter, cut: &mut Cut, epoch_end: Option<u64>, b: u32, at_end: bool) {
+    match epoch_end {
+        // The epoch's end after the step's optimizer exit (the trace's end, an epoch's
+        // last window): the step in progress ends there.
+        Some(e) if b == 0 => {
+            if let Some(s) = c.open.take() {
+                push_step(cut, s, e, Some(c.micro));
+            }
+            c.fresh = true;
+        }
+        // The trace ended after the step's optimizer exit with nothing begun since (the
+        // loop's last step, stopped at `max_steps`): complete up to that exit.
+        None if at_end && b == 0 => {
+            if let Some(s) = c.open.take_if(|&mut s| c.last_exit > s) {
+                push_step(cut, s, c.last_exit, Some(c.micro));
+            }
+        }
+        // No batch fetched: the optimizer step continues the step in progress.
+        _ => c.micro += b,
+    }
+}
+
+/// The last thing seen of an evaluation begun at `e` that no training batch follows (the
+/// run's final one): its last fetch's return, its last module call, or grad mode switched
+/// back on; not the trace's end (the process may save, log and tear down for seconds after).
+fn last_seen(marks: &[Mark], t: &ThreadTrace, e: u64) -> Option<u64> {
+    let fetched = marks.iter().filter_map(|m| match m {
+        Mark::Fetch(f) => f.end.or(Some(f.ts)),
+        Mark::Backward(_) => None,
+    });
+    let grad = t
+        .grad_off
+        .iter()
+        .map(|&(_, b)| b)
+        .chain(t.grad_off_open.map(|_| t.last_ts));
+    let model = t
+        .intervals
+        .iter()
+        .filter(|&&(_, _, p)| p == super::Phase::Forward)
+        .map(|&(_, b, _)| b);
+    fetched.chain(grad).chain(model).filter(|&x| x > e).max()
+}
+
+/// Closes the window at an optimizer exit (or the trace's end): see the module doc.
+fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
+    let marks = std::mem::take(&mut c.window);
+    let Scan {
+        mut fetches,
+        mut group_of,
+        groups,
+        mut epoch_end,
+        mut raised,
+        b,
+    } = scan(&marks, t, &mut c.prefetch);
     let n = u32::try_from(fetches.len()).unwrap_or(u32::MAX);
     if n == 0 {
-        match epoch_end {
-            // The epoch's end after the step's optimizer exit (the trace's end, an epoch's
-            // last window): the step in progress ends there.
-            Some(e) if b == 0 => {
-                if let Some(s) = c.open.take() {
-                    push_step(cut, s, e, Some(c.micro));
-                }
-                c.fresh = true;
-            }
-            // The trace ended after the step's optimizer exit with nothing begun since (the
-            // loop's last step, stopped at `max_steps`): complete up to that exit.
-            None if at_end && b == 0 => {
-                if let Some(s) = c.open.take_if(|&mut s| c.last_exit > s) {
-                    push_step(cut, s, c.last_exit, Some(c.micro));
-                }
-            }
-            // No batch fetched: the optimizer step continues the step in progress.
-            _ => c.micro += b,
-        }
+        no_batch(c, cut, epoch_end, b, at_end);
         return;
     }
     // Counted in fetches (a prefetching iterator's extra fetch allowed for), and in groups
@@ -386,23 +441,7 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
         // saw of it: its last fetch's return, its last module call, or grad mode switched
         // back on; not with the trace (the process may save, log and tear down for seconds
         // after).
-        let seen = || {
-            let fetched = marks.iter().filter_map(|m| match m {
-                Mark::Fetch(f) => f.end.or(Some(f.ts)),
-                Mark::Backward(_) => None,
-            });
-            let grad = t
-                .grad_off
-                .iter()
-                .map(|&(_, b)| b)
-                .chain(t.grad_off_open.map(|_| t.last_ts));
-            let model = t
-                .intervals
-                .iter()
-                .filter(|&&(_, _, p)| p == super::Phase::Forward)
-                .map(|&(_, b, _)| b);
-            fetched.chain(grad).chain(model).filter(|&x| x > e).max()
-        };
+        let seen = || last_seen(&marks, t, e);
         let end = train_start.or_else(seen).unwrap_or(t.last_ts);
         if end > e {
             cut.evals.push((e, end, excess));

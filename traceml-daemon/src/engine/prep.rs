@@ -83,6 +83,30 @@ pub(crate) fn loop_prefix<'a>(stacks: impl Iterator<Item = &'a [u32]>, share: f6
     }
 }
 
+/// The samples in the `n` steps from index `first` on, in time order: each step's forward
+/// samples, and all of them.
+fn in_steps(samples: &[PhaseSample], first: u32, n: usize) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut forward: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut inside: Vec<usize> = Vec::new();
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    order.sort_by_key(|&i| samples[i].ts);
+    for i in order {
+        let Some(k) = samples[i]
+            .step
+            .checked_sub(first)
+            .map(|k| k as usize)
+            .filter(|&k| k < n)
+        else {
+            continue;
+        };
+        inside.push(i);
+        if samples[i].phase == Phase::Forward {
+            forward[k].push(i);
+        }
+    }
+    (forward, inside)
+}
+
 /// Moves each step's input preparation found in `samples` from forward to input_wait (the
 /// samples too), and the off-CPU time the samples saw (`PhaseSample::off_cpu`).
 pub(crate) fn apply(
@@ -94,25 +118,7 @@ pub(crate) fn apply(
     let Some(first) = steps.first().map(|s| s.index) else {
         return;
     };
-    // Indices of each step's forward samples, in time order.
-    let mut forward: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
-    let mut inside: Vec<usize> = Vec::new();
-    let mut order: Vec<usize> = (0..samples.len()).collect();
-    order.sort_by_key(|&i| samples[i].ts);
-    for i in order {
-        let Some(k) = samples[i]
-            .step
-            .checked_sub(first)
-            .map(|k| k as usize)
-            .filter(|&k| k < steps.len())
-        else {
-            continue;
-        };
-        inside.push(i);
-        if samples[i].phase == Phase::Forward {
-            forward[k].push(i);
-        }
-    }
+    let (mut forward, inside) = in_steps(samples, first, steps.len());
     // The loop frame: the deepest frame held by nearly every sample of the steps (a torn read
     // or an empty stack, the sampler reading while the interpreter switches frames, is no vote).
     if inside.len() < MIN_SAMPLES {

@@ -37,25 +37,30 @@ pub(super) struct Kernel {
 }
 
 impl Kernel {
-    pub(super) fn new(
-        attacher: Attacher,
-        ring: RingBuf<MapData>,
-        classes: BpfHashMap<MapData, u64, u32>,
-        pending: BpfHashMap<MapData, u64, traceml_common::Pending>,
-        loss: PerCpuArray<MapData, u64>,
-        log: Option<aya_log::EbpfLogger<EbpfLog>>,
-        held_back: bool,
-    ) -> Kernel {
-        Kernel {
+    /// The live loop's side of a loaded attacher: its ring, code classes, pending counts and
+    /// loss counters taken out, and its log.
+    pub(super) fn from_attacher(mut attacher: Attacher, held_back: bool) -> Result<Kernel, String> {
+        fn take<T>(a: &mut Attacher, name: &str) -> Result<T, String>
+        where
+            T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+        {
+            let map = a
+                .ebpf
+                .take_map(name)
+                .ok_or_else(|| format!("map {name} missing from the eBPF object"))?;
+            T::try_from(map).map_err(|e| e.to_string())
+        }
+        let log = ebpf_log(&mut attacher.ebpf);
+        Ok(Kernel {
+            ring: take(&mut attacher, "EVENTS")?,
+            classes: take(&mut attacher, "CODE_CLASS")?,
+            pending: take(&mut attacher, "PENDING")?,
+            loss: take(&mut attacher, "LOSS")?,
             attacher: Some(attacher),
             detaching: None,
-            ring,
-            classes,
-            pending,
-            loss,
             log,
             held_back,
-        }
+        })
     }
 
     const OUT: &str = "the attacher is out only while its own run awaits a placement";

@@ -169,6 +169,33 @@ fn pick<T: Clone>(flag: &Option<T>, file: &Option<T>, default: T) -> (T, Source)
     }
 }
 
+/// `--metrics-addr` over the file's `metrics_addr`, parsed (`None`: no exporter).
+fn metrics_addr(
+    flags: &ServeFlags,
+    file: &ServeConfig,
+    config: &Path,
+) -> Result<Option<SocketAddr>, SettingsError> {
+    let picked = match (&flags.metrics_addr, &file.metrics_addr) {
+        (Some(a), _) => Some((a, Source::Flag)),
+        (None, Some(a)) => Some((a, Source::File)),
+        (None, None) => None,
+    };
+    picked
+        .map(|(a, from)| {
+            crate::metrics::http::parse_addr(a).map_err(|e| {
+                // parse_addr's message names the flag; the file's key is named here instead.
+                let why = e.split_once(": ").map_or(e.as_str(), |(_, w)| w).to_owned();
+                SettingsError::Value {
+                    key: "metrics-addr",
+                    from,
+                    config: config.to_owned(),
+                    msg: format!("{a:?}: {why}"),
+                }
+            })
+        })
+        .transpose()
+}
+
 impl ServeSettings {
     /// Reads the config file the flags name (or the default one) and resolves the settings.
     pub fn load(
@@ -240,19 +267,7 @@ impl ServeSettings {
                 "must be a positive number of seconds",
             ));
         }
-        let metrics_addr = match (&flags.metrics_addr, &file.metrics_addr) {
-            (Some(a), _) => Some((a, Source::Flag)),
-            (None, Some(a)) => Some((a, Source::File)),
-            (None, None) => None,
-        }
-        .map(|(a, src)| {
-            crate::metrics::http::parse_addr(a).map_err(|e| {
-                // parse_addr's message names the flag; the file's key is named here instead.
-                let why = e.split_once(": ").map_or(e.as_str(), |(_, w)| w).to_owned();
-                bad("metrics-addr", src, &format!("{a:?}: {why}"))
-            })
-        })
-        .transpose()?;
+        let metrics_addr = metrics_addr(flags, file, config)?;
         let cat = |a: &[String], b: &[String]| [a, b].concat();
         let policy = Policy::new(
             PolicyConfig {

@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
-use aya::maps::{HashMap as BpfHashMap, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, PerCpuArray};
 use traceml_common::RawEvent;
 
 use crate::attach::memory::TargetMemory;
@@ -23,7 +23,7 @@ use crate::sampler::Sampler;
 use crate::sanitize::{self, terminal};
 
 pub use super::kernel::monotonic_ns;
-use super::kernel::{Kernel, ebpf_log, launch_totals, percpu_sum, ring_readiness};
+use super::kernel::{Kernel, launch_totals, percpu_sum, ring_readiness};
 
 use super::options::worker_every;
 pub use super::options::{LiveError, Options, WORKER_STACK_RATE};
@@ -153,7 +153,7 @@ async fn load(
     })
     .await
     .map_err(|e| LiveError::Kernel(format!("loading the eBPF programs: {e}")))?;
-    let (mut attacher, probed, attach_ts, calibration) = match loaded {
+    let (attacher, probed, attach_ts, calibration) = match loaded {
         Ok(l) => l,
         Err(e) => {
             let msg = attach::error_chain(&e);
@@ -165,29 +165,11 @@ async fn load(
             return Err(e.into());
         }
     };
-    let log = ebpf_log(&mut attacher.ebpf);
-    let take = |a: &mut Attacher, name: &str| {
-        a.ebpf
-            .take_map(name)
-            .ok_or_else(|| LiveError::Kernel(format!("map {name} missing from the eBPF object")))
-    };
-    let ring = RingBuf::try_from(take(&mut attacher, "EVENTS")?)
-        .map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let classes = BpfHashMap::try_from(take(&mut attacher, "CODE_CLASS")?)
-        .map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let loss = PerCpuArray::try_from(take(&mut attacher, "LOSS")?)
-        .map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let pending = BpfHashMap::try_from(take(&mut attacher, "PENDING")?)
-        .map_err(|e| LiveError::Kernel(e.to_string()))?;
-    let kernel = Kernel::new(
+    let kernel = Kernel::from_attacher(
         attacher,
-        ring,
-        classes,
-        pending,
-        loss,
-        log,
         Governor::defers_libraries(opts.policy, opts.watch_first),
-    );
+    )
+    .map_err(LiveError::Kernel)?;
     Ok(Loaded {
         kernel,
         mem,
@@ -254,7 +236,44 @@ pub async fn run(
             Err(e) => tracing::warn!("no Python stack samples: {e}"),
         }
     }
-    run.emit(StreamItem::Target(Box::new(TargetInfo {
+    let info = target_info(opts, &py, attach_ts, run.calibration);
+    run.emit(StreamItem::Target(Box::new(info)))?;
+
+    let report = &probed[0].report;
+    if report.attached.is_empty() {
+        return Err(not_probed(report, &py));
+    }
+    for p in probed {
+        run.probed(p)?;
+    }
+    // Every probe is in from here: the attach's probe set is stamped now, before the ready file
+    // lets a waiting workload start (the engine drops marks from before it as the attach's
+    // fragment).
+    let armed_at = monotonic_ns();
+    if let Some(f) = &opts.ready_file {
+        std::fs::write(f, "attached\n")
+            .map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
+    }
+    tracing::info!(
+        "attached to {pid} in {:.0} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    let (mut sampler, mut governor) = start_governing(&mut run, &mut k, armed_at)?;
+    // Subscribed before the loop: the target's exit or exec is reported while it happens.
+    let mut watch = ending::Watch::new(pid, start, run.python_base);
+    let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, &mut watch).await?;
+    finish(run, k, watch, reason)
+}
+
+/// What the stream says of the target at its start.
+fn target_info(
+    opts: &Options,
+    py: &python::PythonTarget,
+    attach_ts: u64,
+    calibration: Option<crate::event::Calibration>,
+) -> TargetInfo {
+    let pid = opts.pid;
+    TargetInfo {
         pid,
         comm: procinfo::comm(pid)
             .map(|b| sanitize::comm(&b))
@@ -278,50 +297,30 @@ pub async fn run(
         launch_count_only: !opts.launch_events,
         overhead_budget_pct: Some(opts.overhead_budget * 100.0),
         identity: Some(crate::host::identity::of(pid)),
-        calibration: run.calibration,
-    })))?;
+        calibration,
+    }
+}
 
-    let report = &probed[0].report;
-    if report.attached.is_empty() {
-        let reason = report
-            .failures
-            .first()
-            .map(|f| f.reason.clone())
-            .unwrap_or_default();
-        // EACCES from perf_event_open without root: the kernel wants CAP_SYS_ADMIN for uprobes.
-        // SAFETY: geteuid has no preconditions.
-        if reason.contains("Permission denied") && unsafe { libc::geteuid() } != 0 {
-            return Err(LiveError::Privileges(format!(
-                "CAP_SYS_ADMIN, which this kernel requires to create uprobes (probing {}: {reason})",
-                python::EVAL_SYMBOL
-            )));
-        }
-        return Err(LiveError::Kernel(format!(
-            "cannot probe {} in {}: {reason}",
-            python::EVAL_SYMBOL,
-            py.path.display()
-        )));
+/// Why the frame evaluator could not be probed (without it there is no run).
+fn not_probed(report: &attach::FileReport, py: &python::PythonTarget) -> LiveError {
+    let reason = report
+        .failures
+        .first()
+        .map(|f| f.reason.clone())
+        .unwrap_or_default();
+    // EACCES from perf_event_open without root: the kernel wants CAP_SYS_ADMIN for uprobes.
+    // SAFETY: geteuid has no preconditions.
+    if reason.contains("Permission denied") && unsafe { libc::geteuid() } != 0 {
+        return LiveError::Privileges(format!(
+            "CAP_SYS_ADMIN, which this kernel requires to create uprobes (probing {}: {reason})",
+            python::EVAL_SYMBOL
+        ));
     }
-    for p in probed {
-        run.probed(p)?;
-    }
-    // Every probe is in from here: the attach's probe set is stamped now, before the ready file
-    // lets a waiting workload start (the engine drops marks from before it as the attach's
-    // fragment).
-    let armed_at = monotonic_ns();
-    if let Some(f) = &opts.ready_file {
-        std::fs::write(f, "attached\n")
-            .map_err(|e| LiveError::Sink(format!("{}: {e}", f.display())))?;
-    }
-    tracing::info!(
-        "attached to {pid} in {:.0} ms",
-        t0.elapsed().as_secs_f64() * 1e3
-    );
-    let (mut sampler, mut governor) = start_governing(&mut run, &mut k, armed_at)?;
-    // Subscribed before the loop: the target's exit or exec is reported while it happens.
-    let mut watch = ending::Watch::new(pid, start, run.python_base);
-    let reason = event_loop(&mut run, &mut k, &mut sampler, &mut governor, &mut watch).await?;
-    finish(run, k, watch, reason)
+    LiveError::Kernel(format!(
+        "cannot probe {} in {}: {reason}",
+        python::EVAL_SYMBOL,
+        py.path.display()
+    ))
 }
 
 /// The samplers and the governor, started; the first counters and probe set (stamped
@@ -507,6 +506,25 @@ fn own_signals(opts: &Options) -> Result<[Option<tokio::signal::unix::Signal>; 3
     Ok(out)
 }
 
+/// How often the governor looks: once a second, every 250 ms while it watches for the first
+/// training marker (to place the other probes within a step or two), every 50 ms while it
+/// learns the loop with every probe (the costly set, in which every Python call pays the
+/// frame-evaluator probe: left as soon as the markers carry the steps).
+fn govern_every(stage: Stage) -> Duration {
+    Duration::from_millis(match stage {
+        Stage::Learning => 50,
+        Stage::Watching => 250,
+        Stage::Steady => 1000,
+    })
+}
+
+/// A timer ticking every `period` from one period on; a late tick delays the next ones.
+fn every(period: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
 async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     run: &mut Run<'_, F>,
     k: &mut Kernel,
@@ -514,7 +532,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     governor: &mut Governor,
     watch: &mut ending::Watch,
 ) -> Result<EndReason, LiveError> {
-    use tokio::time::{MissedTickBehavior, interval, interval_at};
+    use tokio::time::{MissedTickBehavior, interval};
     let pid = run.opts.pid;
     // The ring is polled every 10 ms while events flow fast, every 50 ms while they trickle
     // (a plain loop after the frame-evaluator probe's detach: tens of events per step): at
@@ -533,19 +551,6 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let rescan_started = tokio::time::Instant::now();
     let mut rescan_slow = false;
     let mut sample = interval(run.opts.sample_interval);
-    // The governor looks once a second, every 250 ms while it learns the loop with every probe
-    // (the costly set: it is left as soon as the markers carry the steps) or watches for the
-    // first training marker (to place the other probes within a step or two).
-    // While learning, every Python call pays the frame-evaluator probe: look often, to end it
-    // as soon as the loop is known. While watching (no probe hit), start within a second.
-    let govern_every = |stage: Stage| {
-        Duration::from_millis(match stage {
-            Stage::Learning => 50,
-            Stage::Watching => 250,
-            Stage::Steady => 1000,
-        })
-    };
-
     let mut govern_stage = governor.stage();
     let mut govern = interval(govern_every(govern_stage));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
@@ -588,9 +593,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
             _ = rescan.tick() => {
                 if !rescan_slow && rescan_started.elapsed() >= Duration::from_secs(10) {
                     rescan_slow = true;
-                    let every = run.opts.rescan_interval.max(Duration::from_secs(1));
-                    rescan = interval_at(tokio::time::Instant::now() + every, every);
-                    rescan.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                    rescan = every(run.opts.rescan_interval.max(Duration::from_secs(1)));
                 }
                 if let Some(reason) = run.look(k, watch, &mut last_lost).await? {
                     return Ok(reason);
@@ -612,9 +615,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 run.govern(k, governor).await?;
                 if governor.stage() != govern_stage {
                     govern_stage = governor.stage();
-                    let every = govern_every(govern_stage);
-                    govern = interval_at(tokio::time::Instant::now() + every, every);
-                    govern.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                    govern = every(govern_every(govern_stage));
                 }
             }
             _ = recv(&mut sigint) => return Ok(EndReason::Interrupted),
