@@ -66,7 +66,14 @@ fn long_functions(lines: &[&str], max: usize) -> Vec<(usize, usize, String)> {
         let body = l.trim_start();
         let indent = &l[..l.len() - body.len()];
         let mut rest = body;
-        for prefix in ["pub(crate) ", "pub(super) ", "pub ", "const ", "async ", "unsafe "] {
+        for prefix in [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "const ",
+            "async ",
+            "unsafe ",
+        ] {
             rest = rest.strip_prefix(prefix).unwrap_or(rest);
         }
         if !rest.starts_with("fn ") || body.ends_with(';') {

@@ -253,8 +253,7 @@ fn scan(marks: &[Mark], t: &ThreadTrace, prefetch: &mut bool) -> Scan {
     for (i, m) in marks.iter().enumerate() {
         match *m {
             Mark::Fetch(f) if !f.raised => {
-                out.group_of
-                    .push(group(&f, &mut last_end, &mut out.groups));
+                out.group_of.push(group(&f, &mut last_end, &mut out.groups));
                 out.fetches.push(f.ts);
             }
             Mark::Fetch(f) => {
@@ -262,8 +261,7 @@ fn scan(marks: &[Mark], t: &ThreadTrace, prefetch: &mut bool) -> Scan {
                 if matches!(marks.get(i + 1), Some(Mark::Backward(_))) {
                     // The prefetch past the last batch while the last batch trains.
                     *prefetch = true;
-                    out.group_of
-                        .push(group(&f, &mut last_end, &mut out.groups));
+                    out.group_of.push(group(&f, &mut last_end, &mut out.groups));
                     out.fetches.push(f.ts);
                 } else {
                     out.epoch_end.get_or_insert(f.ts);
