@@ -51,7 +51,9 @@ fn outside_tests(text: &str) -> Vec<&str> {
         .windows(2)
         .position(|w| {
             w[0].trim() == "#[cfg(test)]"
-                && w[1].trim_start().starts_with("mod ")
+                && ["mod ", "pub(crate) mod ", "pub(super) mod "]
+                    .iter()
+                    .any(|m| w[1].trim_start().starts_with(m))
                 && w[1].trim_end().ends_with('{')
         })
         .unwrap_or(lines.len());
@@ -126,6 +128,8 @@ fn the_checks_see_what_they_check() {
     assert_eq!(long_functions(&f[1..], MAX_FN_LINES).len(), 0);
     let text = "fn a() {}\n#[cfg(test)]\nmod tests {\n    fn b() {}\n}\n";
     assert_eq!(outside_tests(text), vec!["fn a() {}"]);
+    let shared = "fn a() {}\n#[cfg(test)]\npub(super) mod tests {\n}\n";
+    assert_eq!(outside_tests(shared), vec!["fn a() {}"]);
     let declared = "fn a() {}\n#[cfg(test)]\nmod tests;\n";
     assert_eq!(outside_tests(declared).len(), 3);
 }

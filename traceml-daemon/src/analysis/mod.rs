@@ -272,31 +272,7 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         run: run_info(target, steps, &totals, engine.last_ts, items),
         primary_diagnosis: crate::diagnosis::placeholder(),
         findings: Vec::new(),
-        steps: StepsInfo {
-            count: u32::try_from(totals.count).unwrap_or(u32::MAX),
-            boundary: engine.boundary,
-            training_tid: engine.training_tid,
-            micro_batches: micro_batches(steps, &totals),
-            learning_excluded: if use_steady {
-                u32::try_from(totals.count - steady.count).unwrap_or(u32::MAX)
-            } else {
-                0
-            },
-            // Only where torch's marker probes were placed could a marker have been seen.
-            markers: items
-                .iter()
-                .any(|i| matches!(i, StreamItem::Library(l) if l.role == "torch" && !l.probes.is_empty()))
-                .then_some(engine.markers),
-            feeders: engine
-                .feeders
-                .iter()
-                .map(|f| crate::summary::FeederStats {
-                    tid: f.tid,
-                    fetches: f.fetches,
-                    fetch_ms: ns_to_ms(f.fetch_ns),
-                })
-                .collect(),
-        },
+        steps: steps_info(engine, items, &totals, use_steady.then_some(&steady)),
         evaluation: Evaluation::default(),
         // Medians and the per-step series over every kept step (a median is robust to the few
         // learning steps, and bimodal steps, a DataLoader's workers delivering in bursts, make
@@ -339,6 +315,39 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
     summary.findings = findings;
     summary.what_if = crate::whatif::what_if(&summary);
     summary
+}
+
+/// How the steps were found and counted; `steady`: the totals without the learning steps,
+/// where those are left out of the shape.
+fn steps_info(
+    engine: &EngineOutput,
+    items: &[StreamItem],
+    totals: &StepTotals,
+    steady: Option<&StepTotals>,
+) -> StepsInfo {
+    StepsInfo {
+        count: u32::try_from(totals.count).unwrap_or(u32::MAX),
+        boundary: engine.boundary,
+        training_tid: engine.training_tid,
+        micro_batches: micro_batches(&engine.steps, totals),
+        learning_excluded: steady.map_or(0, |st| {
+            u32::try_from(totals.count - st.count).unwrap_or(u32::MAX)
+        }),
+        // Only where torch's marker probes were placed could a marker have been seen.
+        markers: items
+            .iter()
+            .any(|i| matches!(i, StreamItem::Library(l) if l.role == "torch" && !l.probes.is_empty()))
+            .then_some(engine.markers),
+        feeders: engine
+            .feeders
+            .iter()
+            .map(|f| crate::summary::FeederStats {
+                tid: f.tid,
+                fetches: f.fetches,
+                fetch_ms: ns_to_ms(f.fetch_ns),
+            })
+            .collect(),
+    }
 }
 
 /// A compute phase whose own time is mostly spent blocked, with no device work in it to wait

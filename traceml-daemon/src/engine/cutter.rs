@@ -277,6 +277,52 @@ fn scan(marks: &[Mark], t: &ThreadTrace, prefetch: &mut bool) -> Scan {
     out
 }
 
+/// The window's fetches beyond its backwards (`n` fetches, `b` backwards) that are evaluation
+/// by count (a prefetching iterator's extra fetch allowed for); `no_epoch_end`: no epoch
+/// ended in the window.
+fn excess_fetches(c: &Cutter, n: u32, b: u32, at_end: bool, no_epoch_end: bool) -> u32 {
+    let unconsumed = n - b.min(n);
+    if b == 0 {
+        // No backward: a training window whose backward we cannot see (one step of `n`
+        // micro-batches), unless the trace ends in a run of fetches longer than any training
+        // window (a final evaluation).
+        if at_end && c.started && n > c.max_micro.max(1) {
+            n
+        } else {
+            0
+        }
+    } else if at_end {
+        // The trace cut the window before its optimizer step: its fetches may all be training
+        // micro-batches yet to run.
+        0
+    } else {
+        let first = !c.started;
+        let allowance =
+            u32::from((c.fresh && c.prefetch) || (first && unconsumed == 1 && no_epoch_end));
+        unconsumed.saturating_sub(allowance)
+    }
+}
+
+/// Evaluation with no fetch of its own (tensors already loaded): grad mode off after the last
+/// optimizer exit and before the training batch, for long enough to run the model.
+fn grad_eval(c: &Cutter, t: &ThreadTrace, train_start: Option<u64>) -> Option<u64> {
+    let reference = if c.last_step_ns > 0 {
+        c.last_step_ns
+    } else {
+        c.open.map_or(0, |s| c.last_exit.saturating_sub(s))
+    };
+    t.grad_off
+        .iter()
+        .copied()
+        .chain(t.grad_off_open.map(|a| (a, t.last_ts)))
+        .find(|&(a, b)| {
+            a >= c.last_exit
+                && train_start.is_none_or(|s| a < s)
+                && long_enough(b.saturating_sub(a), reference)
+        })
+        .map(|(a, _)| a)
+}
+
 /// A window without a batch fetched (`b` backwards, `epoch_end` where an epoch ended).
 fn no_batch(c: &mut Cutter, cut: &mut Cut, epoch_end: Option<u64>, b: u32, at_end: bool) {
     match epoch_end {
@@ -339,26 +385,7 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
     }
     // Counted in fetches (a prefetching iterator's extra fetch allowed for), and in groups
     // (loaders zipped are one group): a fetch is evaluation by count only when both say so.
-    let unconsumed = n - b.min(n);
-    let excess_fetches = if b == 0 {
-        // No backward: a training window whose backward we cannot see (one step of `n`
-        // micro-batches), unless the trace ends in a run of fetches longer than any training
-        // window (a final evaluation).
-        if at_end && c.started && n > c.max_micro.max(1) {
-            n
-        } else {
-            0
-        }
-    } else if at_end {
-        // The trace cut the window before its optimizer step: its fetches may all be training
-        // micro-batches yet to run.
-        0
-    } else {
-        let first = !c.started;
-        let allowance =
-            u32::from((c.fresh && c.prefetch) || (first && unconsumed == 1 && epoch_end.is_none()));
-        unconsumed.saturating_sub(allowance)
-    };
+    let excess_fetches = excess_fetches(c, n, b, at_end, epoch_end.is_none());
     let unconsumed_groups = if b == 0 {
         groups
     } else {
@@ -388,24 +415,7 @@ fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
         .take_while(|&(i, &ts)| (i as u32) < by_count || grad_off_at(t, ts))
         .count() as u32;
     let train_start = fetches.get(excess as usize).copied();
-    // Evaluation with no fetch of its own (tensors already loaded) is grad mode off, for long
-    // enough to run the model.
-    let reference = if c.last_step_ns > 0 {
-        c.last_step_ns
-    } else {
-        c.open.map_or(0, |s| c.last_exit.saturating_sub(s))
-    };
-    let grad_eval = t
-        .grad_off
-        .iter()
-        .copied()
-        .chain(t.grad_off_open.map(|a| (a, t.last_ts)))
-        .find(|&(a, b)| {
-            a >= c.last_exit
-                && train_start.is_none_or(|s| a < s)
-                && long_enough(b.saturating_sub(a), reference)
-        })
-        .map(|(a, _)| a);
+    let grad_eval = grad_eval(c, t, train_start);
     let eval_start = [(excess > 0).then(|| fetches[0]), grad_eval]
         .into_iter()
         .flatten()

@@ -91,6 +91,8 @@ use crate::event::{Class, Kind, StreamItem};
 
 mod cutter;
 pub mod ledger;
+mod measure;
+mod output;
 mod prep;
 pub(crate) use prep::{LOOP_QUORUM, loop_prefix};
 #[cfg(test)]
@@ -104,307 +106,9 @@ use thread::{Dir, InputCall, ThreadFold, ThreadTrace};
 use timeline::{Cut, Timeline};
 
 pub use crate::phase::{N_PHASES, Phase};
+use measure::{measure, place_samples};
+pub use output::*;
 pub use workers::{FETCH_FILE, WorkerFold};
-
-/// What delimits steps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Boundary {
-    /// Entry of the DataLoader iterator's `__next__` on the training thread.
-    DataloaderNext,
-    /// End of `Optimizer.step` (no DataLoader seen).
-    OptimizerStep,
-    /// The repeating pattern of blocking CUDA syncs (no DataLoader, no optimizer seen).
-    SyncPattern,
-    /// No boundary found: no steps.
-    None,
-}
-
-/// One training step of the training thread.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Step {
-    /// 0-based index among complete steps.
-    pub index: u32,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    /// Exclusive time per phase, indexed by [`Phase::index`]; sums to `end_ns - start_ns`.
-    pub phase_ns: [u64; N_PHASES],
-    /// Kernel launches per phase (runtime and driver launches counted once).
-    pub launches: [u32; N_PHASES],
-    pub h2d_bytes: u64,
-    pub d2h_bytes: u64,
-    pub h2d_copies: u32,
-    pub d2h_copies: u32,
-    /// Host time inside H2D copy calls.
-    pub h2d_ns: u64,
-    /// Host time inside D2H copy calls (synchronous: they wait for the device).
-    pub d2h_ns: u64,
-    /// Blocking syncs (stream/device/event).
-    pub syncs: u32,
-    /// Collectives issued (c10d or NCCL calls of any thread of the process).
-    #[serde(default)]
-    pub collectives: u32,
-    /// Their bytes, where the call says (NCCL).
-    #[serde(default)]
-    pub collective_bytes: u64,
-    /// Micro-batches (fetch, forward, backward) in this optimizer step: more than one under
-    /// gradient accumulation. 0 where none was seen (no backward probe, an inference loop).
-    #[serde(default)]
-    pub micro_batches: u32,
-    /// Off-CPU time of the training thread per phase (indexed by [`Phase::index`]), from the
-    /// scheduler's switches: blocked (asleep: a lock, queue, sleep, read, device sync), of which
-    /// in uninterruptible I/O (`io_ns`), and runnable but waiting for a CPU. On-CPU time is the
-    /// phase's time less both. All 0 where the thread-state source was not placed.
-    #[serde(default)]
-    pub blocked_ns: [u64; N_PHASES],
-    #[serde(default)]
-    pub io_ns: [u64; N_PHASES],
-    #[serde(default)]
-    pub runnable_ns: [u64; N_PHASES],
-    /// Taken while the frame-evaluator probe was armed (the governor's learning period, whose
-    /// probe cost inflates the step) or before the CUDA probes were placed (watching for
-    /// training): kept out of the shares when steady steps exist.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub learning: bool,
-}
-
-impl Step {
-    pub fn duration_ns(&self) -> u64 {
-        self.end_ns - self.start_ns
-    }
-    pub fn phase(&self, p: Phase) -> u64 {
-        self.phase_ns[p.index()]
-    }
-}
-
-/// What the engine found.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct EngineOutput {
-    pub steps: Vec<Step>,
-    pub boundary: Option<Boundary>,
-    pub training_tid: Option<u32>,
-    /// Events that could not be placed (exit without entry, entry never closed, ...).
-    pub unmatched_events: u64,
-    /// Events that arrived out of timestamp order (reordered before folding).
-    pub reordered_events: u64,
-    /// Steps not measured: the fragment before the first boundary (attach point), an unterminated
-    /// last step (end of trace), steps of zero length.
-    pub partial_steps_dropped: u32,
-    /// Stack samples of the training thread taken inside a step, with the phase in force (a
-    /// bounded, time-ordered sample: see [`MAX_SAMPLES_KEPT`]).
-    #[serde(default)]
-    pub samples: Vec<PhaseSample>,
-    /// Sums over every measured step; `steps` holds a sample of at most [`MAX_STEPS_KEPT`]
-    /// (every `step_stride`-th step).
-    #[serde(default)]
-    pub totals: StepTotals,
-    #[serde(default)]
-    pub step_stride: u64,
-    /// Probe events folded.
-    #[serde(default)]
-    pub events: u64,
-    /// Timestamp of the last event.
-    #[serde(default)]
-    pub last_ts: Option<u64>,
-    /// Events left out because they came after their process's exec (the probes of the old
-    /// program fire in the new one until they are removed): not of this run, not lost.
-    #[serde(default)]
-    pub after_exec_events: u64,
-    /// Sums over the measured steps not taken under the learning probe set ([`Step::learning`]).
-    #[serde(default)]
-    pub steady: StepTotals,
-    /// Evaluation segments between optimizer steps (see [`cutter`]'s doc).
-    #[serde(default)]
-    pub evaluation: EvalTotals,
-    /// Signs of training over the whole trace, steps or not.
-    #[serde(default)]
-    pub markers: TrainingMarkers,
-    /// Threads of the training thread's process that fetch batches but do not train (a
-    /// background thread filling a queue the loop reads): the input side, like workers.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub feeders: Vec<Feeder>,
-    /// Off-CPU intervals of the training thread were reported (the scheduler program runs).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub thread_states: bool,
-    /// DataLoader workers' stack samples, folded (see [`WorkerFold`]).
-    #[serde(skip)]
-    pub workers: WorkerFold,
-    /// The collectives this process issued (see [`ledger`]).
-    #[serde(default)]
-    pub ledger: ledger::Ledger,
-}
-
-/// A thread that fetches batches for the training thread (see [`EngineOutput::feeders`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Feeder {
-    pub tid: u32,
-    /// Batches it fetched (DataLoader calls) and the time inside them.
-    pub fetches: u64,
-    pub fetch_ns: u64,
-}
-
-/// Signs of training in a trace, counted whether or not they make steps.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TrainingMarkers {
-    /// DataLoader iterations (`enumerate(DataLoader)#` records).
-    pub dataloader_iterations: u64,
-    /// `Optimizer.step#` records.
-    pub optimizer_steps: u64,
-    /// `loss.backward()` calls (the autograd engine's entry from Python).
-    pub backward_passes: u64,
-}
-
-impl TrainingMarkers {
-    pub fn any(&self) -> bool {
-        self.dataloader_iterations + self.optimizer_steps + self.backward_passes > 0
-    }
-
-    fn count(&mut self, kind: &Kind) {
-        use crate::classify::{RecordClass, classify_record};
-        match kind {
-            Kind::RecordEnter { name } => match classify_record(name) {
-                Some(RecordClass::DataLoaderNext) => self.dataloader_iterations += 1,
-                Some(RecordClass::OptimizerStep) => self.optimizer_steps += 1,
-                _ => {}
-            },
-            Kind::CallEnter {
-                api: crate::event::Api::TorchBackward,
-                ..
-            } => self.backward_passes += 1,
-            _ => {}
-        }
-    }
-}
-
-/// Sums over the evaluation segments: fetches and forwards with no backward between two
-/// optimizer steps.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct EvalTotals {
-    pub segments: u64,
-    /// Batches fetched in them.
-    pub batches: u64,
-    pub wall_ns: u64,
-    /// Exclusive time per phase, indexed by [`Phase::index`]; sums to `wall_ns`.
-    pub phase_ns: [u64; N_PHASES],
-}
-
-/// A stack sample placed in the training thread's timeline.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PhaseSample {
-    pub ts: u64,
-    /// Index of the step it fell in.
-    pub step: u32,
-    pub phase: Phase,
-    /// [`crate::event::FuncInfo`] ids, outermost first.
-    pub frames: Vec<u32>,
-    /// The thread was off its CPU at the sample, and why (`None`: on CPU, or no thread-state
-    /// source): the blocked time's functions (`PhaseStats::blocked_in`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub off_cpu: Option<crate::event::OffCpu>,
-    /// The lines the innermost frames executed, innermost first (`StackSample::lines`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub lines: Vec<u32>,
-    /// The blocking sync or device-to-host copy the thread was in at the sample, by the API
-    /// called (`None`: not waiting for the device): where the GPU waits, by line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait: Option<crate::event::Api>,
-}
-
-/// Per-step sums over every step the engine measured (the stored [`EngineOutput::steps`] are a
-/// bounded sample of them).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepTotals {
-    pub count: u64,
-    pub duration_ns: u64,
-    pub phase_ns: [u64; N_PHASES],
-    pub launches: [u64; N_PHASES],
-    pub h2d_bytes: u64,
-    pub d2h_bytes: u64,
-    pub h2d_copies: u64,
-    pub d2h_copies: u64,
-    pub h2d_ns: u64,
-    pub d2h_ns: u64,
-    pub syncs: u64,
-    #[serde(default)]
-    pub collectives: u64,
-    #[serde(default)]
-    pub collective_bytes: u64,
-    /// Micro-batches summed over the steps.
-    #[serde(default)]
-    pub micro_batches: u64,
-    /// Off-CPU time per phase (see [`Step::blocked_ns`]).
-    #[serde(default)]
-    pub blocked_ns: [u64; N_PHASES],
-    #[serde(default)]
-    pub io_ns: [u64; N_PHASES],
-    #[serde(default)]
-    pub runnable_ns: [u64; N_PHASES],
-    /// Steps per duration bucket: `step_buckets[i]` counts the steps longer than
-    /// `STEP_BUCKETS_NS[i - 1]` and at most `STEP_BUCKETS_NS[i]`; the last one, the longer steps
-    /// (the exact histogram behind `traceml_step_duration_seconds`).
-    #[serde(default)]
-    pub step_buckets: [u64; STEP_BUCKETS_NS.len() + 1],
-}
-
-/// Upper bounds of the step-duration buckets, 1 ms to 5 min (Prometheus's `le`).
-pub const STEP_BUCKETS_NS: [u64; 16] = [
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-    30_000_000_000,
-    60_000_000_000,
-    300_000_000_000,
-];
-
-impl StepTotals {
-    /// The totals of these steps (for outputs built without the engine, e.g. test fixtures).
-    pub fn from_steps(steps: &[Step]) -> StepTotals {
-        let mut t = StepTotals::default();
-        for s in steps {
-            t.add(s);
-        }
-        t
-    }
-
-    /// Mean per step of a summed quantity; `None` without steps.
-    pub fn per_step(&self, sum: u64) -> Option<f64> {
-        (self.count > 0).then(|| sum as f64 / self.count as f64)
-    }
-
-    fn add(&mut self, s: &Step) {
-        self.count += 1;
-        let d = s.end_ns.saturating_sub(s.start_ns);
-        self.duration_ns += d;
-        self.step_buckets[STEP_BUCKETS_NS.partition_point(|&le| le < d)] += 1;
-        for i in 0..N_PHASES {
-            self.phase_ns[i] += s.phase_ns[i];
-            self.launches[i] += u64::from(s.launches[i]);
-            self.blocked_ns[i] += s.blocked_ns[i];
-            self.io_ns[i] += s.io_ns[i];
-            self.runnable_ns[i] += s.runnable_ns[i];
-        }
-        self.h2d_bytes += s.h2d_bytes;
-        self.d2h_bytes += s.d2h_bytes;
-        self.h2d_copies += u64::from(s.h2d_copies);
-        self.d2h_copies += u64::from(s.d2h_copies);
-        self.h2d_ns += s.h2d_ns;
-        self.d2h_ns += s.d2h_ns;
-        self.syncs += u64::from(s.syncs);
-        self.collectives += u64::from(s.collectives);
-        self.collective_bytes += s.collective_bytes;
-        self.micro_batches += u64::from(s.micro_batches);
-    }
-}
 
 /// Most steps kept in [`EngineOutput::steps`]; past it the sample is thinned (every other one
 /// dropped, the stride doubled), so it stays a uniform, time-ordered sample of the run.
@@ -794,46 +498,9 @@ impl Engine {
         self.choice = Some((tid, boundary, windowed));
         let main = &self.folds[&tid];
         let w = main.open_since().map_or(watermark, |o| o.min(watermark));
-        let t = main.trace();
         let mut cut = Cut::default();
-        let consumed = match boundary {
-            _ if windowed => {
-                self.cutter.armed = self.armed_ts.unwrap_or(0);
-                cut_windows(&mut self.cutter, t, w, self.ending, &mut cut);
-                t.input_calls.iter().take_while(|c| c.ts < w).count()
-            }
-            Boundary::DataloaderNext => {
-                let calls: Vec<InputCall> =
-                    t.input_calls.iter().filter(|c| c.ts < w).copied().collect();
-                cut_dataloader(&mut self.cutter, &calls, t.first_ts, &mut cut);
-                calls.len()
-            }
-            Boundary::OptimizerStep => {
-                let exits: Vec<u64> = t
-                    .optimizer_exits
-                    .iter()
-                    .copied()
-                    .filter(|&x| x < w)
-                    .collect();
-                cut_exits(&mut self.cutter, &exits, t.first_ts, &t.grad_off, &mut cut);
-                0
-            }
-            _ => {
-                let best = t
-                    .sync_api_counts
-                    .iter()
-                    .max_by_key(|&(api, n)| (*n, std::cmp::Reverse(*api)))
-                    .map(|(api, _)| *api);
-                let exits: Vec<u64> = t
-                    .sync_exits
-                    .iter()
-                    .filter(|&&(api, x)| Some(api) == best && x < w)
-                    .map(|&(_, x)| x)
-                    .collect();
-                cut_exits(&mut self.cutter, &exits, t.first_ts, &[], &mut cut);
-                0
-            }
-        };
+        let consumed = self.cut_trace(tid, boundary, windowed, w, &mut cut);
+        let t = self.folds[&tid].trace();
         self.partial += cut.partial;
         if cut.steps.is_empty() && cut.evals.is_empty() {
             return;
@@ -869,27 +536,7 @@ impl Engine {
         stacks.sort_by_key(|s| s.ts);
         let (placed, later): (Vec<_>, Vec<_>) = stacks.into_iter().partition(|s| s.ts < last_end);
         let mut placed = place_samples(&placed, tid, &steps, &timeline);
-        // The thread's off-CPU intervals are disjoint and in time order.
-        let off = &t.off_cpu;
-        let off_at = |ts: u64| {
-            let i = off.partition_point(|&(_, b, _)| b <= ts);
-            off.get(i)
-                .filter(|&&(a, _, _)| a <= ts)
-                .map(|&(_, _, st)| st)
-        };
-        // The waits are disjoint and in time order too (the outermost only).
-        let waits = &t.waits;
-        let wait_at = |ts: u64| {
-            let i = waits.partition_point(|&(_, b, _)| b <= ts);
-            waits
-                .get(i)
-                .filter(|&&(a, _, _)| a <= ts)
-                .map(|&(_, _, api)| api)
-        };
-        for p in &mut placed {
-            p.off_cpu = off_at(p.ts);
-            p.wait = wait_at(p.ts);
-        }
+        mark_samples(&mut placed, t);
         prep::apply(&mut steps, &mut placed, &self.func_kinds);
         for p in placed {
             self.samples.push(p);
@@ -903,12 +550,69 @@ impl Engine {
             self.steps.push(s);
         }
         self.thread_states |= !t.off_cpu.is_empty();
-        let tgid = t.tgid;
+        self.prune(tid, consumed, last_end);
+        self.armed.retain(|&(_, b)| b.is_none_or(|b| b > last_end));
+    }
+
+    /// Cuts the training thread's trace up to `w` by `boundary` into `cut`; how many of its
+    /// input calls were consumed.
+    fn cut_trace(
+        &mut self,
+        tid: u32,
+        boundary: Boundary,
+        windowed: bool,
+        w: u64,
+        cut: &mut Cut,
+    ) -> usize {
+        let t = self.folds[&tid].trace();
+        match boundary {
+            _ if windowed => {
+                self.cutter.armed = self.armed_ts.unwrap_or(0);
+                cut_windows(&mut self.cutter, t, w, self.ending, cut);
+                t.input_calls.iter().take_while(|c| c.ts < w).count()
+            }
+            Boundary::DataloaderNext => {
+                let calls: Vec<InputCall> =
+                    t.input_calls.iter().filter(|c| c.ts < w).copied().collect();
+                cut_dataloader(&mut self.cutter, &calls, t.first_ts, cut);
+                calls.len()
+            }
+            Boundary::OptimizerStep => {
+                let exits: Vec<u64> = t
+                    .optimizer_exits
+                    .iter()
+                    .copied()
+                    .filter(|&x| x < w)
+                    .collect();
+                cut_exits(&mut self.cutter, &exits, t.first_ts, &t.grad_off, cut);
+                0
+            }
+            _ => {
+                let best = t
+                    .sync_api_counts
+                    .iter()
+                    .max_by_key(|&(api, n)| (*n, std::cmp::Reverse(*api)))
+                    .map(|(api, _)| *api);
+                let exits: Vec<u64> = t
+                    .sync_exits
+                    .iter()
+                    .filter(|&&(api, x)| Some(api) == best && x < w)
+                    .map(|&(_, x)| x)
+                    .collect();
+                cut_exits(&mut self.cutter, &exits, t.first_ts, &[], cut);
+                0
+            }
+        }
+    }
+
+    /// Every thread's trace pruned up to `last_end`: the training thread's `consumed` input
+    /// calls; another thread's finished fetches, a feeder's (same process) input side, counted.
+    fn prune(&mut self, tid: u32, consumed: usize, last_end: u64) {
+        let tgid = self.folds[&tid].trace().tgid;
         for (k, f) in self.folds.iter_mut() {
             let n = if *k == tid {
                 consumed
             } else {
-                // Another thread's finished fetches: a feeder's (same process) input side.
                 let t = f.trace();
                 let done: Vec<&InputCall> = t
                     .input_calls
@@ -930,7 +634,6 @@ impl Engine {
             };
             f.trace_mut().prune(last_end, n);
         }
-        self.armed.retain(|&(_, b)| b.is_none_or(|b| b > last_end));
     }
 
     /// The engine's output: every event folded, open entries closed at the last event (not
@@ -995,140 +698,26 @@ pub fn run(items: &[StreamItem]) -> EngineOutput {
     e.finish()
 }
 
-/// The training thread's stack samples that fell inside a step, with the phase at their instant.
-fn place_samples(
-    stacks: &[crate::event::StackSample],
-    tid: u32,
-    steps: &[Step],
-    timeline: &Timeline,
-) -> Vec<PhaseSample> {
-    stacks
-        .iter()
-        .filter(|s| s.tid == tid)
-        .filter_map(|s| {
-            let i = steps.partition_point(|st| st.end_ns <= s.ts);
-            let step = steps.get(i).filter(|st| st.start_ns <= s.ts)?;
-            Some(PhaseSample {
-                ts: s.ts,
-                step: step.index,
-                phase: timeline.phase_at(s.ts),
-                frames: s.frames.clone(),
-                off_cpu: None,
-                lines: s.lines.clone(),
-                wait: None,
-            })
-        })
-        .collect()
-}
-
-/// Phase times and counts of each step; `first_index` numbers them.
-fn measure<'a>(
-    cut: &Cut,
-    first_index: u64,
-    tid: u32,
-    main: &ThreadTrace,
-    threads: impl Iterator<Item = (u32, &'a ThreadTrace)>,
-    timeline: &Timeline,
-) -> Vec<Step> {
-    let mut steps: Vec<Step> = cut
-        .steps
-        .iter()
-        .enumerate()
-        .map(|(i, &(start_ns, end_ns))| Step {
-            index: u32::try_from(first_index + i as u64).unwrap_or(u32::MAX),
-            start_ns,
-            end_ns,
-            phase_ns: timeline.split(start_ns, end_ns),
-            micro_batches: cut.micro[i].unwrap_or_else(|| {
-                let inside = |b: &&u64| (start_ns..end_ns).contains(*b);
-                u32::try_from(main.backward_starts.iter().filter(inside).count())
-                    .unwrap_or(u32::MAX)
-            }),
-            ..Step::default()
-        })
-        .collect();
-    let find = |steps: &[Step], ts: u64| {
-        let i = steps.partition_point(|s| s.end_ns <= ts);
-        (i < steps.len() && steps[i].start_ns <= ts).then_some(i)
+/// Each stack sample's thread state (the thread's off-CPU intervals, disjoint and in time
+/// order) and the wait it was in (the outermost waits, disjoint and in time order too).
+fn mark_samples(placed: &mut [PhaseSample], t: &ThreadTrace) {
+    let off = &t.off_cpu;
+    let off_at = |ts: u64| {
+        let i = off.partition_point(|&(_, b, _)| b <= ts);
+        off.get(i)
+            .filter(|&&(a, _, _)| a <= ts)
+            .map(|&(_, _, st)| st)
     };
-    for (t, trace) in threads.filter(|(_, t)| t.tgid == main.tgid) {
-        for &(ts, bytes) in &trace.collectives {
-            if let Some(i) = find(&steps, ts) {
-                steps[i].collectives += 1;
-                steps[i].collective_bytes += bytes.unwrap_or(0);
-            }
-        }
-        for &ts in &trace.launches {
-            if let Some(i) = find(&steps, ts) {
-                steps[i].launches[timeline.phase_at(ts).index()] += 1;
-            }
-        }
-        for c in &trace.copies {
-            let Some(i) = find(&steps, c.start) else {
-                continue;
-            };
-            let s = &mut steps[i];
-            let host_ns = if t == tid {
-                c.end.unwrap_or(c.start).min(s.end_ns) - c.start
-            } else {
-                0
-            };
-            match c.dir {
-                Dir::H2d => {
-                    s.h2d_bytes += c.bytes;
-                    s.h2d_copies += 1;
-                    s.h2d_ns += host_ns;
-                }
-                Dir::D2h => {
-                    s.d2h_bytes += c.bytes;
-                    s.d2h_copies += 1;
-                    s.d2h_ns += host_ns;
-                }
-                Dir::Other => {}
-            }
-        }
-    }
-    for &ts in &main.syncs {
-        if let Some(i) = find(&steps, ts) {
-            steps[i].syncs += 1;
-        }
-    }
-    off_cpu(&mut steps, &main.off_cpu, timeline);
-    steps
-}
-
-/// Splits the training thread's off-CPU intervals over the steps and, inside each, over the
-/// phases in force (see [`Step::blocked_ns`]).
-fn off_cpu(steps: &mut [Step], intervals: &[(u64, u64, crate::event::OffCpu)], tl: &Timeline) {
-    let mut sorted: Vec<_> = intervals.to_vec();
-    sorted.sort_unstable_by_key(|i| i.0);
-    let mut first = 0;
-    for s in steps.iter_mut() {
-        while first < sorted.len() && sorted[first].1 <= s.start_ns {
-            first += 1;
-        }
-        for &(a, b, state) in &sorted[first..] {
-            if a >= s.end_ns {
-                break;
-            }
-            let (a, b) = (a.max(s.start_ns), b.min(s.end_ns));
-            if b <= a {
-                continue;
-            }
-            let into = if state.blocked() {
-                &mut s.blocked_ns
-            } else {
-                &mut s.runnable_ns
-            };
-            let split = tl.split(a, b);
-            for (sum, ns) in into.iter_mut().zip(split) {
-                *sum += ns;
-            }
-            if state == crate::event::OffCpu::Uninterruptible {
-                for (sum, ns) in s.io_ns.iter_mut().zip(split) {
-                    *sum += ns;
-                }
-            }
-        }
+    let waits = &t.waits;
+    let wait_at = |ts: u64| {
+        let i = waits.partition_point(|&(_, b, _)| b <= ts);
+        waits
+            .get(i)
+            .filter(|&&(a, _, _)| a <= ts)
+            .map(|&(_, _, api)| api)
+    };
+    for p in placed {
+        p.off_cpu = off_at(p.ts);
+        p.wait = wait_at(p.ts);
     }
 }

@@ -24,7 +24,7 @@ use crate::sanitize::terminal;
 use super::kernel::monotonic_ns;
 use super::kernel::{Kernel, percpu_sum};
 
-use super::options::{LiveError, Options};
+use super::options::{LiveError, Options, worker_every};
 
 /// True when the process is gone, a zombie, or another process now holds the pid.
 pub(super) fn process_gone(pid: u32, start: Option<u64>) -> bool {
@@ -222,6 +222,20 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             .filter(|(_, m)| **m != (0, 0, 0))
             .max_by_key(|(tid, m)| (m.1 + m.2, m.0, std::cmp::Reverse(**tid)))
             .map(|(&tid, _)| (tid, self.tstates.get(&tid).copied()))
+    }
+
+    /// One tick of the stack sampler: the training thread's stack, and every
+    /// [`worker_every`] ticks the workers'.
+    pub(super) fn stack_tick(&mut self) -> Result<(), LiveError> {
+        self.sample_stack()?;
+        self.stack_ticks += 1;
+        if self
+            .stack_ticks
+            .is_multiple_of(worker_every(self.opts.stack_rate))
+        {
+            self.sample_workers()?;
+        }
+        Ok(())
     }
 
     /// Samples the training thread's Python stack (one `process_vm_readv` per frame).

@@ -25,7 +25,6 @@ use crate::sanitize::{self, terminal};
 pub use super::kernel::monotonic_ns;
 use super::kernel::{Kernel, launch_totals, percpu_sum, ring_readiness};
 
-use super::options::worker_every;
 pub use super::options::{LiveError, Options, WORKER_STACK_RATE};
 use super::run::{Probed, Run, process_gone, to_probe};
 
@@ -605,11 +604,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 }
             }
             _ = stack.tick(), if run.opts.stack_rate > 0 && run.stacks.is_some() => {
-                run.sample_stack()?;
-                run.stack_ticks += 1;
-                if run.stack_ticks.is_multiple_of(worker_every(run.opts.stack_rate)) {
-                    run.sample_workers()?;
-                }
+                run.stack_tick()?;
             }
             _ = govern.tick() => {
                 run.govern(k, governor).await?;
