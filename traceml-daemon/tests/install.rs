@@ -64,17 +64,22 @@ fn text(out: &Output) -> String {
     )
 }
 
-/// The config file's keys, from serde's own message for an unknown one ("expected one of
-/// `state_dir`, `window_s`, ...").
+/// The config file's keys, from the daemon's own message for an unknown one ("expected one of
+/// `exclude`, `exclude_cgroups`, ...").
 fn config_keys() -> Vec<String> {
-    let err = toml::from_str::<traceml_daemon::runtime::serve::ServeConfig>("not_a_key = 1\n")
-        .expect_err("an unknown key is an error")
-        .to_string();
+    let dir = scratch("config-keys");
+    let file = dir.join("unknown.toml");
+    std::fs::write(&file, "not_a_key = 1\n").unwrap();
+    let (code, err) = check_config(&daemon(), &file);
+    assert_eq!(code, Some(2), "an unknown key is an error: {err}");
     let list = err
         .split_once("expected one of")
         .unwrap_or_else(|| panic!("no key list in {err:?}"))
         .1;
-    list.split('`')
+    list.lines()
+        .next()
+        .unwrap_or_default()
+        .split('`')
         .skip(1)
         .step_by(2)
         .map(str::to_owned)

@@ -53,9 +53,6 @@ const LAYERS: &[&[&str]] = &[
     &["sweep"],
     // Presentation: card, JSON, HTML, summary files, the Prometheus exposition.
     &["render", "metrics"],
-    // `serve`'s settings: flags, config file and defaults, validated once (the runtime runs
-    // with them; the command line fills in the flags).
-    &["runtime::settings"],
     // The runtime: a target's live run, its task and sinks, the view, a job's group, the
     // supervisors.
     // The live run: what it is given, the kernel side it holds, its state, then the run.
@@ -65,6 +62,8 @@ const LAYERS: &[&[&str]] = &[
         "runtime::kernel",
         "runtime::options",
     ],
+    // The settings every mode runs with, validated (the command line builds them once).
+    &["runtime::settings"],
     &["runtime::run"],
     &["runtime::target"],
     &["runtime::task"],
@@ -75,6 +74,8 @@ const LAYERS: &[&[&str]] = &[
     // The command line: errors, outputs, the commands, dispatch.
     &["cli::error"],
     &["cli::outputs"],
+    // Flags, the config file and the defaults: each setting from one definition.
+    &["cli::settings"],
     &["cli::offline", "cli::attach"],
     &["cli"],
     // The crate root (the eBPF object) and the binary.

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "live")]
 use std::time::Duration;
 
-use super::{AttachArgs, Error};
 #[cfg(feature = "live")]
-use super::{LaunchMode, outputs};
+use super::outputs;
+use super::{AttachArgs, Error};
 #[cfg(feature = "live")]
 use crate::runtime::{sinks, target, task::Sink};
 
@@ -23,37 +23,13 @@ pub(super) fn run(_args: AttachArgs, _top: bool) -> Result<u8, Error> {
     ))
 }
 
-/// The target's options from the arguments, every value checked (exit 2 with one sentence).
+/// The target's options from the arguments (every value checked by its parser: `cli::settings`).
 #[cfg(feature = "live")]
-fn options(args: &AttachArgs, pid: u32) -> Result<target::Options, Error> {
-    let usage = |s: &str| Err(Error::Usage(s.into()));
-    if !args.ring_mib.is_power_of_two() || args.ring_mib > 1024 {
-        return usage("--ring-mib must be a power of two up to 1024");
-    }
-    if let Some(d) = args.duration
-        && !(d.is_finite() && d > 0.0)
-    {
-        return usage("--duration must be a positive number of seconds");
-    }
-    let budget = args.overhead_budget;
-    if !(budget.is_finite() && budget > 0.0 && budget <= 100.0) {
-        return usage("--overhead-budget must be a percentage above 0 and at most 100");
-    }
-    if args.stack_rate > crate::runtime::settings::MAX_STACK_RATE {
-        return usage("--stack-rate must be at most 1000 per second");
-    }
-    if !(args.hang_after.is_finite() && args.hang_after > 0.0) {
-        return usage("--hang-after must be a positive number of seconds");
-    }
-    let mut opts = target::Options::new(pid);
+fn options(args: &AttachArgs, pid: u32) -> target::Options {
+    let mut opts = args.tunables.target().options(pid);
     opts.ready_file = args.ready_file.clone();
     opts.duration = args.duration.map(Duration::from_secs_f64);
-    opts.launch_events = matches!(args.launch_mode, LaunchMode::Events);
-    opts.ring_bytes = args.ring_mib << 20;
-    opts.policy = args.probe_set;
-    opts.overhead_budget = budget / 100.0;
-    opts.stack_rate = args.stack_rate;
-    Ok(opts)
+    opts
 }
 
 /// `traceml-logs/<comm>-<pid>-<UTC time>/` unless `--output` says.
@@ -109,11 +85,9 @@ pub(super) fn run(args: AttachArgs, top: bool) -> Result<u8, Error> {
                 .into(),
         ));
     };
-    let opts = options(&args, pid)?;
-    // Parsed before any kernel work; served once the run starts.
-    if let Some(a) = args.metrics_addr.as_deref() {
-        crate::metrics::http::parse_addr(a).map_err(Error::Usage)?;
-    }
+    // Every value was checked when parsed (`--metrics-addr` too); it is served once the run
+    // starts.
+    let opts = options(&args, pid);
     target::preflight(pid)?;
     let dir = output_dir(&args, pid);
     let out = outputs::prepare(&dir)?;
@@ -180,7 +154,7 @@ fn run_job(
             name: job_label(dir, opts.pid),
             dir: dir.to_path_buf(),
             owner: crate::host::output::Owner::from_sudo(),
-            hang_after: Duration::from_secs_f64(args.hang_after),
+            hang_after: Duration::from_secs_f64(args.tunables.hang_after),
             window: None,
             metrics: metrics(args.metrics_addr.as_deref())?,
             record: args.record.clone(),

@@ -3,19 +3,26 @@
 //! `main.rs` only calls [`main`]. The attach (`--pid`, `top`) is [`attach`]; the commands on
 //! files (`replay`, `export`, `report`, `compare`, `sweep`) are [`offline`]; `serve`'s flags and
 //! config file resolve in [`crate::runtime::settings`].
+use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+#[cfg(feature = "live")]
+use std::time::Duration;
 
-use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
 use crate::overhead::ProbePolicy;
+#[cfg(feature = "live")]
+use crate::runtime::settings::TargetSettings;
 use crate::sanitize::terminal;
+use settings::SETTINGS;
 
 mod attach;
 mod error;
 mod offline;
 mod outputs;
+pub mod settings;
 
 pub use error::Error;
 
@@ -58,41 +65,72 @@ pub struct AttachArgs {
     #[arg(long)]
     pub record: Option<PathBuf>,
     /// Stop after this many seconds (default: when the target exits, or on SIGINT/SIGTERM).
-    #[arg(long)]
+    #[arg(long, value_parser = settings::seconds)]
     pub duration: Option<f64>,
     /// Write this file once the probes are attached.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// Config file whose keys set the settings below (TOML; a flag wins over its key; docs/cli.md);
+    /// a missing default is fine [default: /etc/traceml/config.toml].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics while attached: HOST:PORT, HOST, :PORT;
+    /// alone, 127.0.0.1:9466 (docs/metrics.md). A flag only: the config file's `metrics_addr`
+    /// is serve's (two daemons cannot listen on one port).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "", value_parser = settings::metrics_addr)]
+    pub metrics_addr: Option<String>,
+    #[command(flatten)]
+    pub tunables: Tunables,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// The settings every target runs with, in every mode (`--pid`, `top`, `serve`): each a flag
+/// and the config file's key of its id (`cli::settings`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Tunables {
     /// Kernel launches: one event each (per-phase launch counts), or counted in the kernel only
     /// (lower overhead for launch-heavy jobs).
-    #[arg(long, value_enum, default_value_t = LaunchMode::Events)]
+    #[arg(long, value_enum, default_value_t = LaunchMode::Events, help_heading = SETTINGS)]
     pub launch_mode: LaunchMode,
-    /// Ring buffer size in MiB (power of two).
-    #[arg(long, default_value_t = 8)]
+    /// Ring buffer size in MiB, a power of two up to 1024 (a full ring drops events, counted
+    /// in the summary).
+    #[arg(long, value_name = "MIB", default_value_t = 8, value_parser = settings::ring_mib, help_heading = SETTINGS)]
     pub ring_mib: u32,
     /// Which probes run: `auto` learns the loop with every probe, then keeps the daemon's
     /// estimated cost under --overhead-budget (the frame-evaluator probe is detached once
     /// torch's markers delimit the steps); `full` keeps every probe; `markers` never arms the
     /// frame-evaluator probe.
-    #[arg(long, value_enum, default_value_t = ProbePolicy::Auto)]
+    #[arg(long, value_enum, default_value_t = ProbePolicy::Auto, help_heading = SETTINGS)]
     pub probe_set: ProbePolicy,
-    /// The daemon's budget on the target, in percent of step time (the governor's target).
-    #[arg(long, default_value_t = 0.5)]
+    /// The daemon's budget on each target, in percent of its step time (the governor's
+    /// target).
+    #[arg(long, value_name = "PCT", default_value_t = 0.5, value_parser = settings::percent, help_heading = SETTINGS)]
     pub overhead_budget: f64,
-    /// Python stack samples of the training thread per second (names the code inside each
-    /// phase); 0 turns them off.
-    #[arg(long, default_value_t = 100)]
+    /// Python stack samples of the training thread per second (name the code inside each
+    /// phase), at most 1000; 0 turns them off. Lower under serve: a service's runs are long
+    /// and it holds many targets.
+    #[arg(long, value_name = "HZ", default_value_t = 100, value_parser = settings::stack_rate, help_heading = SETTINGS)]
     pub stack_rate: u32,
     /// Multi-rank jobs: a rank that completes no step for max(10 × its median step, this many
-    /// seconds) is a HANG (written to the summary at once, with every rank's stack).
-    #[arg(long, default_value_t = 60.0)]
+    /// seconds) is a HANG (written to the job's summary at once, with every rank's stack).
+    #[arg(id = "hang_after_s", long = "hang-after", value_name = "SECS", default_value_t = 60.0, value_parser = settings::seconds, help_heading = SETTINGS)]
     pub hang_after: f64,
-    /// Serve Prometheus metrics at http://ADDR/metrics while attached: HOST:PORT, HOST, :PORT;
-    /// alone, 127.0.0.1:9466 (docs/metrics.md).
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
-    pub metrics_addr: Option<String>,
-    #[command(flatten)]
-    pub common: Common,
+}
+
+#[cfg(feature = "live")]
+impl Tunables {
+    /// What every target of the mode runs with.
+    pub fn target(&self) -> TargetSettings {
+        TargetSettings {
+            launch_events: matches!(self.launch_mode, LaunchMode::Events),
+            ring_bytes: self.ring_mib << 20,
+            policy: self.probe_set,
+            overhead_budget: self.overhead_budget / 100.0,
+            stack_rate: self.stack_rate,
+            hang_after: Duration::from_secs_f64(self.hang_after),
+        }
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -201,48 +239,49 @@ pub enum Generated {
 #[cfg(feature = "live")]
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// One directory per job under it: <comm>-<pid>-<start time>/ [default: /var/lib/traceml].
-    /// A flag given here wins over the config file's key (docs/serve.md).
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
-    /// Config file with the same keys (TOML; docs/serve.md); a missing default is fine
-    /// [default: /etc/traceml/config.toml].
+    /// One directory per job under it: <comm>-<pid>-<start time>/ (read at start only).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/traceml", help_heading = SETTINGS)]
+    pub state_dir: PathBuf,
+    /// Config file whose keys set the settings below (TOML; a flag wins over its key;
+    /// docs/serve.md); a missing default is fine [default: /etc/traceml/config.toml].
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Attach only to processes whose command line matches one of these globs.
-    #[arg(long)]
+    /// Attach only to processes whose command line (arguments joined by spaces) matches one of
+    /// these globs; the file's list and the flags' together.
+    #[arg(long, value_name = "GLOB", help_heading = SETTINGS)]
     pub include: Vec<String>,
-    /// Never attach to processes whose command line matches one of these globs.
-    #[arg(long)]
+    /// Never attach to processes whose command line matches one of these globs (an exclude
+    /// always wins).
+    #[arg(long, value_name = "GLOB", help_heading = SETTINGS)]
     pub exclude: Vec<String>,
-    /// Seconds between window summaries (summary-<n>.json) and verdict log lines [default: 300].
-    #[arg(long)]
-    pub window: Option<f64>,
-    /// Seconds between scans of /proc for new training processes [default: 1].
-    #[arg(long)]
-    pub scan_interval: Option<f64>,
-    #[arg(long, value_enum, default_value_t = ProbePolicy::Auto)]
-    pub probe_set: ProbePolicy,
-    /// Percent of each target's step time the probes may cost [default: 0.5].
-    #[arg(long)]
-    pub overhead_budget: Option<f64>,
-    /// Python stack samples per second of each target's training thread: lower than a
-    /// single-pid run's 100, since a service's runs are long (hours of samples) and it holds
-    /// many targets; 0 turns them off [default: 10].
-    #[arg(long)]
-    pub stack_rate: Option<u32>,
-    /// Multi-rank jobs: a rank that completes no step for max(10 × its median step, this many
-    /// seconds) makes its job a HANG (written to the job's summary at once, with every rank's
-    /// stack) [default: 60].
-    #[arg(long)]
-    pub hang_after: Option<f64>,
+    /// Attach only to processes of these users (names or uids).
+    #[arg(id = "include_users", long = "include-user", value_name = "USER", help_heading = SETTINGS)]
+    pub include_users: Vec<String>,
+    /// Never attach to processes of these users (names or uids).
+    #[arg(id = "exclude_users", long = "exclude-user", value_name = "USER", help_heading = SETTINGS)]
+    pub exclude_users: Vec<String>,
+    /// Attach only to processes whose cgroup path matches one of these globs (a systemd slice,
+    /// a container, a Kubernetes pod).
+    #[arg(id = "include_cgroups", long = "include-cgroup", value_name = "GLOB", help_heading = SETTINGS)]
+    pub include_cgroups: Vec<String>,
+    /// Never attach to processes whose cgroup path matches one of these globs.
+    #[arg(id = "exclude_cgroups", long = "exclude-cgroup", value_name = "GLOB", help_heading = SETTINGS)]
+    pub exclude_cgroups: Vec<String>,
+    /// Seconds between window summaries (summary-<n>.json) and verdict log lines, at least 1.
+    #[arg(id = "window_s", long = "window", value_name = "S", default_value_t = 300.0, value_parser = settings::window, help_heading = SETTINGS)]
+    pub window: f64,
+    /// Seconds between scans of /proc for new training processes, up to 60.
+    #[arg(id = "scan_interval_s", long = "scan-interval", value_name = "S", default_value_t = 1.0, value_parser = settings::scan_interval, help_heading = SETTINGS)]
+    pub scan_interval: f64,
+    /// Serve Prometheus metrics of every job at http://ADDR/metrics (read at start only):
+    /// HOST:PORT, HOST, :PORT; alone, 127.0.0.1:9466 (docs/metrics.md).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "", value_parser = settings::metrics_addr, help_heading = SETTINGS)]
+    pub metrics_addr: Option<String>,
+    #[command(flatten)]
+    pub tunables: Tunables,
     /// Write this file once the service runs (for scripts and tests).
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
-    /// Serve Prometheus metrics of every job at http://ADDR/metrics: HOST:PORT, HOST, :PORT;
-    /// alone, 127.0.0.1:9466 (docs/metrics.md).
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
-    pub metrics_addr: Option<String>,
     /// Check the config file with these flags as serve would start with them, say so in one
     /// line, and exit (0: serve would start; 2: it would not). Attaches nothing; no root needed.
     #[arg(long)]
@@ -264,7 +303,15 @@ pub enum TextOrJson {
 /// The command line: parses, sets up the log, dispatches, and maps a failure to one sentence
 /// and its exit status.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let (cli, sources) = match parse(&argv) {
+        Ok(parsed) => parsed,
+        Err(settings::Refusal::Clap(e)) => e.exit(),
+        Err(settings::Refusal::Settings(e)) => {
+            eprintln!("traceml-daemon: {}", terminal(&e.to_string()));
+            return ExitCode::from(e.exit_code());
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             // TRACEML_LOG, else RUST_LOG (same syntax: `info`, `traceml_daemon=debug`), else warn.
@@ -276,6 +323,8 @@ pub fn main() -> ExitCode {
         // journald and files get plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    #[cfg(not(feature = "live"))]
+    let _ = sources; // only the attaching modes read settings
     let result = match cli.cmd {
         Some(Cmd::Replay { file, output }) => offline::replay(&file, output, &cli.attach.common),
         Some(Cmd::Export { input, output }) => offline::export(&input, &output),
@@ -288,7 +337,7 @@ pub fn main() -> ExitCode {
             fail_on,
         }) => offline::sweep(&baseline, &candidate, format, fail_on, &cli.attach.common),
         #[cfg(feature = "live")]
-        Some(Cmd::Serve(args)) => serve(args),
+        Some(Cmd::Serve(args)) => serve(argv, args, sources),
         #[cfg(feature = "live")]
         Some(Cmd::Top(args)) => attach::run(args, true),
         Some(Cmd::Generate { what, dir }) => generate(what, &dir),
@@ -307,30 +356,98 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The command line's definition: the derive's, where a repeated flag's last value wins (the
+/// config file's values go ahead of the command line's: `cli::settings`), with `serve`'s own
+/// defaults.
+pub fn command() -> clap::Command {
+    let cmd = Cli::command().args_override_self(true);
+    // A service's runs are long (hours of samples) and it holds many targets.
+    #[cfg(feature = "live")]
+    let cmd = cmd.mut_subcommand("serve", |s| {
+        s.mut_arg("stack_rate", |a| a.default_value("10"))
+    });
+    cmd
+}
+
+/// `argv` parsed with [`command`], the mode's config file merged in.
+pub fn parse(argv: &[OsString]) -> Result<(Cli, Option<settings::Sources>), settings::Refusal> {
+    let (matches, sources) = settings::parse(&command(), argv)?;
+    Ok((Cli::from_arg_matches(&matches)?, sources))
+}
+
 #[cfg(feature = "live")]
-fn serve(a: ServeArgs) -> Result<u8, Error> {
+fn serve(
+    argv: Vec<OsString>,
+    a: ServeArgs,
+    sources: Option<settings::Sources>,
+) -> Result<u8, Error> {
     use crate::runtime::serve;
-    let flags = serve::ServeFlags {
-        state_dir: a.state_dir,
-        config: a.config,
-        include: a.include,
-        exclude: a.exclude,
-        window_s: a.window,
-        scan_interval_s: a.scan_interval,
-        probe_policy: a.probe_set,
-        overhead_budget: a.overhead_budget,
-        stack_rate: a.stack_rate,
-        hang_after_s: a.hang_after,
-        metrics_addr: a.metrics_addr,
-        ready_file: a.ready_file,
-    };
+    let sources = sources.ok_or_else(|| Error::unexpected("serve read no settings"))?;
+    let settings = serve_settings(&a, &sources)?;
     if a.check_config {
-        let said = serve::check_config(&flags)?;
+        let said = serve::check_config(&settings);
         println!("traceml-daemon: {}", terminal(&said));
         return Ok(0);
     }
-    serve::run(flags)?;
+    // SIGHUP: the same command line, the config file read again.
+    let reload = move || match parse(&argv) {
+        Ok((
+            Cli {
+                cmd: Some(Cmd::Serve(a)),
+                ..
+            },
+            Some(sources),
+        )) => serve_settings(&a, &sources),
+        Ok(_) => unreachable!("the command line was serve's"),
+        Err(settings::Refusal::Settings(e)) => Err(e),
+        Err(settings::Refusal::Clap(e)) => Err(settings::SettingsError::Config {
+            path: PathBuf::from(settings::DEFAULT_CONFIG),
+            msg: e.to_string(),
+        }),
+    };
+    serve::run(settings, &|| reload().map_err(|e| e.to_string()))?;
     Ok(0)
+}
+
+/// `serve`'s settings from its arguments (flags and config file merged).
+#[cfg(feature = "live")]
+fn serve_settings(
+    a: &ServeArgs,
+    sources: &settings::Sources,
+) -> Result<crate::runtime::settings::ServeSettings, settings::SettingsError> {
+    use crate::host::policy::{Policy, PolicyConfig};
+    let policy = Policy::new(
+        PolicyConfig {
+            include: a.include.clone(),
+            exclude: a.exclude.clone(),
+            include_users: a.include_users.clone(),
+            exclude_users: a.exclude_users.clone(),
+            include_cgroups: a.include_cgroups.clone(),
+            exclude_cgroups: a.exclude_cgroups.clone(),
+        },
+        &crate::host::users::uid_of,
+    )
+    .map_err(|msg| settings::SettingsError::Config {
+        path: sources.config.clone(),
+        msg,
+    })?;
+    let metrics_addr = a
+        .metrics_addr
+        .as_deref()
+        .map(crate::metrics::http::parse_addr)
+        .transpose()
+        .map_err(|msg| sources.refusal("metrics-addr", "metrics_addr", msg))?;
+    Ok(crate::runtime::settings::ServeSettings {
+        config: sources.config.clone(),
+        config_found: sources.found,
+        state_dir: a.state_dir.clone(),
+        window: Duration::from_secs_f64(a.window),
+        scan_interval: Duration::from_secs_f64(a.scan_interval),
+        target: a.tunables.target(),
+        metrics_addr,
+        ready_file: a.ready_file.clone(),
+        policy,
+    })
 }
 
 /// `generate`: man pages or a completion script, from the clap definition of this binary.
@@ -338,7 +455,7 @@ fn generate(what: Generated, dir: &Path) -> Result<u8, Error> {
     use clap_complete::Shell;
     let fail = |e: std::io::Error| Error::usage(format!("cannot write to {}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(fail)?;
-    let cmd = Cli::command();
+    let cmd = command();
     let shell = match what {
         Generated::Man => {
             clap_mangen::generate_to(cmd, dir).map_err(fail)?;

@@ -29,14 +29,11 @@ use crate::runtime::supervisor::{self, Signals};
 use crate::runtime::target;
 use crate::runtime::task::{self, Folds, Sink};
 
-pub use super::settings::{ServeConfig, ServeFlags, ServeSettings, SettingsError};
+pub use super::settings::ServeSettings;
 
 /// Why `serve` stops before it serves, with its exit status (docs/cli.md).
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// A flag or the config file: 2.
-    #[error(transparent)]
-    Settings(#[from] SettingsError),
     /// The state directory cannot be made or written: 2.
     #[error("state directory {}: {source}", path.display())]
     StateDir {
@@ -60,7 +57,6 @@ pub enum ServeError {
 impl ServeError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::Settings(e) => e.exit_code(),
             ServeError::StateDir { .. } | ServeError::Metrics { .. } => 2,
             ServeError::Node(e) => u8::try_from(e.exit_code()).unwrap_or(1),
             ServeError::Runtime(_) => 1,
@@ -235,10 +231,9 @@ impl Node {
     }
 }
 
-/// What [`run`] reads before it starts (and again on `SIGHUP`): the settings, flags over the
-/// config file; user names the name service does not know are logged.
-fn load(flags: &ServeFlags) -> Result<ServeSettings, SettingsError> {
-    let settings = ServeSettings::load(flags, &crate::host::users::uid_of)?;
+/// Says what the name service does not know of the settings' users (a typo, or the directory
+/// did not answer).
+fn warn_unknown_users(settings: &ServeSettings) {
     for name in settings.policy.unknown_users() {
         tracing::warn!(
             "{}: user {name:?} is unknown to this node's name service (a typo, or the directory \
@@ -247,18 +242,22 @@ fn load(flags: &ServeFlags) -> Result<ServeSettings, SettingsError> {
             settings.config.display()
         );
     }
-    Ok(settings)
 }
 
-/// `serve --check-config`: checks what [`run`] reads before it starts, attaching nothing and
-/// binding nothing. `Ok` says what serve would run with, in one line.
-pub fn check_config(flags: &ServeFlags) -> Result<String, ServeError> {
-    Ok(load(flags)?.describe())
+/// `serve --check-config`: what [`run`] would start with, in one line, attaching nothing and
+/// binding nothing.
+pub fn check_config(settings: &ServeSettings) -> String {
+    warn_unknown_users(settings);
+    settings.describe()
 }
 
-/// Runs the service until SIGTERM/SIGINT.
-pub fn run(flags: ServeFlags) -> Result<(), ServeError> {
-    let mut settings = load(&flags)?;
+/// Runs the service until SIGTERM/SIGINT; `reload` reads the settings again on SIGHUP.
+pub fn run(
+    settings: ServeSettings,
+    reload: &dyn Fn() -> Result<ServeSettings, String>,
+) -> Result<(), ServeError> {
+    let mut settings = settings;
+    warn_unknown_users(&settings);
     target::preflight_node().map_err(ServeError::Node)?;
     // Read at start only: where the summaries go and where /metrics listens.
     let state_dir = settings.state_dir.clone();
@@ -289,8 +288,9 @@ pub fn run(flags: ServeFlags) -> Result<(), ServeError> {
                     scan.once(&mut node);
                 }
                 _ = hup.recv() => {
-                    match load(&flags) {
+                    match reload() {
                         Ok(s) => {
+                            warn_unknown_users(&s);
                             if s.state_dir != state_dir || s.metrics_addr != settings.metrics_addr {
                                 tracing::warn!(
                                     "the state directory and the metrics address are read at \
@@ -412,10 +412,7 @@ impl Scan<'_> {
     /// Each target's run settings: a process found on the node may not train at all, so
     /// nothing costly before it does.
     fn options(&self, pid: u32) -> target::Options {
-        let mut o = target::Options::new(pid);
-        o.policy = self.settings.probe_policy;
-        o.overhead_budget = self.settings.overhead_budget;
-        o.stack_rate = self.settings.stack_rate;
+        let mut o = self.settings.target.options(pid);
         o.watch_first = true;
         o
     }
@@ -457,7 +454,7 @@ impl Scan<'_> {
                 dir: self.state_dir.join(&name),
                 name,
                 owner: None,
-                hang_after: self.settings.hang_after,
+                hang_after: self.settings.target.hang_after,
                 window: Some(self.settings.window),
                 metrics: self.metrics.clone(),
                 record: None,
