@@ -54,6 +54,7 @@ pub mod stats;
 pub mod summary;
 pub mod sweep;
 pub mod text;
+pub mod tunables;
 pub mod units;
 pub mod whatif;
 

@@ -35,6 +35,8 @@ const LAYERS: &[&[&str]] = &[
     &["host::jobs", "host"],
     // Events → steps and probe governance, then what code fills each phase.
     &["engine", "overhead"],
+    // The settings every target runs with: each a flag and a config key, with its range check.
+    &["tunables"],
     &["profile"],
     // The summary model (serde types, schema).
     &["summary"],

@@ -26,7 +26,7 @@ pub(super) fn run(_args: AttachArgs, _top: bool) -> Result<u8, Error> {
 /// The target's options from the arguments (every value checked by its parser: `cli::settings`).
 #[cfg(feature = "live")]
 fn options(args: &AttachArgs, pid: u32) -> target::Options {
-    let mut opts = args.tunables.target().options(pid);
+    let mut opts = args.tunables.options(pid);
     opts.ready_file = args.ready_file.clone();
     opts.duration = args.duration.map(Duration::from_secs_f64);
     opts
@@ -154,7 +154,7 @@ fn run_job(
             name: job_label(dir, opts.pid),
             dir: dir.to_path_buf(),
             owner: crate::host::output::Owner::from_sudo(),
-            hang_after: Duration::from_secs_f64(args.tunables.hang_after),
+            hang_after: args.tunables.hang_after(),
             window: None,
             metrics: metrics(args.metrics_addr.as_deref())?,
             record: args.record.clone(),

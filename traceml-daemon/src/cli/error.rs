@@ -52,13 +52,6 @@ impl Error {
     }
 }
 
-/// A setting refused (a flag or the config file): 2.
-impl From<super::settings::SettingsError> for Error {
-    fn from(e: super::settings::SettingsError) -> Self {
-        Error::Usage(e.to_string())
-    }
-}
-
 impl From<anyhow::Error> for Error {
     fn from(e: anyhow::Error) -> Self {
         Error::Unexpected(format!("{e:#}"))

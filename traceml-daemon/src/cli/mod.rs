@@ -12,11 +12,10 @@ use std::time::Duration;
 
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
-use crate::overhead::ProbePolicy;
-#[cfg(feature = "live")]
-use crate::runtime::settings::TargetSettings;
 use crate::sanitize::terminal;
-use settings::SETTINGS;
+#[cfg(feature = "live")]
+use crate::tunables::SETTINGS;
+use crate::tunables::{self, Tunables};
 
 mod attach;
 mod error;
@@ -65,7 +64,7 @@ pub struct AttachArgs {
     #[arg(long)]
     pub record: Option<PathBuf>,
     /// Stop after this many seconds (default: when the target exits, or on SIGINT/SIGTERM).
-    #[arg(long, value_parser = settings::seconds)]
+    #[arg(long, value_parser = tunables::seconds)]
     pub duration: Option<f64>,
     /// Write this file once the probes are attached.
     #[arg(long)]
@@ -85,54 +84,6 @@ pub struct AttachArgs {
     pub common: Common,
 }
 
-/// The settings every target runs with, in every mode (`--pid`, `top`, `serve`): each a flag
-/// and the config file's key of its id (`cli::settings`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct Tunables {
-    /// Kernel launches: one event each (per-phase launch counts), or counted in the kernel only
-    /// (lower overhead for launch-heavy jobs).
-    #[arg(long, value_enum, default_value_t = LaunchMode::Events, help_heading = SETTINGS)]
-    pub launch_mode: LaunchMode,
-    /// Ring buffer size in MiB, a power of two up to 1024 (a full ring drops events, counted
-    /// in the summary).
-    #[arg(long, value_name = "MIB", default_value_t = 8, value_parser = settings::ring_mib, help_heading = SETTINGS)]
-    pub ring_mib: u32,
-    /// Which probes run: `auto` learns the loop with every probe, then keeps the daemon's
-    /// estimated cost under --overhead-budget (the frame-evaluator probe is detached once
-    /// torch's markers delimit the steps); `full` keeps every probe; `markers` never arms the
-    /// frame-evaluator probe.
-    #[arg(long, value_enum, default_value_t = ProbePolicy::Auto, help_heading = SETTINGS)]
-    pub probe_set: ProbePolicy,
-    /// The daemon's budget on each target, in percent of its step time (the governor's
-    /// target).
-    #[arg(long, value_name = "PCT", default_value_t = 0.5, value_parser = settings::percent, help_heading = SETTINGS)]
-    pub overhead_budget: f64,
-    /// Python stack samples of the training thread per second (name the code inside each
-    /// phase), at most 1000; 0 turns them off. Lower under serve: a service's runs are long
-    /// and it holds many targets.
-    #[arg(long, value_name = "HZ", default_value_t = 100, value_parser = settings::stack_rate, help_heading = SETTINGS)]
-    pub stack_rate: u32,
-    /// Multi-rank jobs: a rank that completes no step for max(10 × its median step, this many
-    /// seconds) is a HANG (written to the job's summary at once, with every rank's stack).
-    #[arg(id = "hang_after_s", long = "hang-after", value_name = "SECS", default_value_t = 60.0, value_parser = settings::seconds, help_heading = SETTINGS)]
-    pub hang_after: f64,
-}
-
-#[cfg(feature = "live")]
-impl Tunables {
-    /// What every target of the mode runs with.
-    pub fn target(&self) -> TargetSettings {
-        TargetSettings {
-            launch_events: matches!(self.launch_mode, LaunchMode::Events),
-            ring_bytes: self.ring_mib << 20,
-            policy: self.probe_set,
-            overhead_budget: self.overhead_budget / 100.0,
-            stack_rate: self.stack_rate,
-            hang_after: Duration::from_secs_f64(self.hang_after),
-        }
-    }
-}
-
 #[derive(Debug, Clone, clap::Args)]
 pub struct Common {
     /// Do not print the verdict card to stdout.
@@ -141,12 +92,6 @@ pub struct Common {
     /// Color: auto (when stdout is a terminal), always, never.
     #[arg(long, value_enum, default_value_t = Color::Auto, global = true)]
     pub color: Color,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LaunchMode {
-    Events,
-    Count,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
@@ -268,10 +213,10 @@ pub struct ServeArgs {
     #[arg(id = "exclude_cgroups", long = "exclude-cgroup", value_name = "GLOB", help_heading = SETTINGS)]
     pub exclude_cgroups: Vec<String>,
     /// Seconds between window summaries (summary-<n>.json) and verdict log lines, at least 1.
-    #[arg(id = "window_s", long = "window", value_name = "S", default_value_t = 300.0, value_parser = settings::window, help_heading = SETTINGS)]
+    #[arg(id = "window_s", long = "window", value_name = "S", default_value_t = 300.0, value_parser = tunables::window, help_heading = SETTINGS)]
     pub window: f64,
     /// Seconds between scans of /proc for new training processes, up to 60.
-    #[arg(id = "scan_interval_s", long = "scan-interval", value_name = "S", default_value_t = 1.0, value_parser = settings::scan_interval, help_heading = SETTINGS)]
+    #[arg(id = "scan_interval_s", long = "scan-interval", value_name = "S", default_value_t = 1.0, value_parser = tunables::scan_interval, help_heading = SETTINGS)]
     pub scan_interval: f64,
     /// Serve Prometheus metrics of every job at http://ADDR/metrics (read at start only):
     /// HOST:PORT, HOST, :PORT; alone, 127.0.0.1:9466 (docs/metrics.md).
@@ -443,7 +388,7 @@ fn serve_settings(
         state_dir: a.state_dir.clone(),
         window: Duration::from_secs_f64(a.window),
         scan_interval: Duration::from_secs_f64(a.scan_interval),
-        target: a.tunables.target(),
+        target: a.tunables.clone(),
         metrics_addr,
         ready_file: a.ready_file.clone(),
         policy,

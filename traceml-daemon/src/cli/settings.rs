@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
-/// The help heading of the settings: a flag under it is also the config file's key of its id.
-pub const SETTINGS: &str = "Settings (a flag, or its key in the config file)";
+pub use crate::tunables::SETTINGS;
 /// The config file read when `--config` is not given; a missing one is no error.
 pub const DEFAULT_CONFIG: &str = "/etc/traceml/config.toml";
 
@@ -58,6 +57,13 @@ fn name(flag: &str, key: &str, source: Source, config: &Path) -> String {
         Source::Flag => format!("--{flag}"),
         Source::File => format!("{key} in {}", config.display()),
         Source::Default => format!("the default --{flag}"),
+    }
+}
+
+/// A setting refused (a flag or the config file): 2.
+impl From<SettingsError> for super::error::Error {
+    fn from(e: SettingsError) -> Self {
+        super::error::Error::Usage(e.to_string())
     }
 }
 
@@ -325,70 +331,6 @@ pub fn table(cmd: &Command) -> String {
         ));
     }
     out
-}
-
-// The range checks: each setting's one, as its flag's value parser.
-
-/// A percentage above 0 and at most 100.
-pub fn percent(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| "must be a number".to_owned())?;
-    if v.is_finite() && v > 0.0 && v <= 100.0 {
-        Ok(v)
-    } else {
-        Err("must be a percentage above 0 and at most 100".to_owned())
-    }
-}
-
-/// A positive number of seconds.
-pub fn seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| "must be a number".to_owned())?;
-    if v.is_finite() && v > 0.0 {
-        Ok(v)
-    } else {
-        Err("must be a positive number of seconds".to_owned())
-    }
-}
-
-/// Seconds, at least one.
-pub fn window(s: &str) -> Result<f64, String> {
-    match seconds(s) {
-        Ok(v) if v >= 1.0 => Ok(v),
-        _ => Err("must be at least 1 second".to_owned()),
-    }
-}
-
-/// Seconds above 0, at most 60.
-pub fn scan_interval(s: &str) -> Result<f64, String> {
-    match seconds(s) {
-        Ok(v) if v <= 60.0 => Ok(v),
-        _ => Err("must be between 0 and 60 seconds".to_owned()),
-    }
-}
-
-/// The most Python stack samples per second a target may be read at.
-pub const MAX_STACK_RATE: u32 = 1000;
-
-/// Samples per second, at most [`MAX_STACK_RATE`].
-pub fn stack_rate(s: &str) -> Result<u32, String> {
-    match s.trim().parse::<u32>() {
-        Ok(v) if v <= MAX_STACK_RATE => Ok(v),
-        Ok(_) => Err(format!("must be at most {MAX_STACK_RATE} per second")),
-        Err(_) => Err("must be a whole number of samples per second".to_owned()),
-    }
-}
-
-/// MiB, a power of two up to 1024.
-pub fn ring_mib(s: &str) -> Result<u32, String> {
-    match s.trim().parse::<u32>() {
-        Ok(v) if v.is_power_of_two() && v <= 1024 => Ok(v),
-        _ => Err("must be a power of two up to 1024".to_owned()),
-    }
 }
 
 /// A `/metrics` address as [`crate::metrics::http::parse_addr`] takes it (kept as written).

@@ -454,7 +454,7 @@ impl Scan<'_> {
                 dir: self.state_dir.join(&name),
                 name,
                 owner: None,
-                hang_after: self.settings.target.hang_after,
+                hang_after: self.settings.target.hang_after(),
                 window: Some(self.settings.window),
                 metrics: self.metrics.clone(),
                 record: None,

@@ -1,5 +1,6 @@
-//! The settings a run is given, validated: what every target runs with ([`TargetSettings`],
-//! `--pid`, `top` and each of `serve`'s targets) and `serve`'s own ([`ServeSettings`]). The
+//! The settings a run is given, validated: what every target runs with (a target's options
+//! from [`Tunables`]: `--pid`, `top` and each of `serve`'s targets) and `serve`'s own
+//! ([`ServeSettings`]). The
 //! command line builds them once, from flags, the config file and the defaults, each setting
 //! defined once (`cli::settings`, which also refuses bad values); here they are only typed
 //! values.
@@ -8,33 +9,24 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::host::policy::Policy;
-use crate::overhead::ProbePolicy;
 use crate::runtime::options::Options;
+use crate::tunables::{LaunchMode, Tunables};
 
-/// What every target is run with, whichever mode holds it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TargetSettings {
-    /// Per-launch events (default) or launch counting only.
-    pub launch_events: bool,
-    pub ring_bytes: u32,
-    pub policy: ProbePolicy,
-    /// A fraction of step time (the setting's percent / 100).
-    pub overhead_budget: f64,
-    pub stack_rate: u32,
-    /// Multi-rank jobs: the floor of the hang threshold.
-    pub hang_after: Duration,
-}
-
-impl TargetSettings {
-    /// A target's options with these settings.
+/// A target's options with the settings of its mode.
+impl Tunables {
     pub fn options(&self, pid: u32) -> Options {
         let mut o = Options::new(pid);
-        o.launch_events = self.launch_events;
-        o.ring_bytes = self.ring_bytes;
-        o.policy = self.policy;
-        o.overhead_budget = self.overhead_budget;
+        o.launch_events = matches!(self.launch_mode, LaunchMode::Events);
+        o.ring_bytes = self.ring_mib << 20;
+        o.policy = self.probe_set;
+        o.overhead_budget = self.overhead_budget / 100.0;
         o.stack_rate = self.stack_rate;
         o
+    }
+
+    /// Multi-rank jobs: the floor of the hang threshold.
+    pub fn hang_after(&self) -> Duration {
+        Duration::from_secs_f64(self.hang_after)
     }
 }
 
@@ -47,7 +39,8 @@ pub struct ServeSettings {
     pub state_dir: PathBuf,
     pub window: Duration,
     pub scan_interval: Duration,
-    pub target: TargetSettings,
+    /// What each target runs with.
+    pub target: Tunables,
     pub metrics_addr: Option<SocketAddr>,
     pub ready_file: Option<PathBuf>,
     pub policy: Policy,
@@ -66,9 +59,9 @@ impl ServeSettings {
             },
             self.state_dir.display(),
             self.window.as_secs_f64(),
-            self.target.overhead_budget * 100.0,
+            self.target.overhead_budget,
             self.target.stack_rate,
-            self.target.hang_after.as_secs_f64(),
+            self.target.hang_after,
             self.metrics_addr
                 .map_or("off".to_owned(), |a| format!("at http://{a}/metrics")),
         )

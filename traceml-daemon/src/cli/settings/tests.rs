@@ -52,11 +52,11 @@ fn flags_win_over_the_file_which_wins_over_the_defaults() {
     assert_eq!(d.state_dir, Path::new("/var/lib/traceml"));
     assert_eq!(d.window, Duration::from_secs(300));
     assert_eq!(d.scan_interval, Duration::from_secs(1));
-    assert_eq!(d.target.overhead_budget, 0.005);
+    assert_eq!(d.target.options(1).overhead_budget, 0.005);
     assert_eq!(d.target.stack_rate, 10, "serve's own default");
-    assert_eq!(d.target.hang_after, Duration::from_secs(60));
-    assert_eq!(d.target.ring_bytes, 8 << 20);
-    assert!(d.target.launch_events);
+    assert_eq!(d.target.hang_after(), Duration::from_secs(60));
+    assert_eq!(d.target.options(1).ring_bytes, 8 << 20);
+    assert!(d.target.options(1).launch_events);
     assert_eq!(d.metrics_addr, None);
     let file = config(
         dir.path(),
@@ -68,12 +68,12 @@ fn flags_win_over_the_file_which_wins_over_the_defaults() {
     assert_eq!(s.state_dir, Path::new("/srv/t"));
     assert_eq!(s.window, Duration::from_secs(30));
     assert_eq!(s.scan_interval, Duration::from_secs(2));
-    assert_eq!(s.target.overhead_budget, 0.02);
+    assert_eq!(s.target.options(1).overhead_budget, 0.02);
     assert_eq!(s.target.stack_rate, 50);
-    assert_eq!(s.target.hang_after, Duration::from_secs(90));
-    assert_eq!(s.target.ring_bytes, 16 << 20);
-    assert!(!s.target.launch_events);
-    assert_eq!(s.target.policy, crate::overhead::ProbePolicy::Markers);
+    assert_eq!(s.target.hang_after(), Duration::from_secs(90));
+    assert_eq!(s.target.options(1).ring_bytes, 16 << 20);
+    assert!(!s.target.options(1).launch_events);
+    assert_eq!(s.target.probe_set, crate::overhead::ProbePolicy::Markers);
     assert_eq!(s.metrics_addr, Some("127.0.0.1:9500".parse().unwrap()));
     let flags = [
         "--config",
@@ -96,9 +96,9 @@ fn flags_win_over_the_file_which_wins_over_the_defaults() {
     let s = serve(&flags).unwrap();
     assert_eq!(s.state_dir, Path::new("/tmp/x"));
     assert_eq!(s.window, Duration::from_secs(5));
-    assert_eq!(s.target.overhead_budget, 0.01);
+    assert_eq!(s.target.options(1).overhead_budget, 0.01);
     assert_eq!(s.target.stack_rate, 0);
-    assert_eq!(s.target.hang_after, Duration::from_secs(20));
+    assert_eq!(s.target.hang_after(), Duration::from_secs(20));
     assert_eq!(s.metrics_addr, Some("127.0.0.1:9600".parse().unwrap()));
     // The file's list and the flag's together: each admits its own command line.
     let (cli, _) = parse_cli(&argv(&["serve", "--config", &file, "--include", "*b*"])).unwrap();
