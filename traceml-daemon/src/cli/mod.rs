@@ -1,8 +1,8 @@
 //! The command line: arguments parsed and validated into options before any kernel work, one
 //! command dispatched, and every failure one sentence with a distinct exit status ([`Error`]).
 //! `main.rs` only calls [`main`]. The attach (`--pid`, `top`) is [`attach`]; the commands on
-//! files (`replay`, `export`, `report`, `compare`, `sweep`) are [`offline`]; `serve`'s flags and
-//! config file resolve in [`crate::runtime::settings`].
+//! files (`replay`, `export`, `report`, `compare`, `sweep`) are [`offline`]. Every mode's
+//! settings (flags, the config file, defaults) are merged once by [`settings`].
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
