@@ -46,7 +46,11 @@ fn build_ebpf() -> anyhow::Result<()> {
     use anyhow::{Context as _, anyhow};
     use aya_build::{Package, Toolchain};
 
-    let cargo_metadata::Metadata { packages, .. } = cargo_metadata::MetadataCommand::new()
+    let cargo_metadata::Metadata {
+        packages,
+        workspace_metadata,
+        ..
+    } = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()
         .context("MetadataCommand::exec")?;
@@ -60,8 +64,14 @@ fn build_ebpf() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("no parent for {}", ebpf.manifest_path))?
         .as_str()
         .to_owned();
+    // The nightly pinned in the workspace's Cargo.toml ([workspace.metadata.ebpf]), unless
+    // TRACEML_EBPF_TOOLCHAIN names another.
     println!("cargo:rerun-if-env-changed=TRACEML_EBPF_TOOLCHAIN");
-    let toolchain = std::env::var("TRACEML_EBPF_TOOLCHAIN").ok();
+    println!("cargo:rerun-if-changed=../Cargo.toml");
+    let pinned = workspace_metadata["ebpf"]["toolchain"]
+        .as_str()
+        .map(str::to_owned);
+    let toolchain = std::env::var("TRACEML_EBPF_TOOLCHAIN").ok().or(pinned);
     let toolchain = match toolchain.as_deref() {
         Some(t) => Toolchain::Custom(t),
         None => Toolchain::default(),

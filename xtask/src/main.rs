@@ -26,7 +26,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what is missing: llvm-22-dev, bpf-linker, nightly rust-src, test libraries and
+    /// Install what is missing: apt's LLVM, bpf-linker, the pinned nightly's rust-src, test libraries and
     /// the Python environments the tests use (real PyTorch on CPU with --torch or for `test`).
     Setup {
         /// Also build the cached virtualenv with real PyTorch (about 3 GB download once).

@@ -8,7 +8,6 @@ use anyhow::{Context as _, bail};
 use crate::{root, run, show};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// Real PyTorch for the CPU end-to-end tests (PyPI's wheel; CUDA libraries are installed but
 /// unused without a GPU).
 const TORCH_PIN: &str = "torch==2.15.0";
@@ -66,49 +65,67 @@ pub fn apt_step(name: &str, have: &str, packages: &[&str]) -> anyhow::Result<()>
     })
 }
 
-/// The eBPF toolchain the daemon's build needs: LLVM 22, nightly `rust-src`, bpf-linker.
+/// The eBPF build's pins, from the workspace's Cargo.toml (`[workspace.metadata.ebpf]`): the
+/// nightly toolchain (by date) and the LLVM major it, bpf-linker and apt's llvm-dev share.
+pub struct EbpfPin {
+    pub toolchain: String,
+    pub llvm_major: u32,
+}
+
+impl EbpfPin {
+    pub fn read() -> anyhow::Result<EbpfPin> {
+        let path = root().join("Cargo.toml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let section = text
+            .split_once("[workspace.metadata.ebpf]")
+            .map(|(_, rest)| rest.split("\n[").next().unwrap_or_default())
+            .with_context(|| format!("{}: no [workspace.metadata.ebpf]", path.display()))?;
+        let value = |key: &str| {
+            section
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .find(|(k, _)| k.trim() == key)
+                .map(|(_, v)| v.trim().trim_matches('"').to_owned())
+                .with_context(|| {
+                    format!("{}: no {key} in [workspace.metadata.ebpf]", path.display())
+                })
+        };
+        Ok(EbpfPin {
+            toolchain: value("toolchain")?,
+            llvm_major: value("llvm-major")?.parse().context("llvm-major")?,
+        })
+    }
+
+    fn llvm_prefix(&self) -> String {
+        format!("/usr/lib/llvm-{}", self.llvm_major)
+    }
+}
+
+/// The eBPF toolchain the daemon's build needs: apt's LLVM, the pinned nightly with `rust-src`
+/// (`.ci/toolchain` installs or names it; here it is checked), its LLVM major the same as
+/// bpf-linker's, and bpf-linker built on that LLVM.
 pub fn toolchain() -> anyhow::Result<()> {
-    step("LLVM 22 development files (apt llvm-22-dev)", || {
-        if Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
-            return Ok(());
-        }
-        run(Command::new("apt-get").arg("update"))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "llvm-22-dev"])
-            .env("DEBIAN_FRONTEND", "noninteractive"))
-    })?;
+    let pin = EbpfPin::read()?;
+    let major = pin.llvm_major;
+    let prefix = pin.llvm_prefix();
     step(
-        "nightly toolchain with rust-src (builds the eBPF crate)",
+        &format!("LLVM {major} development files (apt llvm-{major}-dev)"),
         || {
-            if !output(Command::new("rustup").args(["toolchain", "list"])).contains("nightly") {
-                run(Command::new("rustup").args([
-                    "toolchain",
-                    "install",
-                    "nightly",
-                    "--profile",
-                    "minimal",
-                ]))?;
-            }
-            let installed = output(Command::new("rustup").args([
-                "component",
-                "list",
-                "--toolchain",
-                "nightly",
-                "--installed",
-            ]));
-            if installed.lines().any(|l| l.starts_with("rust-src")) {
+            if Path::new(&prefix).join("bin/llvm-config").exists() {
                 return Ok(());
             }
-            run(Command::new("rustup").args([
-                "component",
-                "add",
-                "rust-src",
-                "--toolchain",
-                "nightly",
-            ]))
+            run(Command::new("apt-get").arg("update"))?;
+            run(Command::new("apt-get")
+                .args(["install", "-y", &format!("llvm-{major}-dev")])
+                .env("DEBIAN_FRONTEND", "noninteractive"))
         },
     )?;
-    step("bpf-linker 0.13 on LLVM 22", || {
+    step(
+        &format!("{} with rust-src (builds the eBPF crate)", pin.toolchain),
+        || nightly(&pin),
+    )?;
+    step(&format!("bpf-linker 0.13 on LLVM {major}"), || {
         if output(Command::new("bpf-linker").arg("--version")).contains(BPF_LINKER_VERSION) {
             return Ok(());
         }
@@ -120,10 +137,46 @@ pub fn toolchain() -> anyhow::Result<()> {
                 BPF_LINKER_VERSION,
                 "--no-default-features",
             ])
-            .args(["--features", "llvm-22", "--locked"])
-            .env("LLVM_PREFIX", LLVM_PREFIX))
+            .args(["--features", &format!("llvm-{major}"), "--locked"])
+            .env("LLVM_PREFIX", &prefix))
     })?;
     Ok(())
+}
+
+/// The pinned nightly installed with `rust-src`, and built on the LLVM major bpf-linker links.
+fn nightly(pin: &EbpfPin) -> anyhow::Result<()> {
+    let name = pin.toolchain.as_str();
+    let installed = |args: &[&str]| output(Command::new("rustup").args(args));
+    if !installed(&["toolchain", "list"])
+        .lines()
+        .any(|l| l.starts_with(&format!("{name}-")))
+    {
+        // Fetched by rustup; `.ci/toolchain` names an installed nightly of that date first
+        // where nothing can be fetched.
+        run(Command::new("rustup").args(["toolchain", "install", name, "--profile", "minimal"]))?;
+    }
+    if !installed(&["component", "list", "--toolchain", name, "--installed"])
+        .lines()
+        .any(|l| l.starts_with("rust-src"))
+    {
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", name]))?;
+    }
+    let verbose = output(Command::new("rustc").arg(format!("+{name}")).arg("-vV"));
+    let llvm = verbose
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next()?.parse::<u32>().ok());
+    match llvm {
+        Some(m) if m == pin.llvm_major => Ok(()),
+        Some(m) => bail!(
+            "{name} is built on LLVM {m}, but bpf-linker links LLVM {} (llvm-major in Cargo.toml's \
+             [workspace.metadata.ebpf]): the eBPF object would not link; pin a nightly on LLVM {} \
+             or move llvm-major (and bpf-linker's feature) to {m}",
+            pin.llvm_major,
+            pin.llvm_major
+        ),
+        None => bail!("cannot read the LLVM version of {name} (rustc +{name} -vV)"),
+    }
 }
 
 /// Everything `demo` and `test` need; `torch` adds the real-PyTorch virtualenv.
