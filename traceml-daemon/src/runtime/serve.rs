@@ -184,7 +184,7 @@ impl Node {
                 j.group.tick(now);
                 return true;
             }
-            j.group.settle(true);
+            j.group.settle();
             j.launcher
                 .is_some_and(|(pid, start)| start_time(pid) == Some(start))
         });
@@ -215,7 +215,7 @@ impl Node {
         }
         for j in self.jobs.values_mut() {
             j.group.finished_by(deadline).await;
-            j.group.settle(true);
+            j.group.settle();
         }
     }
 
@@ -460,6 +460,7 @@ impl Scan<'_> {
                 hang_after: self.settings.hang_after,
                 window: Some(self.settings.window),
                 metrics: self.metrics.clone(),
+                writes_final: true,
                 record: None,
             };
             HeldJob {
