@@ -321,11 +321,14 @@ impl Group {
     }
 
     /// Asks every running rank to end (`reason`), reading their stacks first when the job is
-    /// hung (the summary shows where each rank waits).
+    /// hung (the summary shows where each rank waits). Once no rank runs there is nothing to
+    /// look at: the hang of the last look stands (ranks killed while hung leave a hung job).
     pub fn stop(&mut self, reason: EndReason) {
-        self.hung = self.stuck(Instant::now());
-        if !self.hung.is_empty() {
-            self.read_stacks();
+        if self.running() {
+            self.hung = self.stuck(Instant::now());
+            if !self.hung.is_empty() {
+                self.read_stacks();
+            }
         }
         for r in &self.ranks {
             let _ = r.stop.send(Some(reason));
@@ -394,16 +397,72 @@ mod tests {
     use crate::metrics::http::Shared;
     use crate::summary::DiagnosisKind;
 
+    /// A recorded input-bound run (tests/fixtures/recordings).
+    fn recorded() -> Vec<crate::event::StreamItem> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/recordings/input_bound_single.jsonl.gz");
+        crate::record::read(&path).expect("recording").items
+    }
+
+    /// Two running ranks of `items` (no eBPF: a task that never ends on `rt`), their folds as
+    /// their tasks left them at their last step, at `t0`; on `/metrics` when served.
+    fn add_two_ranks(
+        g: &mut Group,
+        items: &[crate::event::StreamItem],
+        rt: &tokio::runtime::Runtime,
+        t0: Instant,
+    ) {
+        for rank in 0..2 {
+            let pid = u32::MAX - 10 - rank;
+            if let Some(exporter) = &g.cfg.metrics {
+                sinks::Metrics::attach(exporter.clone(), &g.cfg.name, rank, pid, false);
+            }
+            let mut folds = Folds::windowed(None);
+            for item in items {
+                folds.push(item);
+            }
+            folds.progress.update(10, 1_000_000_000, t0);
+            g.ranks.push(GroupRank {
+                proc: RankProc {
+                    pid,
+                    rank,
+                    local_rank: Some(rank),
+                    world_size: Some(2),
+                    restart: 0,
+                },
+                folds: Rc::new(RefCell::new(folds)),
+                stop: watch::channel(None).0,
+                done: rt.spawn(std::future::pending()),
+            });
+        }
+    }
+
+    /// The ranks' runs ended (their tasks handed back their summaries).
+    fn end_ranks(g: &mut Group) {
+        let runs: Vec<RankRun> = g.ranks.drain(..).map(|r| r.run(false)).collect();
+        g.finished.borrow_mut().extend(runs);
+    }
+
+    fn config(dir: &Path, metrics: Option<Shared>) -> GroupConfig {
+        GroupConfig {
+            name: "job".into(),
+            dir: dir.into(),
+            owner: None,
+            hang_after: Duration::from_secs(5),
+            window: None,
+            metrics,
+            writes_final: true,
+            record: None,
+        }
+    }
+
     /// The job's sinks read one look: pushed in either order, the job's files (the HANG summary
     /// at once, then the final summary) and `/metrics` (the job's verdict, set from the same
     /// joined summary at the hang) say the same. Two ranks of a recorded run (no eBPF): their
     /// folds as their tasks left them, the last step 100 s before the group's look.
     #[test]
     fn the_order_of_the_job_sinks_changes_nothing() {
-        // A recorded input-bound run (tests/fixtures/recordings).
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/fixtures/recordings/input_bound_single.jsonl.gz");
-        let items = crate::record::read(&path).expect("recording").items;
+        let items = recorded();
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -418,16 +477,7 @@ mod tests {
         let outputs = |metrics_first: bool| {
             let dir = tempfile::tempdir().unwrap();
             let exporter: Shared = Default::default();
-            let cfg = GroupConfig {
-                name: "job".into(),
-                dir: dir.path().into(),
-                owner: None,
-                hang_after: Duration::from_secs(5),
-                window: None,
-                metrics: Some(exporter.clone()),
-                writes_final: true,
-                record: None,
-            };
+            let cfg = config(dir.path(), Some(exporter.clone()));
             let info = JobInfo {
                 world_size: Some(2),
                 ..JobInfo::default()
@@ -440,33 +490,12 @@ mod tests {
             } else {
                 vec![f, m]
             };
-            for rank in 0..2 {
-                let pid = u32::MAX - 10 - rank;
-                sinks::Metrics::attach(exporter.clone(), "job", rank, pid, false);
-                let mut folds = Folds::windowed(None);
-                for item in &items {
-                    folds.push(item);
-                }
-                folds.progress.update(10, 1_000_000_000, t0);
-                g.ranks.push(GroupRank {
-                    proc: RankProc {
-                        pid,
-                        rank,
-                        local_rank: Some(rank),
-                        world_size: Some(2),
-                        restart: 0,
-                    },
-                    folds: Rc::new(RefCell::new(folds)),
-                    stop: watch::channel(None).0,
-                    done: rt.spawn(std::future::pending()),
-                });
-            }
+            add_two_ranks(&mut g, &items, &rt, t0);
             g.tick(t0 + Duration::from_secs(100));
             let hang = std::fs::read_to_string(dir.path().join("final_summary.json")).unwrap();
             let hung_text = text(&exporter);
             // The ranks ended (killed while hung): the job's final summary.
-            let runs: Vec<RankRun> = g.ranks.drain(..).map(|r| r.run(false)).collect();
-            g.finished.borrow_mut().extend(runs);
+            end_ranks(&mut g);
             let sum = g.settle().expect("the job's summary");
             let mut files: Vec<(String, String)> = std::fs::read_dir(dir.path())
                 .unwrap()
@@ -500,6 +529,29 @@ mod tests {
             "{line} not set at the hang:\n{}",
             hung_text.join("\n")
         );
+    }
+
+    /// Ranks killed while hung, and the daemon stopped before its next look (`serve`'s SIGTERM
+    /// within a scan of the ranks' end): the job's final summary keeps the HANG and the stacks
+    /// read while it hung. Before, `stop` looked again at no running rank and forgot the hang.
+    #[test]
+    fn a_job_stopped_after_its_hung_ranks_ended_stays_hung() {
+        let items = recorded();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = Group::new(config(dir.path(), None), JobInfo::default());
+        let t0 = Instant::now();
+        add_two_ranks(&mut g, &items, &rt, t0);
+        g.tick(t0 + Duration::from_secs(100));
+        assert_eq!(g.hung.len(), 2, "both ranks completed no step for 100 s");
+        end_ranks(&mut g);
+        g.stop(EndReason::Terminated);
+        let sum = g.settle().expect("the job's summary");
+        assert_eq!(sum.primary_diagnosis.kind, DiagnosisKind::Hang);
+        let file = std::fs::read_to_string(dir.path().join("final_summary.json")).unwrap();
+        assert!(file.contains("\"HANG\""), "{file}");
     }
 
     #[test]
