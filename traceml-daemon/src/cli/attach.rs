@@ -157,6 +157,8 @@ fn run_job(
             hang_after: args.tunables.hang_after(),
             window: None,
             metrics: metrics(args.metrics_addr.as_deref())?,
+            // The job's summary is written by `run`, in the formats asked for.
+            writes_final: false,
             record: args.record.clone(),
         },
         duration: opts.duration,

@@ -8,6 +8,12 @@
 //! no rank runs the job's summary ([`crate::ranks::combine`]: STRAGGLER and the ranks table).
 //! `--pid` on a launcher or rank ([`super::supervisor`]) and `serve` ([`super::serve`]) hold
 //! their jobs in this same group.
+//!
+//! The group's output has a target's shape: at each of its ticks it looks at its ranks (the
+//! hang check reads what each rank's task last folded, never advancing a rank's engine itself)
+//! and hands one [`JobTick`] to the job's sinks ([`JobSink`]: the job's files, its verdict on
+//! `/metrics`), which join the ranks once, for all of them; once no rank runs, the job's summary
+//! goes to them as a [`JobEnd`].
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,10 +25,10 @@ use tokio::sync::watch;
 use crate::event::EndReason;
 use crate::host::jobs::{JobSpec, RankProc};
 use crate::host::output::Owner;
-use crate::metrics::{self, Verdict};
 use crate::ranks::{RankRun, Stuck};
-use crate::render::files::{self, Stem};
-use crate::runtime::sinks::{self, RecordingSink, SummaryFiles};
+use crate::runtime::sinks::{
+    self, JobEnd, JobFiles, JobMetrics, JobSink, JobTick, RecordingSink, SummaryFiles,
+};
 use crate::runtime::target::Options;
 use crate::runtime::task::{self, Folds, Sink, Sinks};
 use crate::summary::{JobInfo, Summary};
@@ -54,7 +60,10 @@ pub struct GroupConfig {
     /// Each rank's window summaries (`serve`'s `--window`).
     pub window: Option<Duration>,
     /// `/metrics`, when served.
-    pub metrics: Option<metrics::http::Shared>,
+    pub metrics: Option<crate::metrics::http::Shared>,
+    /// The group writes the job's final summary in `dir` (`serve`); `--pid` writes it itself,
+    /// in the formats asked for. The HANG summary is written either way.
+    pub writes_final: bool,
     /// `--record FILE`: each rank's stream to `FILE` with `.rank<r>` (`.rank<r>.restart<k>` in a
     /// restarted attempt) before its extension ([`crate::record::rank_path`]).
     pub record: Option<PathBuf>,
@@ -90,6 +99,12 @@ impl GroupRank {
     }
 }
 
+/// The running ranks' runs so far, without their stacks.
+fn running_runs(ranks: &[GroupRank]) -> Vec<RankRun> {
+    let running = ranks.iter().filter(|r| r.running());
+    running.map(|r| r.run(false)).collect()
+}
+
 /// One job's ranks on this node.
 pub struct Group {
     pub cfg: GroupConfig,
@@ -104,11 +119,21 @@ pub struct Group {
     hang_stacks: HashMap<u32, Vec<String>>,
     /// Since when each rank has been inside a collective (at the group's looks).
     in_collective: HashMap<u32, Instant>,
-    last_verdict: Option<Instant>,
+    /// Where the job's summary goes: its files, its verdict on `/metrics`.
+    sinks: Vec<Box<dyn JobSink>>,
 }
 
 impl Group {
     pub fn new(cfg: GroupConfig, info: JobInfo) -> Group {
+        let mut sinks: Vec<Box<dyn JobSink>> = vec![Box::new(JobFiles::new(
+            &cfg.name,
+            cfg.dir.clone(),
+            cfg.owner,
+            cfg.writes_final,
+        ))];
+        if let Some(exporter) = &cfg.metrics {
+            sinks.push(Box::new(JobMetrics::new(exporter.clone(), &cfg.name)));
+        }
         Group {
             cfg,
             info,
@@ -118,7 +143,7 @@ impl Group {
             hung: Vec::new(),
             hang_stacks: HashMap::new(),
             in_collective: HashMap::new(),
-            last_verdict: None,
+            sinks,
         }
     }
 
@@ -207,15 +232,15 @@ impl Group {
 
     /// Ranks that completed no step for max(10 × their mean step, the floor); else, when some
     /// ranks have waited in a collective for seconds while another is outside it, every rank
-    /// ([`crate::ranks::collective_hang`]).
+    /// ([`crate::ranks::collective_hang`]). Each rank as its task's last tick left its folds:
+    /// the engine is advanced there only.
     fn stuck(&mut self, now: Instant) -> Vec<Stuck> {
         let floor = self.cfg.hang_after;
         let mut looks = Vec::new();
         let mut slow = Vec::new();
         for r in self.ranks.iter().filter(|r| r.running()) {
-            let mut f = r.folds.borrow_mut();
-            let progress = *f.observe(now);
-            let in_collective = f.in_collective();
+            let f = r.folds.borrow();
+            let (progress, in_collective) = (f.progress, f.in_collective());
             drop(f);
             let since = if in_collective {
                 Some(*self.in_collective.entry(r.proc.rank).or_insert(now))
@@ -242,29 +267,39 @@ impl Group {
         crate::ranks::collective_hang(&looks).unwrap_or_default()
     }
 
-    /// Once a second while ranks run: the hang check (a HANG is written to the job's
-    /// `final_summary.json` at once and logged at warning, once per hang: again after the job
-    /// made progress), and every [`metrics::REFRESH`] the job's verdict on `/metrics`.
+    /// Once a second while ranks run: the hang check (a HANG is logged at warning and handed to
+    /// the sinks once per hang, again after the job made progress: the job's
+    /// `final_summary.json` written at once), then the same look to every sink (every
+    /// [`crate::metrics::REFRESH`] the job's verdict on `/metrics`).
     pub fn tick(&mut self, now: Instant) {
         let stuck = self.stuck(now);
+        let mut hang = false;
         if stuck.is_empty() {
             self.hung.clear();
         } else {
-            let reported = !self.hung.is_empty();
+            hang = self.hung.is_empty();
             self.hung = stuck;
-            if !reported {
-                self.report_hang();
-            }
         }
-        if self.cfg.metrics.is_some()
-            && self
-                .last_verdict
-                .is_none_or(|t| now >= t + metrics::REFRESH)
-        {
-            self.last_verdict = Some(now);
-            if let Some(s) = self.live_summary() {
-                self.set_verdict(&s);
-            }
+        // At a hang the ranks are joined with their stacks (kept for the job's summary).
+        let stacks = std::cell::Cell::new(hang.then(|| self.read_stacks()));
+        let Group {
+            ranks,
+            info,
+            hung,
+            sinks,
+            cfg,
+            ..
+        } = self;
+        let join = || {
+            let runs = stacks.take().unwrap_or_else(|| running_runs(ranks));
+            crate::ranks::combine(runs, info.clone(), hung)
+        };
+        let tick = JobTick::new(now, hang, &join);
+        if let Some(sum) = tick.summary().filter(|_| hang) {
+            tracing::warn!("job {}: HANG: {}", cfg.name, sum.primary_diagnosis.why);
+        }
+        for sink in sinks.iter_mut() {
+            sink.tick(&tick);
         }
     }
 
@@ -280,43 +315,20 @@ impl Group {
         runs
     }
 
-    fn report_hang(&mut self) {
-        let runs = self.read_stacks();
-        if let Some(sum) = crate::ranks::combine(runs, self.info.clone(), &self.hung) {
-            tracing::warn!("job {}: HANG: {}", self.cfg.name, sum.primary_diagnosis.why);
-            if let Err(e) =
-                files::write_summary_in(&self.cfg.dir, self.cfg.owner, Stem::FinalJson, &sum)
-            {
-                tracing::warn!("job {}: cannot write the HANG summary: {e}", self.cfg.name);
-            }
-        }
-    }
-
     /// The job's summary now: the running ranks' runs so far, joined (`None`: no rank yet).
     pub fn live_summary(&self) -> Option<Summary> {
-        let runs = self
-            .ranks
-            .iter()
-            .filter(|r| r.running())
-            .map(|r| r.run(false));
-        crate::ranks::combine(runs.collect(), self.info.clone(), &self.hung)
-    }
-
-    fn set_verdict(&self, s: &Summary) {
-        if let Some(exporter) = &self.cfg.metrics {
-            let mut e = exporter.lock().unwrap_or_else(|p| p.into_inner());
-            e.set_verdict(&self.cfg.name, Verdict::of(s));
-            e.set_stragglers(&self.cfg.name, s.stragglers.as_ref());
-            e.set_collectives(&self.cfg.name, s.collective_waits.as_ref());
-        }
+        crate::ranks::combine(running_runs(&self.ranks), self.info.clone(), &self.hung)
     }
 
     /// Asks every running rank to end (`reason`), reading their stacks first when the job is
-    /// hung (the summary shows where each rank waits).
+    /// hung (the summary shows where each rank waits). Once no rank runs there is nothing to
+    /// look at: the hang of the last look stands (ranks killed while hung leave a hung job).
     pub fn stop(&mut self, reason: EndReason) {
-        self.hung = self.stuck(Instant::now());
-        if !self.hung.is_empty() {
-            self.read_stacks();
+        if self.running() {
+            self.hung = self.stuck(Instant::now());
+            if !self.hung.is_empty() {
+                self.read_stacks();
+            }
         }
         for r in &self.ranks {
             let _ = r.stop.send(Some(reason));
@@ -340,9 +352,10 @@ impl Group {
     }
 
     /// The job's summary once no rank runs, when a rank ended since the last one (a job that
-    /// ended hung says so, with the stacks read while it hung): on `/metrics` and, with
-    /// `write`, in the job's directory. `None` when nothing is new or no rank was measured.
-    pub fn settle(&mut self, write: bool) -> Option<Summary> {
+    /// ended hung says so, with the stacks read while it hung), handed to the job's sinks: on
+    /// `/metrics` and, with [`GroupConfig::writes_final`], in the job's directory. `None` when
+    /// nothing is new or no rank was measured.
+    pub fn settle(&mut self) -> Option<Summary> {
         if self.running() {
             return None;
         }
@@ -361,18 +374,12 @@ impl Group {
             tracing::warn!("job {}: no rank could be measured", self.cfg.name);
             return None;
         };
-        self.set_verdict(&sum);
-        if write {
-            let file = self.cfg.dir.join("final_summary.json");
-            match files::write_summary_in(&self.cfg.dir, self.cfg.owner, Stem::Final, &sum) {
-                Ok(()) => tracing::info!(
-                    "job {} ({n} ranks): {} → {}",
-                    self.cfg.name,
-                    files::verdict_line(&sum),
-                    file.display()
-                ),
-                Err(e) => tracing::warn!("job {}: cannot write its summary: {e}", self.cfg.name),
-            }
+        let end = JobEnd {
+            summary: &sum,
+            runs: n,
+        };
+        for sink in &mut self.sinks {
+            sink.end(&end);
         }
         Some(sum)
     }
@@ -386,7 +393,166 @@ impl Group {
 #[cfg(test)]
 mod tests {
     use super::task::Progress;
-    use std::time::{Duration, Instant};
+    use super::*;
+    use crate::metrics::http::Shared;
+    use crate::summary::DiagnosisKind;
+
+    /// A recorded input-bound run (tests/fixtures/recordings).
+    fn recorded() -> Vec<crate::event::StreamItem> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/recordings/input_bound_single.jsonl.gz");
+        crate::record::read(&path).expect("recording").items
+    }
+
+    /// Two running ranks of `items` (no eBPF: a task that never ends on `rt`), their folds as
+    /// their tasks left them at their last step, at `t0`; on `/metrics` when served.
+    fn add_two_ranks(
+        g: &mut Group,
+        items: &[crate::event::StreamItem],
+        rt: &tokio::runtime::Runtime,
+        t0: Instant,
+    ) {
+        for rank in 0..2 {
+            let pid = u32::MAX - 10 - rank;
+            if let Some(exporter) = &g.cfg.metrics {
+                sinks::Metrics::attach(exporter.clone(), &g.cfg.name, rank, pid, false);
+            }
+            let mut folds = Folds::windowed(None);
+            for item in items {
+                folds.push(item);
+            }
+            folds.progress.update(10, 1_000_000_000, t0);
+            g.ranks.push(GroupRank {
+                proc: RankProc {
+                    pid,
+                    rank,
+                    local_rank: Some(rank),
+                    world_size: Some(2),
+                    restart: 0,
+                },
+                folds: Rc::new(RefCell::new(folds)),
+                stop: watch::channel(None).0,
+                done: rt.spawn(std::future::pending()),
+            });
+        }
+    }
+
+    /// The ranks' runs ended (their tasks handed back their summaries).
+    fn end_ranks(g: &mut Group) {
+        let runs: Vec<RankRun> = g.ranks.drain(..).map(|r| r.run(false)).collect();
+        g.finished.borrow_mut().extend(runs);
+    }
+
+    fn config(dir: &Path, metrics: Option<Shared>) -> GroupConfig {
+        GroupConfig {
+            name: "job".into(),
+            dir: dir.into(),
+            owner: None,
+            hang_after: Duration::from_secs(5),
+            window: None,
+            metrics,
+            writes_final: true,
+            record: None,
+        }
+    }
+
+    /// The job's sinks read one look: pushed in either order, the job's files (the HANG summary
+    /// at once, then the final summary) and `/metrics` (the job's verdict, set from the same
+    /// joined summary at the hang) say the same. Two ranks of a recorded run (no eBPF): their
+    /// folds as their tasks left them, the last step 100 s before the group's look.
+    #[test]
+    fn the_order_of_the_job_sinks_changes_nothing() {
+        let items = recorded();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        let text = |e: &Shared| -> Vec<String> {
+            let text = e.lock().unwrap().encode();
+            text.lines()
+                .filter(|l| !l.contains("last_step"))
+                .map(str::to_owned)
+                .collect()
+        };
+        let outputs = |metrics_first: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let exporter: Shared = Default::default();
+            let cfg = config(dir.path(), Some(exporter.clone()));
+            let info = JobInfo {
+                world_size: Some(2),
+                ..JobInfo::default()
+            };
+            let mut g = Group::new(cfg, info);
+            let f: Box<dyn JobSink> = Box::new(JobFiles::new("job", dir.path().into(), None, true));
+            let m: Box<dyn JobSink> = Box::new(JobMetrics::new(exporter.clone(), "job"));
+            g.sinks = if metrics_first {
+                vec![m, f]
+            } else {
+                vec![f, m]
+            };
+            add_two_ranks(&mut g, &items, &rt, t0);
+            g.tick(t0 + Duration::from_secs(100));
+            let hang = std::fs::read_to_string(dir.path().join("final_summary.json")).unwrap();
+            let hung_text = text(&exporter);
+            // The ranks ended (killed while hung): the job's final summary.
+            end_ranks(&mut g);
+            let sum = g.settle().expect("the job's summary");
+            let mut files: Vec<(String, String)> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .map(|p| {
+                    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                    (name, std::fs::read_to_string(&p).unwrap())
+                })
+                .collect();
+            files.sort();
+            (
+                hang,
+                hung_text,
+                files,
+                text(&exporter),
+                sum.primary_diagnosis.kind,
+            )
+        };
+        let (a, b) = (outputs(true), outputs(false));
+        assert_eq!(a, b);
+        let (hang, hung_text, files, _, kind) = a;
+        assert!(hang.contains("\"HANG\""), "{hang}");
+        assert_eq!(kind, DiagnosisKind::Hang, "the job ended hung");
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.contains(&"final_summary.txt"), "{names:?}");
+        let line = format!("kind=\"{}\"", DiagnosisKind::Hang.as_str());
+        assert!(
+            hung_text
+                .iter()
+                .any(|l| l.starts_with("traceml_verdict{") && l.contains(&line)),
+            "{line} not set at the hang:\n{}",
+            hung_text.join("\n")
+        );
+    }
+
+    /// Ranks killed while hung, and the daemon stopped before its next look (`serve`'s SIGTERM
+    /// within a scan of the ranks' end): the job's final summary keeps the HANG and the stacks
+    /// read while it hung. Before, `stop` looked again at no running rank and forgot the hang.
+    #[test]
+    fn a_job_stopped_after_its_hung_ranks_ended_stays_hung() {
+        let items = recorded();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = Group::new(config(dir.path(), None), JobInfo::default());
+        let t0 = Instant::now();
+        add_two_ranks(&mut g, &items, &rt, t0);
+        g.tick(t0 + Duration::from_secs(100));
+        assert_eq!(g.hung.len(), 2, "both ranks completed no step for 100 s");
+        end_ranks(&mut g);
+        g.stop(EndReason::Terminated);
+        let sum = g.settle().expect("the job's summary");
+        assert_eq!(sum.primary_diagnosis.kind, DiagnosisKind::Hang);
+        let file = std::fs::read_to_string(dir.path().join("final_summary.json")).unwrap();
+        assert!(file.contains("\"HANG\""), "{file}");
+    }
 
     #[test]
     fn a_hung_rank_stays_hung_when_its_folds_are_handed_back_empty() {

@@ -1,7 +1,8 @@
 //! The runtime: targets run as tasks on one thread. Each target is one task
 //! ([`task::drive`]: the live attach and event loop of [`target`], folded into bounded folds)
 //! with its [`sinks`] behind one trait (a recording, `/metrics`, summary files, the live
-//! [`view`]); the ranks of a multi-rank job are one [`group`] with one hang check; a
+//! [`view`]); the ranks of a multi-rank job are one [`group`] with one hang check, whose job
+//! summary goes to the job's sinks the same way (the job's files, its verdict on `/metrics`); a
 //! [`supervisor`] holds a fixed set of targets (`--pid`), and [`serve`] adds a /proc scanner,
 //! with its [`settings`] (flags, config file and defaults, validated once).
 

@@ -180,7 +180,7 @@ impl Node {
                 j.group.tick(now);
                 return true;
             }
-            j.group.settle(true);
+            j.group.settle();
             j.launcher
                 .is_some_and(|(pid, start)| start_time(pid) == Some(start))
         });
@@ -211,7 +211,7 @@ impl Node {
         }
         for j in self.jobs.values_mut() {
             j.group.finished_by(deadline).await;
-            j.group.settle(true);
+            j.group.settle();
         }
     }
 
@@ -457,6 +457,7 @@ impl Scan<'_> {
                 hang_after: self.settings.target.hang_after(),
                 window: Some(self.settings.window),
                 metrics: self.metrics.clone(),
+                writes_final: true,
                 record: None,
             };
             HeldJob {

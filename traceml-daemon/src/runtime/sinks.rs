@@ -1,6 +1,12 @@
 //! The sinks a target's task hands its run to ([`Sink`]): its recording, its series on
 //! `/metrics`, and its summary files (window summaries and the final one). Each exists once,
 //! whichever mode runs the target (`--pid`, a rank of a job, a target of `serve`).
+//!
+//! A multi-rank job's group hands the job's summary the same way to the job's sinks
+//! ([`JobSink`]): its files ([`JobFiles`]: the HANG summary at once, the final summary) and its
+//! verdict on `/metrics` ([`JobMetrics`]). They only read: each look at the job ([`JobTick`])
+//! joins the ranks once, for every sink, so their order does not matter either.
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -251,6 +257,144 @@ impl Sink for SummaryFiles {
             }
             Err(e) => Err(format!("cannot write {}: {e}", file.display())),
         }
+    }
+}
+
+/// One look at a multi-rank job (its group's tick, the hang check done), the same for every
+/// job sink.
+pub struct JobTick<'a> {
+    pub now: Instant,
+    /// A hang was found at this look (once per hang: again after the job made progress); the
+    /// job's summary then carries every running rank's stack.
+    pub hang: bool,
+    summary: OnceCell<Option<Summary>>,
+    join: &'a dyn Fn() -> Option<Summary>,
+}
+
+impl<'a> JobTick<'a> {
+    /// A look at `now`; `join` joins the ranks into the job's summary when a sink asks.
+    pub fn new(now: Instant, hang: bool, join: &'a dyn Fn() -> Option<Summary>) -> JobTick<'a> {
+        JobTick {
+            now,
+            hang,
+            summary: OnceCell::new(),
+            join,
+        }
+    }
+
+    /// The job's summary now (the running ranks' runs so far, joined; `None`: no rank yet),
+    /// computed at the first call of this look.
+    pub fn summary(&self) -> Option<&Summary> {
+        self.summary.get_or_init(self.join).as_ref()
+    }
+}
+
+/// The end of a multi-rank job as its sinks see it: no rank runs.
+pub struct JobEnd<'a> {
+    /// The job's summary (a job that ended hung says so, with the stacks read while it hung).
+    pub summary: &'a Summary,
+    /// The rank runs it joins, every attempt's.
+    pub runs: usize,
+}
+
+/// Where a multi-rank job's summary goes. Every method has a default that does nothing; what
+/// a sink cannot do it logs (the job goes on).
+pub trait JobSink {
+    /// About every [`crate::runtime::task::TICK`] while a rank of the job runs.
+    fn tick(&mut self, _tick: &JobTick<'_>) {}
+
+    /// No rank runs (again, after a restarted rank ended later).
+    fn end(&mut self, _end: &JobEnd<'_>) {}
+}
+
+/// The job's files in its directory: at a hang, `final_summary.json` at once (the HANG, every
+/// running rank's stack); once no rank runs, where asked, `final_summary.*`.
+pub struct JobFiles {
+    job: String,
+    dir: PathBuf,
+    owner: Option<Owner>,
+    /// Writes the final summary (`serve`; `--pid` writes its own in the formats asked for).
+    writes_final: bool,
+}
+
+impl JobFiles {
+    pub fn new(job: &str, dir: PathBuf, owner: Option<Owner>, writes_final: bool) -> Self {
+        JobFiles {
+            job: job.to_owned(),
+            dir,
+            owner,
+            writes_final,
+        }
+    }
+}
+
+impl JobSink for JobFiles {
+    fn tick(&mut self, tick: &JobTick<'_>) {
+        let Some(sum) = tick.summary().filter(|_| tick.hang) else {
+            return;
+        };
+        if let Err(e) = write_summary_in(&self.dir, self.owner, Stem::FinalJson, sum) {
+            tracing::warn!("job {}: cannot write the HANG summary: {e}", self.job);
+        }
+    }
+
+    fn end(&mut self, end: &JobEnd<'_>) {
+        if !self.writes_final {
+            return;
+        }
+        let file = self.dir.join("final_summary.json");
+        match write_summary_in(&self.dir, self.owner, Stem::Final, end.summary) {
+            Ok(()) => tracing::info!(
+                "job {} ({} ranks): {} → {}",
+                self.job,
+                end.runs,
+                verdict_line(end.summary),
+                file.display()
+            ),
+            Err(e) => tracing::warn!("job {}: cannot write its summary: {e}", self.job),
+        }
+    }
+}
+
+/// The job's verdict on `/metrics`, from every rank (its ranks' own [`Metrics`] set none):
+/// every [`metrics::REFRESH`] while ranks run, and the job's summary at its end. With it the
+/// job's classified stragglers and joined collective ledgers.
+pub struct JobMetrics {
+    exporter: metrics::http::Shared,
+    job: String,
+    last: Option<Instant>,
+}
+
+impl JobMetrics {
+    pub fn new(exporter: metrics::http::Shared, job: &str) -> Self {
+        JobMetrics {
+            exporter,
+            job: job.to_owned(),
+            last: None,
+        }
+    }
+
+    fn set(&self, s: &Summary) {
+        let mut e = self.exporter.lock().unwrap_or_else(|p| p.into_inner());
+        e.set_verdict(&self.job, Verdict::of(s));
+        e.set_stragglers(&self.job, s.stragglers.as_ref());
+        e.set_collectives(&self.job, s.collective_waits.as_ref());
+    }
+}
+
+impl JobSink for JobMetrics {
+    fn tick(&mut self, tick: &JobTick<'_>) {
+        if self.last.is_some_and(|t| tick.now < t + metrics::REFRESH) {
+            return;
+        }
+        self.last = Some(tick.now);
+        if let Some(s) = tick.summary() {
+            self.set(s);
+        }
+    }
+
+    fn end(&mut self, end: &JobEnd<'_>) {
+        self.set(end.summary);
     }
 }
 

@@ -130,7 +130,7 @@ pub fn run_job(mut job: JobSpec, mut run: JobRun) -> Result<Summary, String> {
             .finished_by(tokio::time::Instant::now() + STOP_WAIT)
             .await;
         group
-            .settle(false)
+            .settle()
             .ok_or_else(|| "no rank of the job could be attached".to_owned())
     })
     .map_err(|e| e.to_string())?

@@ -6,7 +6,8 @@
 //! The sinks only read: the task brings the folds up to date at each tick (the engine advanced,
 //! the progress noted, a window closed when one is due) and then hands every sink the same
 //! [`Tick`], whose run-so-far summary is computed once, by the first sink that asks. What one
-//! sink shows never depends on another having run before it.
+//! sink shows never depends on another having run before it. Only the task advances the folds:
+//! a job's group ([`super::group`]) reads the progress its last tick noted.
 use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -33,7 +34,8 @@ pub struct Folds {
     window: Option<Window>,
     /// The latest window's summary (`None` before the first window closed).
     pub last_window: Option<Summary>,
-    /// When the run last completed a step: the hang check's and `/metrics`' liveness.
+    /// When the run last completed a step, as of the task's last [`tick`]: the hang check's and
+    /// `/metrics`' liveness.
     pub progress: Progress,
 }
 
@@ -83,12 +85,13 @@ impl Folds {
         Some(w.n)
     }
 
-    /// Brings the engine up to now and notes whether steps were completed since the last look.
-    pub fn observe(&mut self, now: Instant) -> &Progress {
+    /// Brings the engine up to now and notes whether steps were completed since the last look
+    /// ([`Folds::progress`]). Only the task's [`tick`] does: what else reads the folds (a job's
+    /// hang check) reads what the last tick left, and never advances the engine itself.
+    fn observe(&mut self, now: Instant) {
         self.run.advance(target::monotonic_ns());
         let (n, total_ns) = self.run.steps();
         self.progress.update(n, total_ns, now);
-        &self.progress
     }
 
     /// In a collective now: a wait probe entered and not returned, or (where the wait is not
