@@ -552,7 +552,7 @@ fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
+    use crate::testkit::{self, Scenario};
 
     #[test]
     fn multi_rank_jobs_are_compared_rank_by_rank() {
@@ -568,7 +568,7 @@ mod tests {
             verdict,
             ..Default::default()
         };
-        let mut a = fixtures::summary(&fixtures::input_fixed());
+        let mut a = testkit::summary(&testkit::input_fixed());
         let mut b = a.clone();
         a.ranks = vec![
             rank(0, 40.0, DiagnosisKind::ComputeBound),
@@ -598,14 +598,14 @@ mod tests {
         );
         assert!(c.notes.iter().any(|n| n == "ranks measured: A 2, B 3"));
         // A job of one process has no rank table.
-        let one = fixtures::summary(&fixtures::input_fixed());
+        let one = testkit::summary(&testkit::input_fixed());
         assert!(compare(&one, &one).ranks.is_empty());
     }
 
     #[test]
     fn input_bound_vs_fix_is_improvement_naming_input() {
-        let a = fixtures::summary(&fixtures::input_bound());
-        let b = fixtures::summary(&fixtures::input_fixed());
+        let a = testkit::summary(&testkit::input_bound());
+        let b = testkit::summary(&testkit::input_fixed());
         let c = compare(&a, &b);
         assert_eq!(c.verdict, CompareVerdict::Improvement, "{}", c.reason);
         assert!(c.reason.contains("mostly input_wait"), "{}", c.reason);
@@ -620,12 +620,12 @@ mod tests {
 
     #[test]
     fn same_distribution_is_equivalent() {
-        let a = fixtures::summary(&Scenario {
+        let a = testkit::summary(&Scenario {
             seed: 3,
             jitter: 0.3,
             ..Scenario::default()
         });
-        let b = fixtures::summary(&Scenario {
+        let b = testkit::summary(&Scenario {
             seed: 4,
             jitter: 0.3,
             ..Scenario::default()
@@ -638,7 +638,7 @@ mod tests {
     #[test]
     fn noise_sized_shift_is_not_a_regression() {
         // 3 % slower with 30 % jitter: under the 5 % floor whatever the test says.
-        let a = fixtures::summary(&Scenario {
+        let a = testkit::summary(&Scenario {
             seed: 3,
             jitter: 0.3,
             ..Scenario::default()
@@ -649,17 +649,17 @@ mod tests {
             ..Scenario::default()
         };
         slow.phase_ms[Phase::Backward.index()] *= 1.06;
-        let c = compare(&a, &fixtures::summary(&slow));
+        let c = compare(&a, &testkit::summary(&slow));
         assert_ne!(c.verdict, CompareVerdict::Regression, "{}", c.reason);
     }
 
     #[test]
     fn clear_slowdown_is_regression() {
-        let a = fixtures::summary(&fixtures::compute_bound());
-        let mut slow = fixtures::compute_bound();
+        let a = testkit::summary(&testkit::compute_bound());
+        let mut slow = testkit::compute_bound();
         slow.seed = 9;
         slow.phase_ms[Phase::Forward.index()] *= 1.5;
-        let c = compare(&a, &fixtures::summary(&slow));
+        let c = compare(&a, &testkit::summary(&slow));
         assert_eq!(c.verdict, CompareVerdict::Regression, "{}", c.reason);
         assert!(c.reason.contains("mostly forward"), "{}", c.reason);
         assert_eq!(exit_code(&c), 1);
@@ -667,8 +667,8 @@ mod tests {
 
     #[test]
     fn faster_but_more_memory_is_mixed() {
-        let a = fixtures::summary(&fixtures::input_bound());
-        let mut b = fixtures::summary(&fixtures::input_fixed());
+        let a = testkit::summary(&testkit::input_bound());
+        let mut b = testkit::summary(&testkit::input_fixed());
         b.process.rss_bytes_max = a.process.rss_bytes_max.map(|m| m * 2);
         let c = compare(&a, &b);
         assert_eq!(c.verdict, CompareVerdict::Mixed, "{}", c.reason);
@@ -677,7 +677,7 @@ mod tests {
 
     #[test]
     fn time_moved_between_phases_is_mixed() {
-        let a = fixtures::summary(&Scenario {
+        let a = testkit::summary(&Scenario {
             jitter: 0.02,
             ..Scenario::default()
         });
@@ -688,14 +688,14 @@ mod tests {
         };
         moved.phase_ms[Phase::Forward.index()] += 10.0;
         moved.phase_ms[Phase::Backward.index()] -= 10.0;
-        let c = compare(&a, &fixtures::summary(&moved));
+        let c = compare(&a, &testkit::summary(&moved));
         assert_eq!(c.verdict, CompareVerdict::Mixed, "{}", c.reason);
     }
 
     #[test]
     fn too_few_steps_or_other_boundary_is_inconclusive() {
-        let a = fixtures::summary(&Scenario::default());
-        let b = fixtures::summary(&Scenario {
+        let a = testkit::summary(&Scenario::default());
+        let b = testkit::summary(&Scenario {
             steps: 4,
             ..Scenario::default()
         });

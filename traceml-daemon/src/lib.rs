@@ -53,6 +53,9 @@ pub mod sanitize;
 pub mod stats;
 pub mod summary;
 pub mod sweep;
+/// Synthetic runs for the unit tests of every layer (test builds only).
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod text;
 pub mod tunables;
 pub mod units;

@@ -714,11 +714,11 @@ pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
+    use crate::testkit::{self, Scenario};
 
     /// A rank whose steps are `step` ms with `cw` ms of collective wait and `fwd` ms forward.
     fn rank(r: u32, steps: usize, step: f64, cw: f64, fwd: f64, jitter: f64) -> RankRun {
-        let mut s = fixtures::summary(&Scenario {
+        let mut s = testkit::summary(&Scenario {
             steps,
             ..Scenario::default()
         });

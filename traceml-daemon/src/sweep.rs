@@ -412,7 +412,7 @@ pub fn run(baseline: &Path, candidate: &Path, threads: usize) -> Result<Sweep, S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
+    use crate::testkit::{self, Scenario};
 
     fn write(root: &Path, job: &str, s: &Summary) {
         let dir = if job == "." {
@@ -445,8 +445,8 @@ mod tests {
 
     #[test]
     fn row_names_the_regression_its_phase_and_the_kind_change() {
-        let fixed = fixtures::summary(&fixtures::input_fixed());
-        let bound = fixtures::summary(&fixtures::input_bound());
+        let fixed = testkit::summary(&testkit::input_fixed());
+        let bound = testkit::summary(&testkit::input_bound());
         let r = row("job", &fixed, &bound);
         assert_eq!(r.verdict, JobVerdict::Regression, "{}", r.reason);
         let m = r.moved_most.unwrap();
@@ -507,9 +507,9 @@ mod tests {
     fn sweeps_two_trees() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        let fixed = fixtures::summary(&fixtures::input_fixed());
-        let bound = fixtures::summary(&fixtures::input_bound());
-        let other = fixtures::summary(&Scenario {
+        let fixed = testkit::summary(&testkit::input_fixed());
+        let bound = testkit::summary(&testkit::input_bound());
+        let other = testkit::summary(&Scenario {
             seed: 11,
             ..Scenario::default()
         });
@@ -549,7 +549,7 @@ mod tests {
     fn bad_input_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        let s = fixtures::summary(&Scenario::default());
+        let s = testkit::summary(&Scenario::default());
         write(&a, "j1", &s);
         write(&b, "j1", &s);
         write(&a, "j2", &s);

@@ -262,7 +262,7 @@ pub fn sentence(w: &WhatIf) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
+    use crate::testkit::{self, Scenario};
 
     fn approx(a: f64, b: f64, tol: f64) {
         assert!((a - b).abs() <= tol, "{a} vs {b} (± {tol})");
@@ -270,7 +270,7 @@ mod tests {
 
     #[test]
     fn the_cause_leads_and_its_floor_removes_its_mean() {
-        let s = fixtures::summary(&fixtures::input_bound());
+        let s = testkit::summary(&testkit::input_bound());
         assert_eq!(s.primary_diagnosis.phase, Some(Phase::InputWait));
         let w = &s.what_if;
         assert!(!w.is_empty() && w.len() <= MAX_WHAT_IFS, "{w:?}");
@@ -291,7 +291,7 @@ mod tests {
 
     #[test]
     fn the_loaders_own_samples_stay_in_the_input_floor() {
-        let mut s = fixtures::summary(&fixtures::input_bound());
+        let mut s = testkit::summary(&testkit::input_bound());
         let input = s.phases.input_wait.mean_ms.unwrap();
         let f = |file: &str, share: f64| crate::profile::TopFunction {
             function: format!("{file}:f"),
@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_hand_over_stays_in_the_input_floor() {
-        let mut s = fixtures::summary(&fixtures::input_bound());
+        let mut s = testkit::summary(&testkit::input_bound());
         let input = s.phases.input_wait.mean_ms.unwrap();
         let step = s.step_ms.mean.unwrap();
         s.phases.input_wait.stack_samples = 100;
@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn a_hand_over_bound_moves_to_the_workers() {
-        let mut s = fixtures::summary(&fixtures::input_bound());
+        let mut s = testkit::summary(&testkit::input_bound());
         let input = s.phases.input_wait.mean_ms.unwrap();
         let step = s.step_ms.mean.unwrap();
         with_handover(&mut s, 0.9, crate::summary::PipelineBound::Ipc);
@@ -380,7 +380,7 @@ mod tests {
             jitter: 0.0,
             ..Scenario::default()
         };
-        let s = fixtures::summary(&sc);
+        let s = testkit::summary(&sc);
         let w = s
             .what_if
             .iter()
@@ -395,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_mostly_blocked_forward_falls_to_its_cpu_time() {
-        let mut s = fixtures::summary(&Scenario {
+        let mut s = testkit::summary(&Scenario {
             phase_ms: [1.0, 0.0, 60.0, 10.0, 2.0, 0.0, 1.0],
             cuda: false,
             gpu: false,
@@ -418,12 +418,12 @@ mod tests {
 
     #[test]
     fn small_phases_and_empty_runs_have_none() {
-        let mut s = fixtures::summary(&Scenario {
+        let mut s = testkit::summary(&Scenario {
             steps: 0,
             ..Scenario::default()
         });
         assert!(what_if(&s).is_empty());
-        s = fixtures::summary(&Scenario::default());
+        s = testkit::summary(&Scenario::default());
         for w in what_if(&s) {
             assert!(s.phases[w.phase].share.unwrap() >= MIN_SHARE, "{w:?}");
         }

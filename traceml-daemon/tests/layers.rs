@@ -46,6 +46,8 @@ const LAYERS: &[&[&str]] = &[
     &["diagnosis", "whatif"],
     // Aggregation: steps and samples → the model, diagnosed; a job's ranks → the job's model.
     &["analysis"],
+    // The unit tests' synthetic runs (test builds only): scenarios → engine output → summaries.
+    &["testkit"],
     // A job's ranks' collective ledgers joined, then the job's model.
     &["ledgers"],
     &["ranks"],

@@ -18,8 +18,6 @@ use crate::summary::{
 };
 
 mod cost;
-#[cfg(test)]
-pub(crate) mod fixtures;
 mod quality;
 mod samples;
 
@@ -716,9 +714,9 @@ fn step_samples(steps: &[Step]) -> StepSamples {
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::*;
     use super::*;
     use crate::summary::DiagnosisKind;
+    use crate::testkit::*;
 
     #[test]
     fn empty_stream_gives_nulls_not_zeros() {

@@ -725,12 +725,12 @@ impl Rule for LowGpuUtilization {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
     use crate::summary::{GpuStats, Summary};
+    use crate::testkit::{self, Scenario};
 
     /// A summary with the given step count and shares (forward takes the rest).
     fn with_shares(steps: u32, shares: &[(Phase, f64)]) -> Summary {
-        let mut s = fixtures::summary(&Scenario {
+        let mut s = testkit::summary(&Scenario {
             steps: 60,
             ..Scenario::default()
         });
@@ -856,7 +856,7 @@ mod tests {
 
     #[test]
     fn input_bound_uses_worker_state() {
-        let s = fixtures::summary(&fixtures::input_bound());
+        let s = testkit::summary(&testkit::input_bound());
         let Check::Finding(f) = (PhaseShare {
             phase: Phase::InputWait,
             kind: DiagnosisKind::InputBound,
@@ -950,7 +950,7 @@ mod tests {
 
     #[test]
     fn memory_creep_rule() {
-        let s = fixtures::summary(&Scenario {
+        let s = testkit::summary(&Scenario {
             rss_growth: 8 << 20,
             ..Scenario::default()
         });
@@ -970,7 +970,7 @@ mod tests {
         assert!(matches!(MemoryCreep.check(&short), Check::NotEnoughData(_)));
         short.steps.count = 50;
         assert!(matches!(MemoryCreep.check(&short), Check::Finding(_)));
-        let flat = fixtures::summary(&Scenario::default());
+        let flat = testkit::summary(&Scenario::default());
         assert_eq!(MemoryCreep.check(&flat), Check::Ok);
         let mut warn = s.clone();
         warn.memory.gpu_process_mem_bytes_by_third = None;
@@ -1014,19 +1014,19 @@ mod tests {
     fn primary_selection() {
         let k = |s: &Summary| diagnose(s).0.kind;
         assert_eq!(
-            k(&fixtures::summary(&fixtures::input_bound())),
+            k(&testkit::summary(&testkit::input_bound())),
             DiagnosisKind::InputBound
         );
         assert_eq!(
-            k(&fixtures::summary(&fixtures::compute_bound())),
+            k(&testkit::summary(&testkit::compute_bound())),
             DiagnosisKind::ComputeBound
         );
         assert_eq!(
-            k(&fixtures::summary(&fixtures::balanced())),
+            k(&testkit::summary(&testkit::balanced())),
             DiagnosisKind::Balanced
         );
         assert_eq!(
-            k(&fixtures::summary(&Scenario {
+            k(&testkit::summary(&Scenario {
                 steps: 4,
                 ..Scenario::default()
             })),

@@ -1,11 +1,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
-use crate::analysis::{fixtures, summarize};
+use crate::analysis::summarize;
+use crate::testkit;
 
 /// A synthetic run's summary and totals, as the run loops hand them over.
-fn values(sc: &fixtures::Scenario) -> (Summary, StepTotals) {
-    let (engine, items) = fixtures::build(sc);
+fn values(sc: &testkit::Scenario) -> (Summary, StepTotals) {
+    let (engine, items) = testkit::build(sc);
     let totals = StepTotals::from_steps(&engine.steps);
     (summarize(&engine, &items), totals)
 }
@@ -158,7 +159,7 @@ pub(crate) fn sample_names(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn exporter_with(sc: &fixtures::Scenario) -> (Exporter, Summary, StepTotals) {
+fn exporter_with(sc: &testkit::Scenario) -> (Exporter, Summary, StepTotals) {
     let (mut s, t) = values(sc);
     // The fixture's stream has no probe counters; a live run's summary has its cost.
     s.daemon_overhead = Some(crate::summary::DaemonOverhead {
@@ -191,7 +192,7 @@ fn exporter_with(sc: &fixtures::Scenario) -> (Exporter, Summary, StepTotals) {
 
 #[test]
 fn exposition_holds_every_series_in_base_units() {
-    let sc = fixtures::input_bound();
+    let sc = testkit::input_bound();
     let (e, s, t) = exporter_with(&sc);
     let text = e.encode();
     assert!(text.ends_with("# EOF\n"), "{text}");
@@ -269,10 +270,10 @@ fn exposition_holds_every_series_in_base_units() {
 
 #[test]
 fn never_measured_is_absent_not_zero() {
-    let sc = fixtures::Scenario {
+    let sc = testkit::Scenario {
         gpu: false,
         cuda: false,
-        ..fixtures::balanced()
+        ..testkit::balanced()
     };
     let (e, s, _) = exporter_with(&sc);
     assert!(s.gpu.is_none());
@@ -433,7 +434,7 @@ fn grafana_dashboard_queries_name_exported_metrics() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/grafana/traceml.json");
     let text = std::fs::read_to_string(&path).expect("the dashboard");
     let d: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let (e, _, _) = exporter_with(&fixtures::input_bound());
+    let (e, _, _) = exporter_with(&testkit::input_bound());
     let names = sample_names(&e.encode());
     let mut exprs = Vec::new();
     let mut titles = Vec::new();

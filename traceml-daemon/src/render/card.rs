@@ -733,8 +733,8 @@ fn code(s: &Summary, out: &mut Lines) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
     use crate::render::to_json;
+    use crate::testkit::{self, Scenario};
 
     fn card(s: &Summary, color: bool) -> String {
         let mut v = Vec::new();
@@ -763,7 +763,7 @@ mod tests {
     /// card does not say "no steps" of a run that had some.
     #[test]
     fn cost_without_steady_steps_is_not_called_no_steps() {
-        let mut s = fixtures::summary(&Scenario::default());
+        let mut s = testkit::summary(&Scenario::default());
         assert!(s.steps.count > 0);
         let o = s
             .daemon_overhead
@@ -788,7 +788,7 @@ mod tests {
     }
 
     fn scenario_card(name: &str, sc: &Scenario) -> String {
-        let s = fixtures::summary(sc);
+        let s = testkit::summary(sc);
         let text = card(&s, false);
         check_width(&text);
         assert!(!text.contains('\x1b'), "{name}: color without color");
@@ -806,7 +806,7 @@ mod tests {
     fn card_input_bound() {
         insta::assert_snapshot!(
             "card_input_bound",
-            scenario_card("input", &fixtures::input_bound())
+            scenario_card("input", &testkit::input_bound())
         );
     }
 
@@ -814,7 +814,7 @@ mod tests {
     fn card_compute_bound() {
         insta::assert_snapshot!(
             "card_compute_bound",
-            scenario_card("compute", &fixtures::compute_bound())
+            scenario_card("compute", &testkit::compute_bound())
         );
     }
 
@@ -822,7 +822,7 @@ mod tests {
     fn card_balanced() {
         insta::assert_snapshot!(
             "card_balanced",
-            scenario_card("balanced", &fixtures::balanced())
+            scenario_card("balanced", &testkit::balanced())
         );
     }
 
@@ -843,7 +843,7 @@ mod tests {
             rss_growth: 8 << 20,
             lost: 300,
             workers: 0,
-            ..fixtures::input_bound()
+            ..testkit::input_bound()
         };
         let text = scenario_card("nogpu", &sc);
         assert!(text.contains("GPU metrics unavailable"));
@@ -854,9 +854,9 @@ mod tests {
     fn wide_names_fit_the_card_by_columns() {
         // Four CJK characters, eight columns, 30 times: 240 columns in 120 characters.
         let name = "训练循环".repeat(30);
-        let mut s = fixtures::summary(&Scenario {
+        let mut s = testkit::summary(&Scenario {
             phase_ms: [3.0, 1.0, 20.0, 25.0, 4.0, 0.5, 60.0],
-            ..fixtures::input_bound()
+            ..testkit::input_bound()
         });
         s.target.comm = Some(name.clone());
         s.target.cmdline = vec!["python".into(), name.clone()];
@@ -880,7 +880,7 @@ mod tests {
 
     #[test]
     fn card_follows_the_width_it_is_given() {
-        let s = fixtures::summary(&fixtures::input_bound());
+        let s = testkit::summary(&testkit::input_bound());
         for (asked, want) in [(40, MIN_WIDTH), (80, 80), (91, 91), (200, WIDTH)] {
             let mut v = Vec::new();
             render_card_width(&s, &mut v, false, asked).unwrap();
@@ -896,10 +896,10 @@ mod tests {
 
     #[test]
     fn cpu_only_run_says_no_cuda_activity() {
-        let mut s = fixtures::summary(&Scenario {
+        let mut s = testkit::summary(&Scenario {
             cuda: false,
             workers: 0,
-            ..fixtures::input_bound()
+            ..testkit::input_bound()
         });
         s.cuda = crate::summary::CudaStats {
             measured: true,
@@ -931,9 +931,9 @@ mod tests {
 
     #[test]
     fn json_input_bound() {
-        let s = fixtures::summary(&Scenario {
+        let s = testkit::summary(&Scenario {
             steps: 12,
-            ..fixtures::input_bound()
+            ..testkit::input_bound()
         });
         let json = to_json(&s);
         assert!(json.contains("\"step_ms\": ["));

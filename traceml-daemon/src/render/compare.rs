@@ -229,8 +229,8 @@ fn change_word(c: Change, better: &'static str, worse: &'static str) -> &'static
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures;
     use crate::compare::compare;
+    use crate::testkit;
 
     fn text(c: &Comparison) -> String {
         let mut v = Vec::new();
@@ -240,8 +240,8 @@ mod tests {
 
     #[test]
     fn input_bound_vs_fix() {
-        let a = fixtures::summary(&fixtures::input_bound());
-        let b = fixtures::summary(&fixtures::input_fixed());
+        let a = testkit::summary(&testkit::input_bound());
+        let b = testkit::summary(&testkit::input_fixed());
         let t = text(&compare(&a, &b));
         for line in t.lines() {
             assert!(crate::text::width(line) <= WIDTH, "{line}");
@@ -261,7 +261,7 @@ mod tests {
             verdict,
             ..Default::default()
         };
-        let mut a = fixtures::summary(&fixtures::input_fixed());
+        let mut a = testkit::summary(&testkit::input_fixed());
         let mut b = a.clone();
         a.ranks = vec![rank(0, 40.0, DiagnosisKind::ComputeBound)];
         b.ranks = vec![
@@ -292,8 +292,8 @@ mod tests {
     #[test]
     fn json_round_trip() {
         let c = compare(
-            &fixtures::summary(&fixtures::input_bound()),
-            &fixtures::summary(&fixtures::input_fixed()),
+            &testkit::summary(&testkit::input_bound()),
+            &testkit::summary(&testkit::input_fixed()),
         );
         let mut v = Vec::new();
         render_compare_json(&c, &mut v).unwrap();

@@ -3,19 +3,19 @@
 //! ANSI CSI and OSC sequences, an 8-bit CSI, NUL and line breaks, HTML/JS, a bidi override,
 //! invalid UTF-8 (as the readers convert it) and a 100 000-character name.
 use super::*;
-use crate::analysis::fixtures::{self, Scenario};
 use crate::profile::TopFunction;
 use crate::sanitize::tests::{assert_terminal_safe, hostile_names};
 use crate::summary::ProbeFailed;
 use crate::summary::{DiagnosisKind, Phase, Summary};
+use crate::testkit::{self, Scenario};
 
 /// A residual-heavy run whose every target-derived string is hostile; the rules run again so
 /// their messages quote the hostile function and file names.
 fn hostile_summary() -> Summary {
     let names = hostile_names();
-    let mut s = fixtures::summary(&Scenario {
+    let mut s = testkit::summary(&Scenario {
         phase_ms: [3.0, 1.0, 20.0, 25.0, 4.0, 0.5, 60.0],
-        ..fixtures::input_bound()
+        ..testkit::input_bound()
     });
     s.target.comm = Some(names[0].clone());
     s.target.cmdline = names.clone();

@@ -719,9 +719,9 @@ fn system(s: &Summary) -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
     use crate::profile::TopFunction;
     use crate::sanitize::html;
+    use crate::testkit::{self, Scenario};
 
     fn report(s: &Summary) -> String {
         let mut v = Vec::new();
@@ -740,7 +740,7 @@ mod tests {
 
     #[test]
     fn report_holds_the_verdict_and_the_charts() {
-        let s = fixtures::summary(&fixtures::input_bound());
+        let s = testkit::summary(&testkit::input_bound());
         let h = report(&s);
         assert!(h.starts_with("<!DOCTYPE html>"));
         assert!(h.trim_end().ends_with("</html>"));
@@ -765,7 +765,7 @@ mod tests {
 
     #[test]
     fn target_strings_are_escaped() {
-        let mut s = fixtures::summary(&fixtures::input_bound());
+        let mut s = testkit::summary(&testkit::input_bound());
         let evil = "<img src=x onerror=alert(1)>\"'&\x1b[2J";
         s.target.comm = Some(evil.into());
         s.target.cmdline = vec!["python".into(), evil.into()];
@@ -799,7 +799,7 @@ mod tests {
         assert!(h.contains("No complete steps"));
         assert!(!h.contains("<svg id=\"chart-step-time\""));
         no_remote(&h);
-        let cpu = fixtures::summary(&Scenario {
+        let cpu = testkit::summary(&Scenario {
             gpu: false,
             cuda: false,
             ..Scenario::default()
@@ -813,7 +813,7 @@ mod tests {
     /// One rank of a job: `step` ms steps with `cw` ms of collective wait, `fwd` ms forward.
     fn rank_run(r: u32, step: f64, cw: f64, fwd: f64) -> crate::ranks::RankRun {
         let steps = 40;
-        let mut s = fixtures::summary(&Scenario {
+        let mut s = testkit::summary(&Scenario {
             steps,
             ..Scenario::default()
         });
@@ -891,7 +891,7 @@ mod tests {
         assert_eq!(h.matches("<svg").count(), h.matches("</svg>").count());
         no_remote(&h);
         // A single process has no ranks section.
-        let single = report(&fixtures::summary(&fixtures::input_bound()));
+        let single = report(&testkit::summary(&testkit::input_bound()));
         assert!(!single.contains("id=\"ranks\"") && !single.contains("chart-ranks"));
     }
 
@@ -942,7 +942,7 @@ mod tests {
 
     #[test]
     fn long_runs_stay_small() {
-        let s = fixtures::summary(&Scenario {
+        let s = testkit::summary(&Scenario {
             steps: 5000,
             ..Scenario::default()
         });

@@ -191,14 +191,14 @@ fn cut_middle(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures;
     use crate::summary::DiagnosisKind;
     use crate::sweep::{row, unpaired};
+    use crate::testkit;
     use std::path::PathBuf;
 
     fn sweep() -> Sweep {
-        let fixed = fixtures::summary(&fixtures::input_fixed());
-        let bound = fixtures::summary(&fixtures::input_bound());
+        let fixed = testkit::summary(&testkit::input_fixed());
+        let bound = testkit::summary(&testkit::input_bound());
         Sweep {
             baseline: PathBuf::from("runs/last-week"),
             candidate: PathBuf::from("runs/this-week"),
@@ -227,7 +227,7 @@ mod tests {
         assert!(reg.contains("input_wait +"), "{t}");
         let kinds = format!(
             "{} → {}",
-            fixtures::summary(&fixtures::input_fixed())
+            testkit::summary(&testkit::input_fixed())
                 .primary_diagnosis
                 .kind
                 .headline(),
@@ -235,7 +235,7 @@ mod tests {
         );
         assert!(reg.contains(&format!("{kinds}  ")), "{reg}");
         // What fixing the cause buys, baseline → candidate: the regressed run's input wait.
-        let factor = fixtures::summary(&fixtures::input_bound()).what_if[0].throughput_factor;
+        let factor = testkit::summary(&testkit::input_bound()).what_if[0].throughput_factor;
         assert!(
             reg.ends_with(&format!("— → input_wait {factor:.1}×")),
             "{reg}"
@@ -264,8 +264,8 @@ mod tests {
 
     #[test]
     fn wide_job_names_line_up_by_columns() {
-        let fixed = fixtures::summary(&fixtures::input_fixed());
-        let bound = fixtures::summary(&fixtures::input_bound());
+        let fixed = testkit::summary(&testkit::input_fixed());
+        let bound = testkit::summary(&testkit::input_bound());
         // CJK characters take two columns each, a combining accent none.
         let s = Sweep {
             baseline: PathBuf::from("a"),

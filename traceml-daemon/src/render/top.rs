@@ -622,7 +622,7 @@ pub fn liveness_line(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures::{self, Scenario};
+    use crate::testkit::{self, Scenario};
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 
@@ -728,7 +728,7 @@ mod tests {
 
     #[test]
     fn fixture_at_80_and_120_columns() {
-        let s = fixtures::summary(&fixtures::input_bound());
+        let s = testkit::summary(&testkit::input_bound());
         assert_eq!(s.primary_diagnosis.kind, DiagnosisKind::InputBound);
         for w in [80, 120] {
             let lines = check_layout(&s, w);
@@ -764,7 +764,7 @@ mod tests {
 
     #[test]
     fn multi_rank_jobs_get_a_row_per_rank() {
-        let mut s = fixtures::summary(&fixtures::input_bound());
+        let mut s = testkit::summary(&testkit::input_bound());
         assert!(!screen(&view(&s, &s), 80, 30).join("\n").contains("RANKS"));
         s.ranks = (0..12)
             .map(|r| crate::summary::RankSummary {
@@ -800,17 +800,17 @@ mod tests {
 
     #[test]
     fn gpu_and_lost_events_are_shown() {
-        let s = fixtures::summary(&Scenario {
+        let s = testkit::summary(&Scenario {
             lost: 500,
-            ..fixtures::compute_bound()
+            ..testkit::compute_bound()
         });
         let text = screen(&view(&s, &s), 80, 30).join("\n");
         assert!(text.contains("util "), "{text}");
         assert!(!text.contains("GPU metrics unavailable"), "{text}");
         assert!(text.contains("events lost"), "{text}");
-        let no_gpu = fixtures::summary(&Scenario {
+        let no_gpu = testkit::summary(&Scenario {
             gpu: false,
-            ..fixtures::input_bound()
+            ..testkit::input_bound()
         });
         let text = screen(&view(&no_gpu, &no_gpu), 80, 30).join("\n");
         assert!(text.contains("GPU metrics unavailable"), "{text}");
@@ -818,7 +818,7 @@ mod tests {
 
     #[test]
     fn an_empty_window_falls_back_to_the_run() {
-        let run = fixtures::summary(&fixtures::input_bound());
+        let run = testkit::summary(&testkit::input_bound());
         let empty = crate::analysis::Collector::new().snapshot();
         let v = LiveView {
             window: &empty,
@@ -842,7 +842,7 @@ mod tests {
 
     #[test]
     fn plain_and_liveness_lines() {
-        let s = fixtures::summary(&fixtures::input_bound());
+        let s = testkit::summary(&testkit::input_bound());
         let line = plain_line(&view(&s, &s));
         assert!(
             line.starts_with(&format!("t=12s steps={} step=", s.steps.count)),

@@ -711,13 +711,13 @@ fn strip_position(e: &serde_json::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::fixtures;
     use crate::render::to_json;
+    use crate::testkit;
 
     fn json() -> String {
-        to_json(&fixtures::summary(&fixtures::Scenario {
+        to_json(&testkit::summary(&testkit::Scenario {
             steps: 30,
-            ..fixtures::Scenario::default()
+            ..testkit::Scenario::default()
         }))
     }
 

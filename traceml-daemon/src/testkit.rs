@@ -1,8 +1,13 @@
-//! Synthetic runs for the tests of analysis, diagnosis, render and compare.
-use super::*;
+//! Synthetic runs for the unit tests of analysis, diagnosis, render, compare, sweep and
+//! metrics: scenarios built into engine output, then summaries.
+use crate::analysis::*;
 use crate::engine::Boundary;
+use crate::engine::{EngineOutput, Phase, Step};
 use crate::event::{End, LibraryInfo, Lost};
+use crate::event::{EndReason, StreamItem, TargetInfo};
+use crate::sample::Sample;
 use crate::sample::{GpuSample, ProcessSample, SystemSample};
+use crate::summary::Summary;
 
 /// A deterministic pseudo-random generator (no dependency, same numbers everywhere).
 pub struct Lcg(pub u64);
