@@ -12,7 +12,7 @@
 //! when they move by ≥ [`MEM_MIN_FRACTION`] and ≥ [`MEM_MIN_BYTES`].
 use serde::{Deserialize, Serialize};
 
-use crate::engine::Phase;
+use crate::phase::Phase;
 use crate::stats::{mann_whitney_p, median};
 use crate::summary::{Phases, Summary};
 use crate::units::{bytes_bin, ms, p_value};

@@ -1,6 +1,6 @@
 //! The phases of a training step: the vocabulary the engine cuts steps into and the summary
-//! model reports. Here, below both, so presentation can name a phase through the model
-//! ([`crate::summary::Phase`]) without importing the engine.
+//! model reports. Here, below both, and imported from here only (`crate::phase::Phase`), so
+//! presentation names a phase without importing the engine.
 use serde::{Deserialize, Serialize};
 
 /// The phases of a step, in the order the report lists them.

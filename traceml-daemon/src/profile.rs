@@ -13,8 +13,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{N_PHASES, Phase, PhaseSample};
+use crate::engine::PhaseSample;
 use crate::event::FuncInfo;
+use crate::phase::{N_PHASES, Phase};
 
 /// Share of in-step samples that must hold a frame for it to be part of the loop's prefix.
 pub const LOOP_FRAME_SHARE: f64 = crate::engine::LOOP_QUORUM;

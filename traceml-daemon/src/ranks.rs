@@ -20,7 +20,7 @@
 //! A rank that completes no step for `max(10 × its median step, the floor)` (the floor is 60 s
 //! by default, `--hang-after`) is HANG, critical, with every rank's current Python stack.
 use crate::diagnosis::CRITICAL_MIN_STEPS;
-use crate::engine::Phase;
+use crate::phase::Phase;
 use crate::stats::median;
 use crate::summary::{
     Confidence, DiagnosisKind, Finding, JobInfo, Phases, RankSummary, Severity, Summary,

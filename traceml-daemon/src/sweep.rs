@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{self, Change, CompareVerdict, TimeDelta};
-use crate::engine::Phase;
+use crate::phase::Phase;
 use crate::summary::{Summary, SummaryError};
 
 /// The file that marks a job directory.

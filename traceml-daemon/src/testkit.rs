@@ -2,9 +2,10 @@
 //! metrics: scenarios built into engine output, then summaries.
 use crate::analysis::*;
 use crate::engine::Boundary;
-use crate::engine::{EngineOutput, Phase, Step};
+use crate::engine::{EngineOutput, Step};
 use crate::event::{End, LibraryInfo, Lost};
 use crate::event::{EndReason, StreamItem, TargetInfo};
+use crate::phase::Phase;
 use crate::sample::Sample;
 use crate::sample::{GpuSample, ProcessSample, SystemSample};
 use crate::summary::Summary;
@@ -144,7 +145,7 @@ fn synthetic_steps(sc: &Scenario, rng: &mut Lcg, start: u64) -> Vec<Step> {
     let mut steps = Vec::new();
     for i in 0..sc.steps {
         // Scenarios list the single-process phases (no collective wait): residual last.
-        let mut phase_ns = [0u64; crate::engine::N_PHASES];
+        let mut phase_ns = [0u64; crate::phase::N_PHASES];
         for (k, ms) in sc.phase_ms.iter().enumerate() {
             let f = 1.0 + sc.jitter * (2.0 * rng.next() - 1.0);
             let p = if k == 6 {
@@ -158,7 +159,7 @@ fn synthetic_steps(sc: &Scenario, rng: &mut Lcg, start: u64) -> Vec<Step> {
         let launches = if sc.cuda {
             [0, 0, 120, 240, 30, 0, 0, 2]
         } else {
-            [0; crate::engine::N_PHASES]
+            [0; crate::phase::N_PHASES]
         };
         steps.push(Step {
             index: i as u32,

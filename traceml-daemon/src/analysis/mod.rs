@@ -6,8 +6,9 @@
 //! sample values are ignored.
 use std::collections::{BTreeMap, HashMap};
 
-use crate::engine::{EngineOutput, Phase, Step, StepTotals};
+use crate::engine::{EngineOutput, Step, StepTotals};
 use crate::event::{EndReason, StreamItem, TargetInfo};
+use crate::phase::Phase;
 use crate::sample::Sample;
 use crate::stats::{finite, mean, median, median_u64, quantile};
 use crate::summary::{

@@ -18,7 +18,8 @@
 //! [`MIN_STEPS`] steps, `INSUFFICIENT_DATA`, or `NOT_TRAINING` when no step and no training
 //! marker (DataLoader iteration, optimizer step, backward pass) was seen at all. The data-quality confidence is copied onto every
 //! finding and the primary "why" says when it was lowered.
-use crate::engine::{Boundary, Phase};
+use crate::engine::Boundary;
+use crate::phase::Phase;
 use crate::summary::{Confidence, DiagnosisKind, Finding, Severity, Summary, WorkerState};
 use crate::units::{bytes_bin, bytes_dec, ms, pct};
 

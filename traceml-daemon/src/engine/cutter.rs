@@ -362,7 +362,7 @@ fn last_seen(marks: &[Mark], t: &ThreadTrace, e: u64) -> Option<u64> {
     let model = t
         .intervals
         .iter()
-        .filter(|&&(_, _, p)| p == super::Phase::Forward)
+        .filter(|&&(_, _, p)| p == crate::phase::Phase::Forward)
         .map(|&(_, b, _)| b);
     fetched.chain(grad).chain(model).filter(|&x| x > e).max()
 }

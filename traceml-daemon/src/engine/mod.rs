@@ -105,7 +105,7 @@ use cutter::{Cutter, cut_dataloader, cut_exits, cut_windows};
 use thread::{Dir, InputCall, ThreadFold, ThreadTrace};
 use timeline::{Cut, Timeline};
 
-pub use crate::phase::{N_PHASES, Phase};
+use crate::phase::{N_PHASES, Phase};
 use measure::{measure, place_samples};
 pub use output::*;
 pub use workers::{FETCH_FILE, WorkerFold};

@@ -22,7 +22,8 @@
 
 use std::collections::HashMap;
 
-use super::{Phase, PhaseSample, Step};
+use super::{PhaseSample, Step};
+use crate::phase::Phase;
 
 /// What a sampled function is, by its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,9 +20,9 @@
 //! cut them, no event was lost.
 use std::collections::HashMap;
 
-use super::Phase;
 use crate::classify::{RecordClass, classify_record};
 use crate::event::{Api, Class, CopyKind, Kind, OffCpu};
+use crate::phase::Phase;
 
 /// A driver launch this soon after a runtime launch on the same thread is the same launch.
 pub(crate) const LAUNCH_DEDUP_NS: u64 = 20_000;

@@ -1,6 +1,6 @@
 //! The training thread's exclusive phase timeline (precedence sweep over its phase intervals) and
 //! the step boundaries cut from its DataLoader calls or its optimizer / sync exits.
-use super::{N_PHASES, Phase};
+use crate::phase::{N_PHASES, Phase};
 
 /// Precedence, highest first: at each instant the first phase with an open interval wins;
 /// nothing open is [`Phase::Residual`]. The order is the nesting order of the markers, so the

@@ -92,7 +92,7 @@ impl Collector for Exposition {
         phase_and_verdict_families(&mut enc, e)?;
         rank_state_families(&mut enc, e)?;
         cuda_and_cost_families(&mut enc, e)?;
-        job_info(&mut enc, e)
+        job_info_family(&mut enc, e)
     }
 }
 
@@ -429,7 +429,7 @@ pub(super) fn cuda_and_cost_families(
 }
 
 /// `traceml_job_info`: who each job's rank is (pids only here).
-pub(super) fn job_info(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
+pub(super) fn job_info_family(enc: &mut DescriptorEncoder, e: &Exporter) -> std::fmt::Result {
     let mut m = enc.encode_descriptor(
         "traceml_job",
         "Who each job's rank is.",

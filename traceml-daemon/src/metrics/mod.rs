@@ -43,7 +43,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::engine::{Phase, STEP_BUCKETS_NS, StepTotals};
+use crate::engine::{STEP_BUCKETS_NS, StepTotals};
+use crate::phase::Phase;
 use crate::sample::Sample;
 use crate::sanitize::{LABEL_MAX, terminal_bounded};
 use crate::summary::{DiagnosisKind, Severity, Summary};

@@ -3,8 +3,8 @@
 use std::io::{self, Write};
 
 use crate::diagnosis::COMPUTE_PHASES;
+use crate::phase::Phase;
 use crate::sanitize::{cut_marker, terminal};
-use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
 use crate::text::{self, wrap};
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};

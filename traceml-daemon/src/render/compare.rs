@@ -3,7 +3,7 @@ use std::io::{self, Write};
 
 use super::{Painter, WIDTH, wrap_safe};
 use crate::compare::{Change, CompareVerdict, Comparison, TimeDelta, ValueDelta};
-use crate::summary::Phase;
+use crate::phase::Phase;
 use crate::units::{bytes_bin, ms, p_value};
 
 /// Writes the comparison as text (≤ 100 columns).

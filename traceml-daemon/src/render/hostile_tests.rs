@@ -3,10 +3,11 @@
 //! ANSI CSI and OSC sequences, an 8-bit CSI, NUL and line breaks, HTML/JS, a bidi override,
 //! invalid UTF-8 (as the readers convert it) and a 100 000-character name.
 use super::*;
+use crate::phase::Phase;
 use crate::profile::TopFunction;
 use crate::sanitize::tests::{assert_terminal_safe, hostile_names};
 use crate::summary::ProbeFailed;
-use crate::summary::{DiagnosisKind, Phase, Summary};
+use crate::summary::{DiagnosisKind, Summary};
 use crate::testkit::{self, Scenario};
 
 /// A residual-heavy run whose every target-derived string is hostile; the rules run again so

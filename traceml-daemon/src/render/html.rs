@@ -15,7 +15,7 @@ use std::io::{self, Write};
 use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 
 use super::svg::{self, Axis, Band, BarGroup, Frame, Series};
-use crate::summary::Phase;
+use crate::phase::Phase;
 use crate::summary::{DiagnosisKind, Severity, Summary};
 use crate::units::{bytes_bin, duration, ms, pct};
 
@@ -25,7 +25,7 @@ use quality::*;
 use ranks::*;
 
 /// One color per phase, in [`Phase::ALL`] order.
-pub const PHASE_COLORS: [&str; crate::summary::N_PHASES] = [
+pub const PHASE_COLORS: [&str; crate::phase::N_PHASES] = [
     "#e45756", "#f58518", "#4c78a8", "#72b7b2", "#54a24b", "#b279a2", "#eeca3b", "#9d9d9d",
 ];
 /// Most bars in the phase-share chart (windows of consecutive sampled steps).

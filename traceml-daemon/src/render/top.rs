@@ -11,9 +11,9 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline};
 
+use crate::phase::Phase;
 use crate::render::wrap_safe;
 use crate::sanitize::terminal;
-use crate::summary::Phase;
 use crate::summary::{DiagnosisKind, Finding, Severity, Summary};
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
 
@@ -581,7 +581,7 @@ pub fn plain_rank_lines(s: &Summary) -> Vec<String> {
                 r.pid,
                 r.steps,
                 m(r.step_ms.median),
-                m(r.phases[crate::summary::Phase::CollectiveWait].median_ms),
+                m(r.phases[crate::phase::Phase::CollectiveWait].median_ms),
                 r.verdict.headline(),
                 if culprit == Some(r.rank) {
                     " ◀ culprit"

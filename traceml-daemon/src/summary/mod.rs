@@ -10,8 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Boundary;
 use crate::event::EndReason;
-/// The phases the model reports (the engine's vocabulary, defined below both).
-pub use crate::phase::{N_PHASES, Phase};
+use crate::phase::Phase;
 
 mod jobs;
 mod system;
