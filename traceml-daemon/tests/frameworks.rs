@@ -61,7 +61,7 @@ const FRAMEWORK_MARGIN: f64 = 0.03;
 /// note: the verdict is held to the truth's shares within it.
 const LIGHTNING_MARGIN: f64 = 0.07;
 
-fn truth_shares(r: &Run) -> Vec<(traceml_daemon::engine::Phase, f64)> {
+fn truth_shares(r: &Run) -> Vec<(traceml_daemon::phase::Phase, f64)> {
     truth_shares_over_daemon_steps(&r.truth, &r.summary)
 }
 

@@ -58,7 +58,7 @@ fn the_rules_read_only_exported_series() {
         RankValues {
             steps: 1,
             step_buckets: vec![0; 17],
-            phase_seconds: traceml_daemon::engine::Phase::ALL
+            phase_seconds: traceml_daemon::phase::Phase::ALL
                 .iter()
                 .map(|&p| (p, 0.0))
                 .collect(),

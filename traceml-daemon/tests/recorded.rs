@@ -67,7 +67,7 @@ fn recorded_runs_match_their_truth() {
                 s.steps.count, t["step_count"]
             ));
         }
-        for p in traceml_daemon::engine::Phase::ALL {
+        for p in traceml_daemon::phase::Phase::ALL {
             // Single-process truth has no collective_wait: none happened.
             let want = t["median_phases_ns"][p.name()].as_f64().unwrap_or(0.0) / 1e6;
             let got = s.phases[p].median_ms.unwrap_or(f64::NAN);
@@ -101,7 +101,7 @@ fn input_bound_run_against_its_fix_is_an_improvement_naming_input_wait() {
     let w = c
         .what_if
         .iter()
-        .find(|w| w.phase == traceml_daemon::engine::Phase::InputWait)
+        .find(|w| w.phase == traceml_daemon::phase::Phase::InputWait)
         .expect("input_wait what-if in the comparison");
     assert!(
         w.a_factor.unwrap() > 5.0 && w.b_factor.is_none_or(|f| f < 1.5),
@@ -138,7 +138,7 @@ fn input_bound_what_if_brackets_the_fixed_runs_measured_step() {
         .what_if
         .first()
         .expect("an input-bound run has a what-if");
-    assert_eq!(w.phase, traceml_daemon::engine::Phase::InputWait, "{w:?}");
+    assert_eq!(w.phase, traceml_daemon::phase::Phase::InputWait, "{w:?}");
     assert!(w.assumption.contains("upper bound"), "{w:?}");
     let fixed = truth("input_bound_fixed");
     let steps = fixed["steps"].as_array().unwrap();

@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::*;
-use traceml_daemon::engine::Phase;
+use traceml_daemon::phase::Phase;
 
 const PHASES: [&str; 7] = [
     "input_wait",

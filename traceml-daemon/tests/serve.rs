@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
-use traceml_daemon::engine::Phase;
+use traceml_daemon::phase::Phase;
 
 /// `serve`, and a workload started without the daemon's handshake (serve finds it by itself):
 /// both killed on drop.

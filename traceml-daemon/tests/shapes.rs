@@ -35,7 +35,7 @@
 mod support;
 
 use support::*;
-use traceml_daemon::engine::Phase;
+use traceml_daemon::phase::Phase;
 
 /// input_wait at or above this share of step time: the truth is input-bound.
 const INPUT_BOUND_LINE: f64 = 0.50;

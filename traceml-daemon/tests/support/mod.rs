@@ -329,8 +329,8 @@ pub const HEADER: &str =
 pub fn truth_shares_over_daemon_steps(
     truth: &serde_json::Value,
     summary: &serde_json::Value,
-) -> Vec<(traceml_daemon::engine::Phase, f64)> {
-    use traceml_daemon::engine::Phase;
+) -> Vec<(traceml_daemon::phase::Phase, f64)> {
+    use traceml_daemon::phase::Phase;
     let skip = summary["steps"]["learning_excluded"].as_u64().unwrap_or(0) as usize;
     let steps: Vec<&serde_json::Value> = truth["steps"]
         .as_array()
@@ -372,10 +372,10 @@ pub fn truth_shares_over_daemon_steps(
 /// - else compute (`forward + backward + optimizer + gpu_wait`) ≥ 90 % → `COMPUTE_BOUND`;
 /// - else `BALANCED`.
 pub fn published_verdict(
-    shares: &[(traceml_daemon::engine::Phase, f64)],
+    shares: &[(traceml_daemon::phase::Phase, f64)],
     steps: u32,
 ) -> &'static str {
-    use traceml_daemon::engine::Phase;
+    use traceml_daemon::phase::Phase;
     const MIN_STEPS: u32 = 5;
     const WARNING: f64 = 0.10;
     const COMPUTE: f64 = 0.90;
@@ -423,10 +423,10 @@ pub fn published_verdict(
 /// +margin. One verdict when the run sits clear of every line, two (or more) near one.
 pub fn verdicts_near_by(
     margin: f64,
-    shares: &[(traceml_daemon::engine::Phase, f64)],
+    shares: &[(traceml_daemon::phase::Phase, f64)],
     steps: u32,
 ) -> std::collections::BTreeSet<&'static str> {
-    use traceml_daemon::engine::Phase;
+    use traceml_daemon::phase::Phase;
     // The published table's phases (see [`published_verdict`]).
     const BOTTLENECK_PHASES: [Phase; 3] = [Phase::InputWait, Phase::H2d, Phase::Residual];
     const COMPUTE_PHASES: [Phase; 4] = [
@@ -711,8 +711,8 @@ pub fn truth_view<'a>(
 
 /// Each phase's total over these truth steps' total wall time, as the summary computes
 /// `phases.<p>.share` (0 for a phase the truth does not have).
-pub fn truth_shares_of(steps: &[&serde_json::Value]) -> Vec<(traceml_daemon::engine::Phase, f64)> {
-    use traceml_daemon::engine::Phase;
+pub fn truth_shares_of(steps: &[&serde_json::Value]) -> Vec<(traceml_daemon::phase::Phase, f64)> {
+    use traceml_daemon::phase::Phase;
     let wall: f64 = steps.iter().filter_map(|s| s["wall_ns"].as_f64()).sum();
     Phase::ALL
         .iter()
