@@ -372,8 +372,10 @@ fn test(torch: bool, stress: Option<usize>, rest: &[String]) -> anyhow::Result<(
     run(Command::new("cargo")
         .args(["test", "--lib", "--bins", "--no-run"])
         .current_dir(&root))?;
+    // `--test '*'`: the integration tests only (`--tests` would build and run the unit tests
+    // a second time, one at a time).
     run(Command::new("cargo")
-        .args(["test", "-p", "traceml-daemon", "--tests", "--no-run"])
+        .args(["test", "-p", "traceml-daemon", "--test", "*", "--no-run"])
         .current_dir(&root))?;
     // The package tests/install.rs installs and purges, around the dev build just made (a
     // release build would add 6 minutes on 2 cores; `cargo xtask deb` builds that one).
@@ -387,7 +389,7 @@ fn test(torch: bool, stress: Option<usize>, rest: &[String]) -> anyhow::Result<(
         .env("TRACEML_REQUIRE_ROOT", "1")
         .current_dir(&root));
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "traceml-daemon", "--tests", "--no-fail-fast"])
+    cmd.args(["test", "-p", "traceml-daemon", "--test", "*", "--no-fail-fast"])
         .args(rest)
         .args(["--", "--test-threads=1"])
         .env("TRACEML_REQUIRE_ROOT", "1")
