@@ -7,6 +7,7 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -118,6 +119,20 @@ fn workload(py: &std::path::Path, lib: &std::path::Path) -> Command {
     cmd
 }
 
+/// Runs the workload `cmd` (see [`spawn`]) under the daemon with every probe (`--probe-set
+/// full`, no card) until it exits (60 s at most): its pid and what the daemon left.
+fn run_counted(cmd: Command, dir: &Path) -> (u32, Outcome) {
+    let mut target = spawn(cmd, dir);
+    let pid = target.child.id();
+    let out = run_daemon(
+        &mut target,
+        dir,
+        &["--quiet", "--probe-set", "full"],
+        Duration::from_secs(60),
+    );
+    (pid, out)
+}
+
 #[test]
 fn exact_counts_on_every_cpython_with_the_stand_in_runtime() {
     if !root_or_skip() {
@@ -128,14 +143,7 @@ fn exact_counts_on_every_cpython_with_the_stand_in_runtime() {
         let dir = scratch(&format!("counts-3{minor}"));
         let mut cmd = workload(&python(minor), &lib);
         cmd.args(["--iters", "25", "--launches", "4", "--bytes", "65536"]);
-        let mut target = spawn(cmd, &dir);
-        let pid = target.child.id();
-        let out = run_daemon(
-            &mut target,
-            &dir,
-            &["--quiet", "--probe-set", "full"],
-            Duration::from_secs(60),
-        );
+        let (pid, out) = run_counted(cmd, &dir);
         assert!(
             out.status.success(),
             "3.{minor}: daemon failed: {}",
@@ -180,14 +188,7 @@ fn real_libcudart_loaded_after_attach() {
         "--bytes",
         "1048576",
     ]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let out = run_daemon(
-        &mut target,
-        &dir,
-        &["--quiet", "--probe-set", "full"],
-        Duration::from_secs(60),
-    );
+    let (pid, out) = run_counted(cmd, &dir);
     assert!(out.status.success(), "daemon failed: {}", out.stderr);
     let libs: Vec<_> = out
         .items
@@ -217,24 +218,22 @@ fn real_libcudart_loaded_after_attach() {
     );
 }
 
-/// `replay` of the recording rebuilds exactly the live summary.
-#[test]
-fn replay_prints_the_live_summary() {
-    if !root_or_skip() {
-        return;
-    }
-    let dir = scratch("replay");
+/// The replay tests' workload, started in `dir`: `probe_counts.py` on CPython 3.12 and the
+/// stand-in runtime, 30 iterations.
+fn replay_workload(dir: &Path) -> Target {
     let mut cmd = workload(&python(12), &fake_cudart());
     cmd.args(["--iters", "30"]);
-    let mut target = spawn(cmd, &dir);
-    let out = run_daemon(&mut target, &dir, &[], Duration::from_secs(60));
-    assert!(out.status.success(), "daemon failed: {}", out.stderr);
-    let replay_dir = dir.join("replayed");
+    spawn(cmd, dir)
+}
+
+/// Replays `recording` into `replay_dir` (no colours): it must succeed and write the live run's
+/// final_summary.json (in `out_dir`) byte for byte. Returns the card it printed (its stdout).
+fn replay_rebuilds(recording: &Path, out_dir: &Path, replay_dir: &Path) -> Vec<u8> {
     let r = Command::new(daemon())
         .arg("replay")
-        .arg(&out.recording)
+        .arg(recording)
         .arg("--output")
-        .arg(&replay_dir)
+        .arg(replay_dir)
         .args(["--color", "never"])
         .output()
         .unwrap();
@@ -243,11 +242,25 @@ fn replay_prints_the_live_summary() {
         "replay failed: {}",
         String::from_utf8_lossy(&r.stderr)
     );
-    let live = std::fs::read_to_string(out.out_dir.join("final_summary.json")).unwrap();
+    let live = std::fs::read_to_string(out_dir.join("final_summary.json")).unwrap();
     let replayed = std::fs::read_to_string(replay_dir.join("final_summary.json")).unwrap();
     assert_eq!(live, replayed, "replay must rebuild the same summary");
+    r.stdout
+}
+
+/// `replay` of the recording rebuilds exactly the live summary.
+#[test]
+fn replay_prints_the_live_summary() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("replay");
+    let mut target = replay_workload(&dir);
+    let out = run_daemon(&mut target, &dir, &[], Duration::from_secs(60));
+    assert!(out.status.success(), "daemon failed: {}", out.stderr);
+    let card = replay_rebuilds(&out.recording, &out.out_dir, &dir.join("replayed"));
     assert_eq!(
-        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&card),
         out.stdout,
         "same card on stdout"
     );
@@ -266,21 +279,11 @@ fn replay_of_a_binary_recording_prints_the_live_summary() {
         return;
     }
     let dir = scratch("replay-trec");
-    let mut cmd = workload(&python(12), &fake_cudart());
-    cmd.args(["--iters", "30"]);
-    let mut target = spawn(cmd, &dir);
+    let mut target = replay_workload(&dir);
     let recording = dir.join("rec.trec");
     let out_dir = dir.join("out");
-    let child = Command::new(daemon())
-        .arg("--pid")
-        .arg(target.child.id().to_string())
-        .arg("--ready-file")
-        .arg(&target.ready)
-        .arg("--record")
-        .arg(&recording)
-        .arg("--output")
-        .arg(&out_dir)
-        .args(["--color", "never", "--probe-set", "full"])
+    let child = daemon_command(&daemon(), &target, &recording, &out_dir)
+        .args(["--probe-set", "full"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -297,24 +300,8 @@ fn replay_of_a_binary_recording_prints_the_live_summary() {
         bytes.starts_with(&traceml_daemon::record::binary::MAGIC),
         "a .trec recording is binary"
     );
-    let replay_dir = dir.join("replayed");
-    let r = Command::new(daemon())
-        .arg("replay")
-        .arg(&recording)
-        .arg("--output")
-        .arg(&replay_dir)
-        .args(["--color", "never"])
-        .output()
-        .unwrap();
-    assert!(
-        r.status.success(),
-        "replay failed: {}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    let live = std::fs::read_to_string(out_dir.join("final_summary.json")).unwrap();
-    let replayed = std::fs::read_to_string(replay_dir.join("final_summary.json")).unwrap();
-    assert_eq!(live, replayed, "replay must rebuild the same summary");
-    assert_eq!(r.stdout, out.stdout, "same card on stdout");
+    let card = replay_rebuilds(&recording, &out_dir, &dir.join("replayed"));
+    assert_eq!(card, out.stdout, "same card on stdout");
     let rec = traceml_daemon::record::read(&recording).unwrap();
     assert!(!rec.truncated_tail);
     assert!(matches!(rec.items.last(), Some(StreamItem::End(_))));

@@ -1,17 +1,13 @@
 //! The documentation says what the code does: every option the binary's `--help` lists and every
 //! environment variable the code reads is in docs/cli.md, and the README names the verdicts as
 //! the card prints them. No root, no eBPF: built with or without the `live` feature.
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use support::workspace;
 use traceml_daemon::summary::DiagnosisKind;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(workspace().join(rel)).unwrap()

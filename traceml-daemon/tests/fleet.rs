@@ -3,18 +3,14 @@
 //! directory each run) files each run under its training script, keeps the latest run of each
 //! script per week, and runs `traceml-daemon sweep` last week → this week: it flags exactly the
 //! job that regressed and exits 1, and writes the JSON beside. Its systemd units verify. No root.
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
+use support::{daemon, workspace};
 use traceml_daemon::{analysis, record, render};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 /// The summary of a recorded run, as run by `script`.
 fn summary(recording: &str, script: &str) -> String {
@@ -46,6 +42,22 @@ fn run(state: &Path, pid: u32, recording: &str, script: &str, days_ago: f64) {
         .unwrap();
 }
 
+/// `packaging/traceml-weekly-sweep` over `state`, writing to `out`, as if run at `now` (Unix
+/// seconds), with this build of the daemon.
+fn weekly_sweep(state: &Path, out: &Path, now: u64) -> Output {
+    Command::new("python3")
+        .arg(workspace().join("packaging/traceml-weekly-sweep"))
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--out")
+        .arg(out)
+        .arg("--daemon")
+        .arg(daemon())
+        .args(["--now", &now.to_string()])
+        .output()
+        .expect("python3")
+}
+
 #[test]
 fn nightly_sweep_flags_the_regressed_script() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,17 +73,7 @@ fn nightly_sweep_flags_the_regressed_script() {
     run(&state, 201, "input_bound_single", "train_resnet.py", 2.0);
     run(&state, 202, "balanced", "train_bert.py", 1.0);
     run(&state, 203, "compute_bound", "new_model.py", 0.5);
-    let o = Command::new("python3")
-        .arg(workspace().join("packaging/traceml-weekly-sweep"))
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--out")
-        .arg(&out)
-        .arg("--daemon")
-        .arg(env!("CARGO_BIN_EXE_traceml-daemon"))
-        .args(["--now", &NOW.to_string()])
-        .output()
-        .expect("python3");
+    let o = weekly_sweep(&state, &out, NOW);
     let text = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{text}\n{err}");
@@ -110,17 +112,7 @@ fn nightly_sweep_flags_the_regressed_script() {
         "{verdicts:?}"
     );
     // A month later nothing ran: nothing to compare, not a failure.
-    let later = Command::new("python3")
-        .arg(workspace().join("packaging/traceml-weekly-sweep"))
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--out")
-        .arg(&out)
-        .arg("--daemon")
-        .arg(env!("CARGO_BIN_EXE_traceml-daemon"))
-        .args(["--now", &(NOW + 30 * DAY).to_string()])
-        .output()
-        .unwrap();
+    let later = weekly_sweep(&state, &out, NOW + 30 * DAY);
     let err = String::from_utf8_lossy(&later.stderr);
     assert_eq!(later.status.code(), Some(0), "{err}");
     assert!(err.contains("nothing to compare"), "{err}");

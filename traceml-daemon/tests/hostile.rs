@@ -185,16 +185,8 @@ fn sudo_outputs_belong_to_the_invoking_user() {
     let mut target = spawn(cmd, &dir);
     let out_dir = dir.join("new/out");
     let recording = dir.join("rec.trec");
-    let out = Command::new(daemon())
-        .arg("--pid")
-        .arg(target.child.id().to_string())
-        .arg("--ready-file")
-        .arg(&target.ready)
-        .arg("--record")
-        .arg(&recording)
-        .arg("--output")
-        .arg(&out_dir)
-        .args(["--color", "never", "--quiet"])
+    let out = daemon_command(&daemon(), &target, &recording, &out_dir)
+        .arg("--quiet")
         .env("SUDO_UID", "4242")
         .env("SUDO_GID", "4343")
         .output()

@@ -60,35 +60,13 @@ fn pid_file(dir: &Path, r: u32) -> Option<u32> {
     v["pid"].as_u64().map(|p| p as u32)
 }
 
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// An instant query's series (labels, value); empty when Prometheus does not answer yet.
+/// An instant query's series (labels, value); empty while Prometheus is not up yet.
 fn query(prom: SocketAddr, q: &str) -> Vec<(serde_json::Value, f64)> {
-    let Some((_, body)) = get(prom, &format!("/api/v1/query?query={}", url_encode(q))) else {
-        return Vec::new();
-    };
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    assert!(v["status"] == "success" || v.is_null(), "{q}: {body}");
-    v["data"]["result"]
-        .as_array()
-        .map(|r| {
-            r.iter()
-                .map(|s| {
-                    let x = s["value"][1].as_str().unwrap_or("NaN").parse().unwrap();
-                    (s["metric"].clone(), x)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    match prom_query(prom, q) {
+        Ok(series) => series,
+        Err(PromError::Unready(_)) => Vec::new(),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// Whether `pid` still runs (not a zombie).
@@ -113,11 +91,6 @@ struct Cluster {
     t0: Instant,
     /// The same instant on `CLOCK_MONOTONIC` (ns), the workloads' clock.
     t0_ns: u64,
-}
-
-fn torchrun() -> Option<PathBuf> {
-    let py = torch_python();
-    Some(py.parent().unwrap().join("torchrun"))
 }
 
 /// The shipped rules, with the test's hang floor, for [`start_prometheus`].
@@ -156,7 +129,7 @@ fn agent_and_daemon(
     mode: Mode,
 ) -> (Child, Proc) {
     let log = std::fs::File::create(dir.join(format!("agent{k}.log"))).unwrap();
-    let agent = Command::new(torchrun().unwrap())
+    let agent = Command::new(torchrun())
         .args([
             "--nnodes=2",
             &format!("--node_rank={k}"),
@@ -226,13 +199,11 @@ fn start(label: &str, args: &[&str], mode: Mode) -> Option<Cluster> {
     if !root_or_skip() || !tool_or_skip(PROMETHEUS, "prometheus") {
         return None;
     }
-    torchrun()?;
+    // The torch venv is set up (or the test fails here, before anything starts).
+    torchrun();
     let dir = scratch(label);
-    let metrics: Vec<SocketAddr> = (0..2)
-        .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
-        .collect();
-    let prom: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let prometheus = start_prometheus(&dir, prom.port(), &metrics, Some(&test_rules(&dir)));
+    let metrics: Vec<SocketAddr> = (0..2).map(|_| free_addr()).collect();
+    let (prometheus, prom) = start_prometheus(&dir, &metrics, Some(&test_rules(&dir)));
     let port = free_port();
     let (t0, t0_ns) = (Instant::now(), monotonic_ns());
     let (a0, d0) = agent_and_daemon(&dir, 0, port, args, metrics[0], mode);
@@ -360,80 +331,11 @@ impl Cluster {
     }
 }
 
-/// The daemon's STRAGGLER measure over the run's own truth (as tests/multirank.rs does): each
-/// rank's own work per step (its step less the DDP all-reduce wait estimate), the steps every
-/// rank has aligned from the end, the culprit the rank with the largest median own work, its
-/// score how far that exceeds the other ranks' median as a share of the median step, its
-/// persistence how often it was the slowest.
-#[derive(Debug)]
-struct Truth {
-    culprit: u32,
-    score: f64,
-    persistence: f64,
-}
-
-fn truth(dir: &Path) -> Truth {
-    let steps: Vec<Vec<(f64, f64)>> = (0..4)
-        .map(|r| {
-            json(&dir.join(format!("truth-rank{r}.json")))["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    let wall = s["wall_ns"].as_f64().unwrap() / 1e6;
-                    (wall, s["own_work_ns"].as_f64().map_or(wall, |v| v / 1e6))
-                })
-                .collect()
-        })
-        .collect();
-    let len = steps.iter().map(Vec::len).min().unwrap_or(0);
-    let tail = |r: usize| &steps[r][steps[r].len() - len..];
-    let own: Vec<f64> = (0..4)
-        .map(|r| median(tail(r).iter().map(|x| x.1).collect()))
-        .collect();
-    let step = median((0..4).flat_map(|r| tail(r).iter().map(|x| x.0)).collect());
-    let culprit = (0..4).max_by(|&a, &b| own[a].total_cmp(&own[b])).unwrap();
-    let others = median((0..4).filter(|&r| r != culprit).map(|r| own[r]).collect());
-    let led = (0..len)
-        .filter(|&k| (0..4).max_by(|&a, &b| tail(a)[k].1.total_cmp(&tail(b)[k].1)) == Some(culprit))
-        .count();
-    Truth {
-        culprit: culprit as u32,
-        score: (own[culprit] - others) / step,
-        persistence: led as f64 / len.max(1) as f64,
-    }
-}
-
 /// How far the truth must sit from the rule's lines (0.10 and 0.6, the published ones) for the
 /// alert to be required (or forbidden): the rule sees means over a minute where the truth has
 /// medians over the run, so the margins are wider than tests/multirank.rs's.
 const SCORE_MARGIN: f64 = 0.05;
 const PERSISTENCE_MARGIN: f64 = 0.15;
-
-#[derive(Debug, PartialEq)]
-enum Expect {
-    Straggler(u32),
-    None,
-    Either,
-}
-
-fn expect(t: &Truth) -> Expect {
-    use support::{
-        PUBLISHED_STRAGGLER_PERSISTENCE as STRAGGLER_PERSISTENCE,
-        PUBLISHED_STRAGGLER_SCORE as STRAGGLER_WARNING,
-    };
-    if t.score >= STRAGGLER_WARNING + SCORE_MARGIN
-        && t.persistence >= STRAGGLER_PERSISTENCE + PERSISTENCE_MARGIN
-    {
-        Expect::Straggler(t.culprit)
-    } else if t.score < STRAGGLER_WARNING - SCORE_MARGIN
-        || t.persistence < STRAGGLER_PERSISTENCE - PERSISTENCE_MARGIN
-    {
-        Expect::None
-    } else {
-        Expect::Either
-    }
-}
 
 /// The rank's node: static rendezvous gives node k the ranks 2k and 2k+1.
 fn node_of(rank: u32) -> String {
@@ -459,8 +361,9 @@ fn straggler_job(label: &str, args: &[&str], designed: Option<u32>) {
         "no single job_id across both nodes: {:?}",
         c.identities()
     );
-    let t = truth(&c.agents.dir);
-    let e = expect(&t);
+    // The daemon's STRAGGLER measure over the run's own truth (as tests/multirank.rs does).
+    let t = truth_straggler(&c.agents.dir, 4);
+    let e = t.expect(SCORE_MARGIN, PERSISTENCE_MARGIN);
     eprintln!("truth {t:?} → {e:?} (designed {designed:?})");
     let stragglers: Vec<&(Fired, f64)> = seen
         .iter()
@@ -487,7 +390,7 @@ fn straggler_job(label: &str, args: &[&str], designed: Option<u32>) {
                 hit.0.node, hit.1
             );
         }
-        Expect::None => assert!(stragglers.is_empty(), "truth {t:?}: {stragglers:?}"),
+        Expect::NoStraggler => assert!(stragglers.is_empty(), "truth {t:?}: {stragglers:?}"),
         Expect::Either => eprintln!("NOTE: truth within the margins; alerts {stragglers:?}"),
     }
 }

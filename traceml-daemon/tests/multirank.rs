@@ -57,6 +57,19 @@ const STRAGGLER_2: [&str; 12] = [
     "sleep",
 ];
 
+/// Two ranks of DDP (200 steps), rank 1 hanging in step 15 (asleep outside every collective,
+/// before its all-reduce; rank 0 blocks in it).
+const HANG_1: [&str; 8] = [
+    "--mode",
+    "ddp",
+    "--steps",
+    "200",
+    "--hang-rank",
+    "1",
+    "--hang-after",
+    "15",
+];
+
 /// Starts `torchrun --nproc_per_node=n ddp_train.py args`, waits until every rank is ready.
 fn start(label: &str, n: u32, args: &[&str]) -> Option<Job> {
     start_with(label, n, &[], args)
@@ -67,10 +80,8 @@ fn start_with(label: &str, n: u32, torchrun_args: &[String], args: &[&str]) -> O
     if !root_or_skip() {
         return None;
     }
-    let py = torch_python();
     let dir = scratch(label);
-    let torchrun = py.parent().unwrap().join("torchrun");
-    let child = Command::new(torchrun)
+    let child = Command::new(torchrun())
         .arg(format!("--nproc_per_node={n}"))
         .arg(format!("--master_port={}", free_port()))
         .args(torchrun_args)
@@ -154,6 +165,26 @@ fn daemon_on(job: &mut Job, pid: u32, extra: &[&str]) -> serde_json::Value {
     json(&out.join("final_summary.json"))
 }
 
+/// `traceml-daemon --pid <launcher>` on `job` ([`daemon_cmd`], its log piped) until it has
+/// written a HANG ([`hang_written`], within `budget`): the daemon, still running, the summary
+/// and when it was seen.
+fn daemon_until_hang(job: &Job, budget: Duration) -> (Child, serde_json::Value, u64) {
+    let child = daemon_cmd(job, job.torchrun.id())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (summary, found_ns) = hang_written(&job.dir.join("out"), budget);
+    (child, summary, found_ns)
+}
+
+/// SIGTERM to a daemon [`daemon_until_hang`] started, and its end awaited.
+fn stop_daemon(mut child: Child) {
+    // SAFETY: kill(2) of our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+}
+
 /// Waits (at most `budget`) until the job's summary in `out` is a HANG, written while the job
 /// runs: the summary and when it was seen (CLOCK_MONOTONIC ns).
 fn hang_written(out: &Path, budget: Duration) -> (serde_json::Value, u64) {
@@ -178,98 +209,26 @@ fn verdict(s: &serde_json::Value) -> (String, Option<u64>) {
     )
 }
 
-/// What the run's own truth says of a straggler, by the daemon's measure (`ranks::straggler`):
-/// each rank's own work per step (its step less its collective wait; the DDP estimate where
-/// the wait is inside backward), the last steps every rank has aligned, the culprit the rank
-/// with the largest median own work, its score how far that median exceeds the other ranks'
-/// median as a share of the median step, its persistence how often it was the slowest.
-#[derive(Debug)]
-struct TruthStraggler {
-    culprit: u32,
-    score: f64,
-    persistence: f64,
-    own_ms: Vec<f64>,
-}
-
 /// How far the truth must sit from the daemon's lines before the verdict must be the truth's:
 /// 4 points of the step for the score, 15 points for the persistence. Inside that the daemon
 /// may decide either way and its numbers are checked instead.
 const SCORE_MARGIN: f64 = 0.04;
 const PERSISTENCE_MARGIN: f64 = 0.15;
 
-#[derive(Debug, PartialEq)]
-enum Expect {
-    Straggler(u32),
-    NoStraggler,
-    /// The truth sits within the margins of a line.
-    Either,
+/// What the run's own truth requires of the verdict, by the daemon's straggler measure
+/// ([`TruthStraggler`]) and these margins.
+fn expect(truth: &TruthStraggler) -> Expect {
+    truth.expect(SCORE_MARGIN, PERSISTENCE_MARGIN)
 }
 
-fn truth_straggler(dir: &Path, n: u32) -> TruthStraggler {
-    let steps: Vec<Vec<(f64, f64)>> = (0..n)
-        .map(|r| {
-            let t = json(&dir.join(format!("truth-rank{r}.json")));
-            t["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    let wall = s["wall_ns"].as_f64().unwrap() / 1e6;
-                    let own = s["own_work_ns"].as_f64().map_or(wall, |v| v / 1e6);
-                    (wall, own)
-                })
-                .collect()
-        })
-        .collect();
-    let len = steps.iter().map(Vec::len).min().unwrap_or(0);
-    let tail = |r: usize| &steps[r][steps[r].len() - len..];
-    let own_ms: Vec<f64> = (0..n as usize)
-        .map(|r| median(tail(r).iter().map(|x| x.1).collect()))
-        .collect();
-    let step = median(
-        (0..n as usize)
-            .flat_map(|r| tail(r).iter().map(|x| x.0))
-            .collect(),
-    );
-    let culprit = (0..n as usize)
-        .max_by(|&a, &b| own_ms[a].total_cmp(&own_ms[b]))
-        .unwrap();
-    let others = median(
-        (0..n as usize)
-            .filter(|&r| r != culprit)
-            .map(|r| own_ms[r])
-            .collect(),
-    );
-    let led = (0..len)
-        .filter(|&k| {
-            (0..n as usize).max_by(|&a, &b| tail(a)[k].1.total_cmp(&tail(b)[k].1)) == Some(culprit)
-        })
-        .count();
-    TruthStraggler {
-        culprit: culprit as u32,
-        score: (own_ms[culprit] - others) / step,
-        persistence: led as f64 / len.max(1) as f64,
-        own_ms,
-    }
-}
-
-impl TruthStraggler {
-    fn expect(&self) -> Expect {
-        use support::{
-            PUBLISHED_STRAGGLER_PERSISTENCE as STRAGGLER_PERSISTENCE,
-            PUBLISHED_STRAGGLER_SCORE as STRAGGLER_WARNING,
-        };
-        if self.score >= STRAGGLER_WARNING + SCORE_MARGIN
-            && self.persistence >= STRAGGLER_PERSISTENCE + PERSISTENCE_MARGIN
-        {
-            Expect::Straggler(self.culprit)
-        } else if self.score < STRAGGLER_WARNING - SCORE_MARGIN
-            || self.persistence < STRAGGLER_PERSISTENCE - PERSISTENCE_MARGIN
-        {
-            Expect::NoStraggler
-        } else {
-            Expect::Either
-        }
+/// Rank `r`'s `what` against the truth's, both in ms: printed, and a failure noted in `failures`
+/// when it is further than `tol` from the truth.
+fn compare_ms(failures: &mut Vec<String>, r: u32, what: &str, got: f64, want: f64, tol: f64) {
+    eprintln!("rank {r}: {what} {got:.2} ms, truth {want:.2} ms");
+    if (got - want).abs() > tol {
+        failures.push(format!(
+            "rank {r}: {what} {got:.2} ms, truth {want:.2} ms (± {tol:.2})"
+        ));
     }
 }
 
@@ -279,7 +238,7 @@ impl TruthStraggler {
 /// none): a run whose truth disagrees with its design says so, and is judged by its truth.
 fn check_straggler(s: &serde_json::Value, dir: &Path, out: &Path, n: u32, designed: Option<u32>) {
     let truth = truth_straggler(dir, n);
-    let expect = truth.expect();
+    let expect = expect(&truth);
     eprintln!("truth: {truth:?} → {expect:?} (designed: {designed:?})");
     if expect != designed.map_or(Expect::NoStraggler, Expect::Straggler) {
         eprintln!("NOTE: this run's truth is not its design (a busy host slows ranks unevenly)");
@@ -338,12 +297,7 @@ fn check_straggler(s: &serde_json::Value, dir: &Path, out: &Path, n: u32, design
                     .collect();
                 let (got, want) = (median(own), truth.own_ms[r as usize]);
                 let tol = (want * 0.15).max(3.0);
-                eprintln!("rank {r}: own work {got:.2} ms, truth {want:.2} ms");
-                if (got - want).abs() > tol {
-                    failures.push(format!(
-                        "rank {r}: own work {got:.2} ms, truth {want:.2} ms (± {tol:.2})"
-                    ));
-                }
+                compare_ms(&mut failures, r, "own work", got, want, tol);
             }
             assert!(failures.is_empty(), "truth {truth:?}: {failures:#?}");
         }
@@ -358,7 +312,7 @@ fn launcher_pid_names_the_straggler_of_two_ranks() {
     };
     let launcher = job.torchrun.id();
     // `/metrics` while the job runs: every rank's series, scraped as Prometheus would.
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let addr = free_addr();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let scraper = {
         let done = done.clone();
@@ -409,7 +363,7 @@ fn launcher_pid_names_the_straggler_of_two_ranks() {
     assert!(scraped.contains("traceml_job_info{"), "{scraped}");
     // The straggler class on /metrics while the job ran: where the run's own truth has rank R
     // clearly slow in most steps, a persistent straggler naming R.
-    if let Expect::Straggler(r) = truth_straggler(&job.dir, 2).expect() {
+    if let Expect::Straggler(r) = expect(&truth_straggler(&job.dir, 2)) {
         let want = format!("class=\"persistent\",rank=\"{r}\"}} 1");
         assert!(
             scraped
@@ -498,12 +452,7 @@ fn an_even_job_has_no_straggler_and_collective_wait_matches_truth() {
             .as_f64()
             .unwrap_or(f64::NAN);
         let tol = (want * 0.05).max(2.0);
-        eprintln!("rank {r}: collective wait {got:.2} ms, truth {want:.2} ms");
-        if (got - want).abs() > tol {
-            failures.push(format!(
-                "rank {r}: collective wait {got:.2} ms, truth {want:.2} ms (± {tol:.2})"
-            ));
-        }
+        compare_ms(&mut failures, r, "collective wait", got, want, tol);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -511,28 +460,12 @@ fn an_even_job_has_no_straggler_and_collective_wait_matches_truth() {
 #[test]
 #[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
 fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
-    let args = [
-        "--mode",
-        "ddp",
-        "--steps",
-        "200",
-        "--hang-rank",
-        "1",
-        "--hang-after",
-        "15",
-    ];
-    let Some(job) = start("mr-hang", 2, &args) else {
+    let Some(job) = start("mr-hang", 2, &HANG_1) else {
         return;
     };
-    let out = job.dir.join("out");
     // The default --hang-after (60 s): rank 0 waits in DDP's all-reduce while rank 1 sleeps
     // outside every collective, so the collective rule names the hang in seconds.
-    let mut child = daemon_cmd(&job, job.torchrun.id())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (summary, found_ns) = hang_written(&out, Duration::from_secs(180));
+    let (child, summary, found_ns) = daemon_until_hang(&job, Duration::from_secs(180));
     // Named within 10 s of the hang, by the hung rank's own clock (its truth, written right
     // before it stopped).
     let hung = json(&job.dir.join("truth-rank1.json"));
@@ -564,9 +497,7 @@ fn a_hung_rank_is_a_hang_with_stacks_while_the_job_is_hung() {
         "{:#}",
         summary["primary_diagnosis"]
     );
-    // SAFETY: kill(2) of our child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    stop_daemon(child);
     drop(job);
 }
 
@@ -619,7 +550,7 @@ fn stragglers_are_classified_within_seconds_of_their_onset() {
         let Some(mut job) = start(&format!("mr-class-{class}"), 4, &args) else {
             return;
         };
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let addr = free_addr();
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let want_line = format!(
             "class=\"{class}\",rank=\"{}\"}} 1",
@@ -754,7 +685,7 @@ fn top_on_a_job_shows_a_row_per_rank_live() {
         last.iter().zip(first.iter()).all(|(l, f)| l.1 >= f.1) && last[0].1 > first[0].1,
         "steps did not grow:\n{text}"
     );
-    if let Expect::Straggler(r) = truth_straggler(&job.dir, 2).expect() {
+    if let Expect::Straggler(r) = expect(&truth_straggler(&job.dir, 2)) {
         assert!(
             last.iter().any(|&(rank, _, marked)| rank == r && marked),
             "rank {r} not marked:\n{text}"
@@ -786,13 +717,7 @@ fn desync(how: &str) {
     let Some(job) = start(&format!("mr-desync-{how}"), 4, &args) else {
         return;
     };
-    let out = job.dir.join("out");
-    let mut child = daemon_cmd(&job, job.torchrun.id())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (summary, found_ns) = hang_written(&out, Duration::from_secs(120));
+    let (child, summary, found_ns) = daemon_until_hang(&job, Duration::from_secs(120));
     let truth = json(&job.dir.join("truth-rank1.json"));
     let (seq, since, op) = if how == "op" {
         let d = &truth["desync"];
@@ -855,9 +780,7 @@ fn desync(how: &str) {
         )),
         "{why}"
     );
-    // SAFETY: kill(2) of our child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    stop_daemon(child);
     drop(job);
 }
 
@@ -1041,24 +964,9 @@ fn start_serve(label: &str, extra: &[&str]) -> (Proc, PathBuf, PathBuf) {
     let base = scratch(label);
     let state = base.join("state");
     let (ready, log) = (base.join("serving"), base.join("serve.log"));
-    let serve = Proc(
-        Command::new(daemon())
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--scan-interval", "0.2", "--include", "*ddp_train.py*"])
-            .args(extra)
-            .arg("--ready-file")
-            .arg(&ready)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start serve"),
-    );
-    wait_for("serve's ready file", Duration::from_secs(10), || {
-        ready.exists()
-    });
+    let mut args = vec!["--scan-interval", "0.2", "--include", "*ddp_train.py*"];
+    args.extend_from_slice(extra);
+    let serve = serve_until_ready(Command::new(daemon()), &state, &ready, &args, Some(&log));
     (serve, state, log)
 }
 
@@ -1088,21 +996,6 @@ fn job_ends(job: &mut Job) {
     wait_for("the job's end", Duration::from_secs(300), || {
         job.torchrun.try_wait().unwrap().is_some()
     });
-}
-
-/// SIGTERM to serve: it must exit 0 within `budget` (10 s: the service's promise).
-fn stop_serve(serve: &mut Proc, budget: Duration) {
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = serve.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(t.elapsed() < budget, "serve still running after {budget:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "serve exited with {status}");
 }
 
 /// `serve` (no pid) groups the ranks of a torchrun job it discovers: one directory named after
@@ -1166,17 +1059,7 @@ fn serve_writes_a_hang_with_stacks_while_the_job_is_hung() {
         return;
     }
     let (mut serve, state, log) = start_serve("mr-serve-hang", &["--hang-after", "5"]);
-    let args = [
-        "--mode",
-        "ddp",
-        "--steps",
-        "200",
-        "--hang-rank",
-        "1",
-        "--hang-after",
-        "15",
-    ];
-    let Some(job) = start("mr-serve-hang-job", 2, &args) else {
+    let Some(job) = start("mr-serve-hang-job", 2, &HANG_1) else {
         return;
     };
     release_when_attached(&job, &log, serve.0.id());

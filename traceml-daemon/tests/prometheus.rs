@@ -16,43 +16,9 @@ use support::*;
 /// A step count no other test uses (serve includes only this workload's command line).
 const STEPS: u32 = 251;
 
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// An instant query: `Err` with Prometheus's error for an invalid one, else `(labels, value)`
-/// of each series.
-fn query(prom: SocketAddr, q: &str) -> Result<Vec<(serde_json::Value, f64)>, String> {
-    let (status, body) = get(prom, &format!("/api/v1/query?query={}", url_encode(q)))
-        .ok_or_else(|| format!("no answer from Prometheus to {q}"))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&body).map_err(|e| format!("{status}: {e}: {body}"))?;
-    if v["status"] != "success" {
-        return Err(format!("{q}: {status} {body}"));
-    }
-    Ok(v["data"]["result"]
-        .as_array()
-        .map(|r| {
-            r.iter()
-                .map(|s| {
-                    let x = s["value"][1].as_str().unwrap_or("NaN").parse().unwrap();
-                    (s["metric"].clone(), x)
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
 /// The single value of `q`, if it has exactly one series.
 fn one(prom: SocketAddr, q: &str) -> Option<f64> {
-    match query(prom, q).ok()?.as_slice() {
+    match prom_query(prom, q).ok()?.as_slice() {
         [(_, x)] => Some(*x),
         _ => None,
     }
@@ -68,41 +34,31 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
     }
     let dir = scratch("prometheus");
     let state = dir.join("state");
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let prom: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let metrics = free_addr();
 
     let ready = dir.join("ready");
     // As the README's fleet recipe: the address in the config file.
     let config = dir.join("config.toml");
     std::fs::write(&config, format!("metrics_addr = \"{metrics}\"\n")).unwrap();
-    let mut serve = Proc(
-        Command::new(daemon())
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--scan-interval", "0.2"])
-            .arg("--config")
-            .arg(&config)
-            .arg("--ready-file")
-            .arg(&ready)
-            .args([
-                "--include",
-                &format!("*input_bound_single.py --steps {STEPS} *"),
-            ])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start serve"),
+    let mut serve = serve_until_ready(
+        Command::new(daemon()),
+        &state,
+        &ready,
+        &[
+            "--scan-interval",
+            "0.2",
+            "--config",
+            config.to_str().unwrap(),
+            "--include",
+            &format!("*input_bound_single.py --steps {STEPS} *"),
+        ],
+        None,
     );
-    wait_for("serve's ready file", Duration::from_secs(10), || {
-        ready.exists()
-    });
     let (status, body) = get(metrics, "/metrics").expect("/metrics answers");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("traceml_attached_jobs 0\n"), "{body}");
 
-    let _prometheus = start_prometheus(&dir, prom.port(), &[metrics], None);
+    let (_prometheus, prom) = start_prometheus(&dir, &[metrics], None);
     wait_for("Prometheus ready", Duration::from_secs(60), || {
         get(prom, "/-/ready").is_some_and(|(s, _)| s == 200)
     });
@@ -113,12 +69,9 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
     // The workload starts at once: serve finds it within its scan interval and attaches.
     let truth_file = dir.join("truth.json");
     let mut job = Proc(
-        Command::new(python(11))
-            .arg(workspace().join("tests/workloads/input_bound_single.py"))
+        faketorch_workload("input_bound_single.py")
             .args(["--steps", &STEPS.to_string(), "--truth"])
             .arg(&truth_file)
-            .env("PYTHONPATH", workspace().join("tests/faketorch"))
-            .env("TRACEML_TESTS_BUILD", tests_build())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -235,7 +188,7 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
         Some(1.0),
         "verdict {kind}"
     );
-    let info = query(prom, &format!(r#"traceml_job_info{{pid="{pid}"}}"#)).unwrap();
+    let info = prom_query(prom, &format!(r#"traceml_job_info{{pid="{pid}"}}"#)).unwrap();
     assert_eq!(info.len(), 1, "{info:?}");
     assert!(
         info[0].0["command"]
@@ -262,7 +215,7 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
                 .replace("$job_id", ".*")
                 .replace("$job", ".*")
                 .replace("$rank", ".*");
-            let r = query(prom, &q).unwrap_or_else(|e| panic!("{}: {e}", panel["title"]));
+            let r = prom_query(prom, &q).unwrap_or_else(|e| panic!("{}: {e}", panel["title"]));
             checked += 1;
             if r.is_empty() {
                 empty.push(panel["title"].as_str().unwrap().to_owned());
@@ -312,11 +265,7 @@ fn single_pid_mode_serves_metrics_while_attached() {
         "{bad:?}"
     );
 
-    let mut cmd = Command::new(python(11));
-    cmd.arg(workspace().join("tests/workloads/input_bound_single.py"))
-        .env("PYTHONPATH", workspace().join("tests/faketorch"))
-        .env("TRACEML_TESTS_BUILD", tests_build());
-    let mut target = spawn(cmd, &dir);
+    let mut target = spawn(faketorch_workload("input_bound_single.py"), &dir);
     // A port in use: exit 2, and the target is left alone (it still waits for its ready file).
     let busy = TcpListener::bind("127.0.0.1:0").unwrap();
     let out = Command::new(daemon())
@@ -334,7 +283,7 @@ fn single_pid_mode_serves_metrics_while_attached() {
     );
     drop(busy);
 
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let addr = free_addr();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let poller = {
         let stop = stop.clone();

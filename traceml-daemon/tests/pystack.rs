@@ -4,12 +4,15 @@
 //! and the lines its innermost frames execute (`time.sleep`, `sorted`, ...). Also: the
 //! main thread's state found from `_PyRuntime`, reads of a stack that changes all the time (no
 //! panic, no hang), and the cost of one read of a ~40-frame stack (printed, not asserted).
+mod support;
+
 use std::io::Write;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::{python_if_any, root_or_skip};
 use traceml_daemon::attach::maps;
 use traceml_daemon::attach::memory::TargetMemory;
 use traceml_daemon::attach::pystack::{self, StackReader};
@@ -60,36 +63,6 @@ deep(int(sys.argv[2]))
 /// Recursion depth of `deep`: the stack is `<module>`, DEPTH + 1 `deep`s, outer, middle, inner.
 const DEPTH: usize = 36;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// The interpreter for 3.<minor>: `TRACEML_PYTHON_3<minor>`, else pyenv's newest 3.<minor>.*.
-fn python(minor: u32) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os(format!("TRACEML_PYTHON_3{minor}")) {
-        return Some(PathBuf::from(p));
-    }
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
-    let prefix = format!("3.{minor}.");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
-        .ok()?
-        .flatten()
-        .filter(|e| {
-            e.file_name().to_str().is_some_and(|n| {
-                n.strip_prefix(&prefix)
-                    .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
-            })
-        })
-        .map(|e| e.path())
-        .collect();
-    dirs.sort();
-    let exe = dirs.pop()?.join(format!("bin/python3.{minor}"));
-    exe.exists().then_some(exe)
-}
-
 /// The script, running; killed on drop.
 struct Target {
     child: Child,
@@ -126,16 +99,7 @@ fn start(python: &Path, script: &Path, mode: &str, depth: usize) -> Target {
 
 #[test]
 fn reads_stacks_of_every_python() {
-    if !is_root() {
-        // Seen past the harness's capture; under `cargo xtask test` (CI) a skip is a failure.
-        assert!(
-            std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
-            "reads_stacks_of_every_python: reading another process's memory needs root"
-        );
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped reads_stacks_of_every_python: reading another process's memory needs root"
-        );
+    if !root_or_skip() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("traceml-pystack-{}", std::process::id()));
@@ -152,7 +116,7 @@ fn reads_stacks_of_every_python() {
     };
     let mut ran = 0;
     for minor in 9..=13 {
-        let Some(py) = python(minor) else {
+        let Some(py) = python_if_any(minor) else {
             assert!(
                 std::env::var_os("TRACEML_REQUIRE_ROOT").is_none(),
                 "no CPython 3.{minor} (set TRACEML_PYTHON_3{minor}; cargo xtask setup finds pyenv's)"

@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use support::*;
-use traceml_daemon::event::{Api, EndReason, Kind, StreamItem};
+use traceml_daemon::event::{Api, EndReason, Kind, Lost, StreamItem};
 use traceml_daemon::summary::{Confidence, Summary};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -96,6 +96,11 @@ struct Finished {
 
 impl Daemon {
     fn start(pid: u32, dir: &Path, name: &str, extra: &[&str]) -> Daemon {
+        Self::start_logging(pid, dir, name, extra, "info")
+    }
+
+    /// [`Daemon::start`] with its log at `log` (`TRACEML_LOG`).
+    fn start_logging(pid: u32, dir: &Path, name: &str, extra: &[&str], log: &str) -> Daemon {
         let mut d = Daemon {
             child: None,
             ready: dir.join(format!("{name}.ready")),
@@ -104,6 +109,7 @@ impl Daemon {
         };
         d.child = Some(
             Self::command(pid, &d, extra)
+                .env("TRACEML_LOG", log)
                 .spawn()
                 .expect("start traceml-daemon"),
         );
@@ -246,6 +252,30 @@ fn end_item(items: &[StreamItem]) -> Option<EndReason> {
     })
 }
 
+/// The recording's last count of lost events (its `Lost` item), which must be there.
+fn last_lost(items: &[StreamItem]) -> Lost {
+    items
+        .iter()
+        .rev()
+        .find_map(|i| match i {
+            StreamItem::Lost(l) => Some(l.clone()),
+            _ => None,
+        })
+        .expect("a Lost item")
+}
+
+/// `replay` of the daemon's recording (into `out`) exits 0 and rebuilds the summary it wrote
+/// byte for byte: the summary is complete.
+fn replay_rebuilds(d: &Daemon, f: &Finished, out: &Path) {
+    let (code, stderr, replayed) = replay(&d.recording, out);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        replayed.unwrap(),
+        f.summary_text,
+        "the summary is complete: replay rebuilds it"
+    );
+}
+
 /// Ids of the eBPF programs process `pid` holds open (from /proc/<pid>/fdinfo).
 fn bpf_prog_ids(pid: u32) -> Vec<u32> {
     let mut ids = Vec::new();
@@ -287,12 +317,7 @@ fn sigkill_of_the_daemon_leaves_the_target_running_correctly() {
         .arg("--after")
         .arg(dir.join("killed"));
     cmd.args(["--warm", "30", "--tail", "300"]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon::start(pid, &dir, "d", &[]);
-    // The workload's --ready is the harness's file: link it to the daemon's.
-    wait_ready_as(&mut d, &target.ready);
+    let (mut target, pid, lines, mut d) = attached(cmd, &dir, &[]);
     lines.next_with("running");
     let progs = bpf_prog_ids(d.pid());
     assert!(!progs.is_empty(), "the attached daemon holds eBPF programs");
@@ -362,6 +387,36 @@ fn wait_ready_as(d: &mut Daemon, workload_ready: &Path) {
     touch(workload_ready);
 }
 
+/// Starts the workload `cmd` (see [`spawn`]) and one daemon on it (`d`, with `extra`), and lets
+/// the workload run once the daemon has attached: the target, its pid, its stdout lines after
+/// the first, and the daemon.
+fn attached(cmd: Command, dir: &Path, extra: &[&str]) -> (Target, u32, Lines, Daemon) {
+    attached_logging(cmd, dir, extra, "info")
+}
+
+/// [`attached`] with the daemon's log at `log` (`TRACEML_LOG`).
+fn attached_logging(
+    cmd: Command,
+    dir: &Path,
+    extra: &[&str],
+    log: &str,
+) -> (Target, u32, Lines, Daemon) {
+    let mut target = spawn(cmd, dir);
+    let pid = target.child.id();
+    let lines = Lines::of(&mut target);
+    let mut d = Daemon::start_logging(pid, dir, "d", extra, log);
+    wait_ready_as(&mut d, &target.ready);
+    (target, pid, lines, d)
+}
+
+/// The workload's truth line, then the daemon's end: it must exit 0.
+fn truth_and_end(lines: &Lines, d: &mut Daemon) -> (serde_json::Value, Finished) {
+    let truth = lines.next_with("truth");
+    let f = d.finish();
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    (truth, f)
+}
+
 // ------------------------------------------------------------------------------ 2. lifecycle
 
 /// The target exits: exact counts, end reason `target_exited`, exit 0, and the summary replays
@@ -374,14 +429,8 @@ fn target_exit_ends_the_run_with_a_valid_summary() {
     let dir = scratch("exit");
     let mut cmd = lifecycle("exit");
     cmd.args(["--iters", "40", "--launches", "3"]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon::start(pid, &dir, "d", &[]);
-    wait_ready_as(&mut d, &target.ready);
-    let truth = lines.next_with("truth");
-    let f = d.finish();
-    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let (mut target, pid, lines, mut d) = attached(cmd, &dir, &[]);
+    let (truth, f) = truth_and_end(&lines, &mut d);
     assert!(target.child.wait().unwrap().success());
     assert_eq!(f.summary.data_quality.end_reason, EndReason::TargetExited);
     assert_eq!(end_item(&f.items), Some(EndReason::TargetExited));
@@ -392,13 +441,7 @@ fn target_exit_ends_the_run_with_a_valid_summary() {
     assert_eq!(c.next_enter, truth["next_calls"].as_u64().unwrap());
     assert_eq!(c.next_raised, 1);
     assert_eq!(c.memcpy, truth["memcpy"].as_u64().unwrap());
-    let (code, stderr, replayed) = replay(&d.recording, &dir.join("replayed"));
-    assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(
-        replayed.unwrap(),
-        f.summary_text,
-        "the summary is complete: replay rebuilds it"
-    );
+    replay_rebuilds(&d, &f, &dir.join("replayed"));
 }
 
 /// The target execs /bin/sh: the daemon notices (the exec is marked in the event stream), ends
@@ -414,14 +457,8 @@ fn target_exec_ends_the_run_with_what_came_before() {
     cmd.arg("--stop")
         .arg(dir.join("stop"))
         .args(["--iters", "30", "--launches", "2"]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon::start(pid, &dir, "d", &[]);
-    wait_ready_as(&mut d, &target.ready);
-    let truth = lines.next_with("truth");
-    let f = d.finish();
-    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let (mut target, pid, lines, mut d) = attached(cmd, &dir, &[]);
+    let (truth, f) = truth_and_end(&lines, &mut d);
     assert_eq!(
         f.summary.data_quality.end_reason,
         EndReason::TargetExeced,
@@ -573,14 +610,8 @@ fn threads_created_and_ended_after_attach_are_counted_exactly() {
         "--launches",
         "3",
     ]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon::start(pid, &dir, "d", &[]);
-    wait_ready_as(&mut d, &target.ready);
-    let truth = lines.next_with("truth");
-    let f = d.finish();
-    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let (_target, pid, lines, mut d) = attached(cmd, &dir, &[]);
+    let (truth, f) = truth_and_end(&lines, &mut d);
     assert_eq!(f.summary.data_quality.end_reason, EndReason::TargetExited);
     let c = count(&f.items, pid);
     let mut expected = BTreeMap::new();
@@ -612,14 +643,8 @@ fn a_forked_child_neither_suffers_nor_pollutes_the_counts() {
     let dir = scratch("fork");
     let mut cmd = lifecycle("fork");
     cmd.args(["--iters", "20", "--launches", "3"]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon::start(pid, &dir, "d", &[]);
-    wait_ready_as(&mut d, &target.ready);
-    let truth = lines.next_with("truth");
-    let f = d.finish();
-    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let (mut target, pid, lines, mut d) = attached(cmd, &dir, &[]);
+    let (truth, f) = truth_and_end(&lines, &mut d);
     assert!(target.child.wait().unwrap().success());
     assert_eq!(truth["child_status"], 0, "{truth}");
     assert_eq!(
@@ -654,11 +679,7 @@ fn stopped_by(sig: libc::c_int, reason: EndReason, name: &str) {
     cmd.arg("--stop")
         .arg(dir.join("stop"))
         .args(["--warm", "25"]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon::start(pid, &dir, "d", &[]);
-    wait_ready_as(&mut d, &target.ready);
+    let (mut target, pid, lines, mut d) = attached(cmd, &dir, &[]);
     lines.next_with("running");
     d.signal(sig);
     let f = d.finish();
@@ -666,13 +687,7 @@ fn stopped_by(sig: libc::c_int, reason: EndReason, name: &str) {
     assert_eq!(f.summary.data_quality.end_reason, reason);
     assert_eq!(end_item(&f.items), Some(reason));
     assert!(f.summary.data_quality.events_recorded > 0);
-    let (code, stderr, replayed) = replay(&d.recording, &dir.join("replayed"));
-    assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(
-        replayed.unwrap(),
-        f.summary_text,
-        "the summary is complete: replay rebuilds it"
-    );
+    replay_rebuilds(&d, &f, &dir.join("replayed"));
     let seen = count(&f.items, pid).launches();
     assert!(
         seen >= 25 * 3,
@@ -736,14 +751,8 @@ fn ring_buffer_overrun_is_counted_exactly_and_lowers_confidence() {
         "--settle",
         "1",
     ]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon::start(pid, &dir, "d", &["--ring-mib", "1"]);
-    wait_ready_as(&mut d, &target.ready);
-    let truth = lines.next_with("truth");
-    let f = d.finish();
-    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let (mut target, pid, lines, mut d) = attached(cmd, &dir, &["--ring-mib", "1"]);
+    let (truth, f) = truth_and_end(&lines, &mut d);
     assert!(target.child.wait().unwrap().success());
     let calls = truth["launch"].as_u64().unwrap();
     assert_eq!(
@@ -752,15 +761,7 @@ fn ring_buffer_overrun_is_counted_exactly_and_lowers_confidence() {
         "every launch succeeded: {truth}"
     );
 
-    let lost = f
-        .items
-        .iter()
-        .rev()
-        .find_map(|i| match i {
-            StreamItem::Lost(l) => Some(l.clone()),
-            _ => None,
-        })
-        .expect("a Lost item");
+    let lost = last_lost(&f.items);
     let delivered = count(&f.items, pid).launches();
     eprintln!("flood: {calls} calls, {delivered} delivered, lost {lost:?}");
     assert!(
@@ -822,34 +823,13 @@ fn an_overflowed_thread_stack_is_logged_from_the_kernel_rate_limited() {
     let mut cmd = Command::new(python(12));
     cmd.arg(workspace().join("tests/workloads/reliability/deep.py"))
         .args(["--depth", "100", "--rounds", "50"]);
-    let mut target = spawn(cmd, &dir);
-    let pid = target.child.id();
-    let lines = Lines::of(&mut target);
-    let mut d = Daemon {
-        child: None,
-        ready: dir.join("d.ready"),
-        recording: dir.join("d.jsonl"),
-        out_dir: dir.join("d-out"),
-    };
-    let mut cmd = Daemon::command(pid, &d, &["--probe-set", "full"]);
-    cmd.env("TRACEML_LOG", "debug");
-    d.child = Some(cmd.spawn().expect("start traceml-daemon"));
-    wait_ready_as(&mut d, &target.ready);
-    let truth = lines.next_with("truth");
-    let f = d.finish();
-    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let (mut target, pid, lines, mut d) =
+        attached_logging(cmd, &dir, &["--probe-set", "full"], "debug");
+    let (truth, f) = truth_and_end(&lines, &mut d);
     assert!(target.child.wait().unwrap().success());
     assert_eq!(truth["next_calls"], 5000, "{truth}");
 
-    let lost = f
-        .items
-        .iter()
-        .rev()
-        .find_map(|i| match i {
-            StreamItem::Lost(l) => Some(l.clone()),
-            _ => None,
-        })
-        .expect("a Lost item");
+    let lost = last_lost(&f.items);
     // 36 of each round's 100 nested calls find the stack full.
     assert!(lost.state_full >= 50 * 36, "{lost:?}");
     let logged: Vec<&str> = f

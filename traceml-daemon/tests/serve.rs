@@ -19,19 +19,16 @@ type Serve = Proc;
 type Job = Proc;
 
 fn job(steps: u32, truth: &Path, opt_out: bool) -> Job {
-    let mut cmd = Command::new(python(11));
-    cmd.arg(workspace().join("tests/workloads/input_bound_single.py"))
-        .args([
-            "--steps",
-            &steps.to_string(),
-            "--stop-on-sigterm",
-            "--truth",
-        ])
-        .arg(truth)
-        .env("PYTHONPATH", workspace().join("tests/faketorch"))
-        .env("TRACEML_TESTS_BUILD", tests_build())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    let mut cmd = faketorch_workload("input_bound_single.py");
+    cmd.args([
+        "--steps",
+        &steps.to_string(),
+        "--stop-on-sigterm",
+        "--truth",
+    ])
+    .arg(truth)
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
     if opt_out {
         cmd.env("TRACEML_DISABLE", "1");
     }
@@ -40,8 +37,7 @@ fn job(steps: u32, truth: &Path, opt_out: bool) -> Job {
 
 /// The verdict the share rules give on the truth's own totals.
 fn truth_kind(truth: &Path) -> String {
-    let t: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(truth).expect("truth")).unwrap();
+    let t = json(truth);
     let wall = t["totals"]["wall_ns"].as_f64().unwrap();
     let shares: Vec<(Phase, f64)> = Phase::ALL
         .iter()
@@ -57,48 +53,24 @@ fn truth_kind(truth: &Path) -> String {
 }
 
 fn summary(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("final_summary.json")).unwrap()).unwrap()
+    json(&dir.join("final_summary.json"))
 }
 
 /// `serve` as `cmd` (root, or under setpriv), for the jobs of `steps` steps, windows of 2 s.
-fn start_serve(mut cmd: Command, state: &Path, ready: &Path, steps: &[u32]) -> Serve {
-    cmd.arg("serve")
-        .arg("--state-dir")
-        .arg(state)
-        .args(["--window", "2"])
-        .arg("--ready-file")
-        .arg(ready)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    for s in steps {
-        cmd.args([
-            "--include",
-            &format!("*input_bound_single.py --steps {s} *"),
-        ]);
+fn start_serve(cmd: Command, state: &Path, ready: &Path, steps: &[u32]) -> Serve {
+    let includes: Vec<String> = steps
+        .iter()
+        .map(|s| format!("*input_bound_single.py --steps {s} *"))
+        .collect();
+    let mut args = vec!["--window", "2"];
+    for i in &includes {
+        args.extend(["--include", i]);
     }
-    let serve = Proc(cmd.spawn().expect("start serve"));
-    wait_for("serve's ready file", Duration::from_secs(10), || {
-        ready.exists()
-    });
-    serve
+    serve_until_ready(cmd, state, ready, &args, None)
 }
 
 fn stop(mut serve: Serve) {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = serve.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "serve still running 10 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "serve exited with {status}");
+    stop_serve(&mut serve, Duration::from_secs(10));
 }
 
 #[test]
@@ -287,37 +259,27 @@ fn serve_attaches_again_after_an_exec_in_a_new_directory() {
     let state = dir.join("state");
     let ready = dir.join("ready");
     let (before, after) = (200u32, 203u32);
-    let serve = Proc(
-        Command::new(daemon())
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--scan-interval", "0.2", "--include", "*exec_restart.py *"])
-            .args([
-                "--include",
-                &format!("*input_bound_single.py --steps {after} *"),
-            ])
-            .arg("--ready-file")
-            .arg(&ready)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start serve"),
+    let serve = serve_until_ready(
+        Command::new(daemon()),
+        &state,
+        &ready,
+        &[
+            "--scan-interval",
+            "0.2",
+            "--include",
+            "*exec_restart.py *",
+            "--include",
+            &format!("*input_bound_single.py --steps {after} *"),
+        ],
+        None,
     );
-    wait_for("serve's ready file", Duration::from_secs(10), || {
-        ready.exists()
-    });
     let (t1, t2) = (dir.join("t1.json"), dir.join("t2.json"));
     let mut job = Proc(
-        Command::new(python(11))
-            .arg(workspace().join("tests/workloads/exec_restart.py"))
+        faketorch_workload("exec_restart.py")
             .args(["--steps", &before.to_string(), "--truth"])
             .arg(&t1)
             .args(["--steps-after", &after.to_string(), "--truth-after"])
             .arg(&t2)
-            .env("PYTHONPATH", workspace().join("tests/faketorch"))
-            .env("TRACEML_TESTS_BUILD", tests_build())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -80,11 +80,8 @@ fn top_on_a_pty_shows_live_phases_and_detaches_on_q() {
         return;
     }
     let dir = scratch("top-pty");
-    let mut cmd = Command::new(python(11));
-    cmd.arg(workspace().join("tests/workloads/input_bound_single.py"))
-        .args(["--steps", "5000"])
-        .env("PYTHONPATH", workspace().join("tests/faketorch"))
-        .env("TRACEML_TESTS_BUILD", tests_build());
+    let mut cmd = faketorch_workload("input_bound_single.py");
+    cmd.args(["--steps", "5000"]);
     let target = spawn(cmd, &dir);
     // `q`, then (the job still running) a second attach detached with Ctrl-C, which raw mode
     // delivers as a key.

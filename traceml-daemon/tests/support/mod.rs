@@ -89,33 +89,50 @@ pub fn fake_cudart() -> PathBuf {
     p
 }
 
-/// pyenv's CPython `3.<minor>` (or `TRACEML_PYTHON_3<minor>` from xtask).
+/// pyenv's CPython `3.<minor>` (or `TRACEML_PYTHON_3<minor>` from xtask); fails the test when
+/// there is none ([`python_if_any`] for a test that skips it).
 pub fn python(minor: u32) -> PathBuf {
+    python_if_any(minor).unwrap_or_else(|| panic!("pyenv has no CPython 3.{minor}"))
+}
+
+/// The interpreter for 3.<minor>: `TRACEML_PYTHON_3<minor>`, else pyenv's newest 3.<minor>.*
+/// (`PYENV_ROOT`, or /root/.pyenv); `None` when there is none.
+pub fn python_if_any(minor: u32) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(format!("TRACEML_PYTHON_3{minor}")) {
-        return PathBuf::from(p);
+        return Some(PathBuf::from(p));
     }
     let root = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+    let prefix = format!("3.{minor}.");
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
-        .expect("pyenv versions")
+        .ok()?
         .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.strip_prefix(&format!("3.{minor}."))
-                    .is_some_and(|r| r.chars().all(|c| c.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.strip_prefix(&prefix)
+                    .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
             })
         })
+        .map(|e| e.path())
         .collect();
     dirs.sort();
-    let dir = dirs
-        .pop()
-        .unwrap_or_else(|| panic!("pyenv has no CPython 3.{minor}"));
-    dir.join(format!("bin/python3.{minor}"))
+    let exe = dirs.pop()?.join(format!("bin/python3.{minor}"));
+    exe.exists().then_some(exe)
 }
 
 pub const PYTHONS: [u32; 5] = [9, 10, 11, 12, 13];
+
+/// `python3.11 tests/workloads/<script>` on the stand-in torch (tests/faketorch, its CUDA
+/// runtime the stand-in of [`tests_build`]): a workload of the `serve`, `top` and Prometheus
+/// tests, which the caller gives its arguments.
+pub fn faketorch_workload(script: &str) -> Command {
+    let mut cmd = Command::new(python(11));
+    cmd.arg(workspace().join("tests/workloads").join(script))
+        .env("PYTHONPATH", workspace().join("tests/faketorch"))
+        .env("TRACEML_TESTS_BUILD", tests_build());
+    cmd
+}
 
 /// A spawned workload, killed on drop.
 pub struct Target {
@@ -195,16 +212,7 @@ pub fn run_daemon_at(
 ) -> Outcome {
     let out_dir = dir.join("out");
     let recording = dir.join("rec.jsonl");
-    let child = Command::new(daemon)
-        .arg("--pid")
-        .arg(target.child.id().to_string())
-        .arg("--ready-file")
-        .arg(&target.ready)
-        .arg("--record")
-        .arg(&recording)
-        .arg("--output")
-        .arg(&out_dir)
-        .args(["--color", "never"])
+    let child = daemon_command(daemon, target, &recording, &out_dir)
         .args(extra)
         .env("TRACEML_LOG", "info")
         .stdout(Stdio::piped())
@@ -243,6 +251,23 @@ pub fn run_daemon_at(
         recording,
         target_stdout: stdout,
     }
+}
+
+/// `daemon --pid <target>` as [`run_daemon_at`] starts it: it makes the target's ready file once
+/// attached, records to `recording`, writes its summaries to `out_dir`, without colours. The
+/// caller adds its own options, environment and output handling.
+pub fn daemon_command(daemon: &Path, target: &Target, recording: &Path, out_dir: &Path) -> Command {
+    let mut cmd = Command::new(daemon);
+    cmd.arg("--pid")
+        .arg(target.child.id().to_string())
+        .arg("--ready-file")
+        .arg(&target.ready)
+        .arg("--record")
+        .arg(recording)
+        .arg("--output")
+        .arg(out_dir)
+        .args(["--color", "never"]);
+    cmd
 }
 
 /// Waits for a child; kills it (and fails the test) past the timeout.
@@ -530,12 +555,61 @@ impl Drop for Proc {
     }
 }
 
+/// `traceml-daemon serve`, run by `cmd` (the daemon, or a wrapper such as `setpriv` that runs
+/// it), its state in `state`, with `args`, logging (`RUST_LOG=info`) to the file `log` or else
+/// to the test's stderr: started, and ready (its `--ready-file` made, within 10 s).
+pub fn serve_until_ready(
+    mut cmd: Command,
+    state: &Path,
+    ready: &Path,
+    args: &[&str],
+    log: Option<&Path>,
+) -> Proc {
+    let stderr = log.map_or_else(Stdio::inherit, |l| {
+        Stdio::from(std::fs::File::create(l).unwrap())
+    });
+    cmd.arg("serve")
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--ready-file")
+        .arg(ready)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    let serve = Proc(cmd.spawn().expect("start serve"));
+    wait_for("serve's ready file", Duration::from_secs(10), || {
+        ready.exists()
+    });
+    serve
+}
+
+/// SIGTERM to `serve`: it must exit 0 within `budget` (10 s: the service's promise).
+pub fn stop_serve(serve: &mut Proc, budget: Duration) {
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = serve.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t.elapsed() < budget, "serve still running after {budget:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "serve exited with {status}");
+}
+
 /// A TCP port free on 127.0.0.1 now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// `127.0.0.1:<a free port>` ([`free_port`]).
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// `GET path` (HTTP/1.0: the answer is the rest of the connection): status and body.
@@ -559,6 +633,11 @@ pub fn torch_python() -> PathBuf {
     std::env::var_os("TRACEML_TORCH_PYTHON").map(PathBuf::from).expect(
         "TRACEML_TORCH_PYTHON is not set: run through `cargo xtask test` (setup builds the torch venv)",
     )
+}
+
+/// The torch venv's `torchrun`, beside [`torch_python`].
+pub fn torchrun() -> PathBuf {
+    torch_python().parent().unwrap().join("torchrun")
 }
 
 /// A real-PyTorch workload of `tests/workloads/frameworks` run under the daemon, with its truth.
@@ -759,18 +838,112 @@ pub const PUBLISHED_STRAGGLER_SCORE: f64 = 0.10;
 /// ... and it was the slowest in at least this share of the aligned steps.
 pub const PUBLISHED_STRAGGLER_PERSISTENCE: f64 = 0.60;
 
+/// What a multi-rank job's own truth says of a straggler, by the daemon's measure
+/// (`ranks::straggler`): each rank's own work per step (its step less its collective wait; the
+/// DDP estimate where the wait is inside backward), the last steps every rank has aligned, the
+/// culprit the rank with the largest median own work, its score how far that median exceeds the
+/// other ranks' median as a share of the median step, its persistence how often it was the
+/// slowest.
+#[derive(Debug)]
+pub struct TruthStraggler {
+    pub culprit: u32,
+    pub score: f64,
+    pub persistence: f64,
+    /// Each rank's median own work per step, ms.
+    pub own_ms: Vec<f64>,
+}
+
+/// What a test requires of a straggler verdict, by the truth ([`TruthStraggler::expect`]).
+#[derive(Debug, PartialEq)]
+pub enum Expect {
+    Straggler(u32),
+    NoStraggler,
+    /// The truth sits within the margins of a line.
+    Either,
+}
+
+/// [`TruthStraggler`] of the `n` ranks' truth files (`truth-rank<r>.json` in `dir`, written by
+/// tests/workloads/ddp/ddp_train.py).
+pub fn truth_straggler(dir: &Path, n: u32) -> TruthStraggler {
+    let steps: Vec<Vec<(f64, f64)>> = (0..n)
+        .map(|r| {
+            let t = json(&dir.join(format!("truth-rank{r}.json")));
+            t["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    let wall = s["wall_ns"].as_f64().unwrap() / 1e6;
+                    let own = s["own_work_ns"].as_f64().map_or(wall, |v| v / 1e6);
+                    (wall, own)
+                })
+                .collect()
+        })
+        .collect();
+    let len = steps.iter().map(Vec::len).min().unwrap_or(0);
+    let tail = |r: usize| &steps[r][steps[r].len() - len..];
+    let own_ms: Vec<f64> = (0..n as usize)
+        .map(|r| median(tail(r).iter().map(|x| x.1).collect()))
+        .collect();
+    let step = median(
+        (0..n as usize)
+            .flat_map(|r| tail(r).iter().map(|x| x.0))
+            .collect(),
+    );
+    let culprit = (0..n as usize)
+        .max_by(|&a, &b| own_ms[a].total_cmp(&own_ms[b]))
+        .unwrap();
+    let others = median(
+        (0..n as usize)
+            .filter(|&r| r != culprit)
+            .map(|r| own_ms[r])
+            .collect(),
+    );
+    let led = (0..len)
+        .filter(|&k| {
+            (0..n as usize).max_by(|&a, &b| tail(a)[k].1.total_cmp(&tail(b)[k].1)) == Some(culprit)
+        })
+        .count();
+    TruthStraggler {
+        culprit: culprit as u32,
+        score: (own_ms[culprit] - others) / step,
+        persistence: led as f64 / len.max(1) as f64,
+        own_ms,
+    }
+}
+
+impl TruthStraggler {
+    /// The verdict the published lines ([`PUBLISHED_STRAGGLER_SCORE`],
+    /// [`PUBLISHED_STRAGGLER_PERSISTENCE`]) require of this truth: a straggler when it is over
+    /// both by the margins, none when it is under either by its margin, else either.
+    pub fn expect(&self, score_margin: f64, persistence_margin: f64) -> Expect {
+        if self.score >= PUBLISHED_STRAGGLER_SCORE + score_margin
+            && self.persistence >= PUBLISHED_STRAGGLER_PERSISTENCE + persistence_margin
+        {
+            Expect::Straggler(self.culprit)
+        } else if self.score < PUBLISHED_STRAGGLER_SCORE - score_margin
+            || self.persistence < PUBLISHED_STRAGGLER_PERSISTENCE - persistence_margin
+        {
+            Expect::NoStraggler
+        } else {
+            Expect::Either
+        }
+    }
+}
+
 /// Debian's Prometheus server.
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
 
-/// A Prometheus server on `127.0.0.1:port`, its data in `dir`, scraping `targets` every second
-/// with the scrape config of the README's fleet recipe (`honor_labels`), evaluating `rules`
-/// (a rules file) every second when given.
+/// A Prometheus server on a free port of 127.0.0.1 ([`free_addr`]), its data in `dir`, scraping
+/// `targets` every second with the scrape config of the README's fleet recipe (`honor_labels`),
+/// evaluating `rules` (a rules file) every second when given: the server (killed on drop) and
+/// its address, for [`prom_query`]. It answers once it has started (`/-/ready`).
 pub fn start_prometheus(
     dir: &Path,
-    port: u16,
     targets: &[std::net::SocketAddr],
     rules: Option<&Path>,
-) -> Proc {
+) -> (Proc, std::net::SocketAddr) {
+    let addr = free_addr();
     let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
     let rule_files = rules
         .map(|r| format!("rule_files: ['{}']\n", r.display()))
@@ -788,18 +961,74 @@ pub fn start_prometheus(
     )
     .unwrap();
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-    Proc(
+    let server = Proc(
         Command::new(PROMETHEUS)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
                 dir.join("tsdb").display()
             ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start prometheus"),
-    )
+    );
+    (server, addr)
+}
+
+/// `s` percent-encoded for a URL's query string (all but RFC 3986's unreserved characters).
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Why a Prometheus query gave no series.
+#[derive(Debug)]
+pub enum PromError {
+    /// No answer, or one that is not JSON: Prometheus is not up (or not ready) yet.
+    Unready(String),
+    /// Prometheus's own error: an invalid query.
+    Refused(String),
+}
+
+impl std::fmt::Display for PromError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PromError::Unready(e) | PromError::Refused(e) => f.write_str(e),
+        }
+    }
+}
+
+/// An instant query of the Prometheus at `prom` (its HTTP API): `(labels, value)` of each
+/// series.
+pub fn prom_query(
+    prom: std::net::SocketAddr,
+    q: &str,
+) -> Result<Vec<(serde_json::Value, f64)>, PromError> {
+    let (status, body) = get(prom, &format!("/api/v1/query?query={}", url_encode(q)))
+        .ok_or_else(|| PromError::Unready(format!("no answer from Prometheus to {q}")))?;
+    let v: serde_json::Value = serde_json::from_str(&body)
+        .map_err(|e| PromError::Unready(format!("{status}: {e}: {body}")))?;
+    if v["status"] != "success" {
+        return Err(PromError::Refused(format!("{q}: {status} {body}")));
+    }
+    Ok(v["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .map(|s| {
+                    let x = s["value"][1].as_str().unwrap_or("NaN").parse().unwrap();
+                    (s["metric"].clone(), x)
+                })
+                .collect()
+        })
+        .unwrap_or_default())
 }
