@@ -389,12 +389,19 @@ fn test(torch: bool, stress: Option<usize>, rest: &[String]) -> anyhow::Result<(
         .env("TRACEML_REQUIRE_ROOT", "1")
         .current_dir(&root));
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "traceml-daemon", "--test", "*", "--no-fail-fast"])
-        .args(rest)
-        .args(["--", "--test-threads=1"])
-        .env("TRACEML_REQUIRE_ROOT", "1")
-        .env("TRACEML_DEB", &deb)
-        .current_dir(&root);
+    cmd.args([
+        "test",
+        "-p",
+        "traceml-daemon",
+        "--test",
+        "*",
+        "--no-fail-fast",
+    ])
+    .args(rest)
+    .args(["--", "--test-threads=1"])
+    .env("TRACEML_REQUIRE_ROOT", "1")
+    .env("TRACEML_DEB", &deb)
+    .current_dir(&root);
     env.apply(&mut cmd);
     // The real-PyTorch tests are #[ignore]d: run here unless --no-torch, which leaves them
     // reported as ignored.
