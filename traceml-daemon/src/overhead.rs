@@ -207,7 +207,7 @@ impl GovernorConfig {
 
 /// What the governor saw in one tick.
 #[derive(Clone, Copy, Debug)]
-pub struct Tick {
+pub struct GovernorTick {
     pub now: u64,
     /// Counters now (cumulative).
     pub stats: ProbeStats,
@@ -345,7 +345,7 @@ impl Governor {
 
     /// One look at the counters (about once a second, 4× while watching or learning); `Some`
     /// when the probe set should change.
-    pub fn tick(&mut self, t: Tick) -> Option<ProbeDecision> {
+    pub fn tick(&mut self, t: GovernorTick) -> Option<ProbeDecision> {
         let prev = self.last.replace(t.stats);
         let prev_cpu = std::mem::replace(&mut self.last_cpu_ns, t.cpu_ns);
         let d = prev.map(|p| delta(&p, &t.stats)).unwrap_or_default();
@@ -431,7 +431,12 @@ impl Governor {
     }
 
     /// Watching, and training markers came: every probe placed, the loop learned.
-    fn end_watching(&mut self, t: &Tick, want: &mut ProbeDecision, reasons: &mut Vec<String>) {
+    fn end_watching(
+        &mut self,
+        t: &GovernorTick,
+        want: &mut ProbeDecision,
+        reasons: &mut Vec<String>,
+    ) {
         want.attach_all = true;
         want.python = true;
         reasons.push(format!(
@@ -446,7 +451,7 @@ impl Governor {
     /// or the learning ran out of time.
     fn tick_learning(
         &mut self,
-        t: &Tick,
+        t: &GovernorTick,
         steps: u64,
         want: &mut ProbeDecision,
         reasons: &mut Vec<String>,
@@ -537,7 +542,7 @@ impl Governor {
     /// new loop, learned again.
     fn tick_steady(
         &mut self,
-        t: &Tick,
+        t: &GovernorTick,
         first_markers: bool,
         paused_ns: u64,
         want: &mut ProbeDecision,
@@ -733,8 +738,8 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
-    fn tick(now: u64, markers: Markers, stacks_ready: bool) -> Tick {
-        Tick {
+    fn tick(now: u64, markers: Markers, stacks_ready: bool) -> GovernorTick {
+        GovernorTick {
             now,
             stats: stats(now, now / 1000, 0),
             markers,
@@ -906,7 +911,7 @@ mod tests {
             let mut py = 0;
             let mut at = |now: u64, calls: u64, markers: Markers, g: &mut Governor| {
                 py += calls;
-                g.tick(Tick {
+                g.tick(GovernorTick {
                     now,
                     stats: stats(now, py, 0),
                     markers,
@@ -1007,7 +1012,7 @@ mod tests {
             optimizer: 100,
             backward: 100,
         };
-        let at = |now: u64, launch: u64| Tick {
+        let at = |now: u64, launch: u64| GovernorTick {
             stats: stats(now, 0, launch),
             ..tick(now, m, true)
         };
@@ -1031,7 +1036,7 @@ mod tests {
             true,
             true,
         );
-        let at = |now: u64, launch: u64, cpu: u64| Tick {
+        let at = |now: u64, launch: u64, cpu: u64| GovernorTick {
             stats: stats(now, 0, launch),
             cpu_ns: Some(cpu),
             ..tick(now, NONE, true)
@@ -1052,7 +1057,7 @@ mod tests {
             true,
             true,
         );
-        let blind = |now: u64, launch: u64| Tick {
+        let blind = |now: u64, launch: u64| GovernorTick {
             stats: stats(now, 0, launch),
             cpu_ns: None,
             ..tick(now, NONE, true)

@@ -415,6 +415,61 @@ fn no_file_or_function_is_too_long() {
     );
 }
 
+/// The types a source defines outside its tests (`struct`, `enum`, `trait`, `type`), by name.
+fn type_names(lines: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in lines {
+        let mut rest = l.trim_start();
+        for prefix in ["pub(crate) ", "pub(super) ", "pub "] {
+            rest = rest.strip_prefix(prefix).unwrap_or(rest);
+        }
+        for kind in ["struct ", "enum ", "trait ", "type "] {
+            if let Some(r) = rest.strip_prefix(kind) {
+                let end = r
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(r.len());
+                if end > 0 && r.starts_with(|c: char| c.is_ascii_uppercase()) {
+                    out.push(r[..end].to_owned());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One name for one thing: no two types of the crate share a name outside tests (a reader
+/// meeting `Tick` or `Policy` knows which one it is).
+#[test]
+fn no_two_types_share_a_name() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    files.sort();
+    let tests = test_files(&files);
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for f in files.iter().filter(|f| !tests.contains(*f)) {
+        let text = std::fs::read_to_string(f).unwrap();
+        let rel = f.strip_prefix(&root).unwrap().display().to_string();
+        for name in type_names(&outside_tests(&text)) {
+            seen.entry(name).or_default().push(rel.clone());
+        }
+    }
+    assert!(seen.len() > 100, "found only {} types", seen.len());
+    let pairs: Vec<String> = seen
+        .iter()
+        .filter(|(_, at)| at.len() > 1)
+        .map(|(name, at)| format!("{name}: {}", at.join(", ")))
+        .collect();
+    assert!(
+        pairs.is_empty(),
+        "types sharing a name:\n{}",
+        pairs.join("\n")
+    );
+    // The check sees a pair.
+    let two = type_names(&["pub struct Tick {", "    enum Tick {", "type Alias = u8;"]);
+    assert_eq!(two, ["Tick", "Tick", "Alias"]);
+}
+
 /// The checks can fail: a 101-line function and the end of the code before a test module.
 #[test]
 fn the_checks_see_what_they_check() {

@@ -334,7 +334,7 @@ pub struct StackReader {
     /// Code objects read: their names, and their line table once an innermost frame needed it.
     cache: HashMap<u64, CachedCode>,
     format: Option<super::linetable::TableFormat>,
-    window: Window,
+    window: MemWindow,
 }
 
 /// A code object's names and, read on first need, its line table (`Some(None)`: unreadable).
@@ -345,14 +345,14 @@ struct CachedCode {
 
 /// A copy of target memory from one read, reused for the frames that lie in it.
 #[derive(Default)]
-struct Window {
+struct MemWindow {
     start: u64,
     /// How many bytes of `bytes` hold target memory from `start`.
     valid: usize,
     bytes: Vec<u8>,
 }
 
-impl Window {
+impl MemWindow {
     /// `len` bytes of target memory at `addr`: from the copy when it holds them, else read along
     /// with up to `window` bytes below `addr + len` (a plain read of `len` bytes when that
     /// range is not all mapped).
@@ -423,7 +423,7 @@ impl StackReader {
             },
             cache: HashMap::new(),
             format: super::linetable::TableFormat::of_minor(version.minor),
-            window: Window::default(),
+            window: MemWindow::default(),
         })
     }
 
@@ -503,7 +503,7 @@ impl StackReader {
         &mut self,
         mem: &TargetMemory,
         tstate: u64,
-        window: &mut Window,
+        window: &mut MemWindow,
     ) -> Result<Stack, StackError> {
         let o = self.offsets;
         let mut frame = mem.read_u64(tstate + o.tstate_frame)?;

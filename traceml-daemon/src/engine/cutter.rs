@@ -212,7 +212,7 @@ pub(crate) fn cut_windows(c: &mut Cutter, t: &ThreadTrace, w: u64, at_end: bool,
 
 /// A window's marks read: its fetches that are batches (with their group, see the module
 /// doc), the first StopIteration that ended an epoch, its backwards.
-struct Scan {
+struct WindowMarks {
     fetches: Vec<u64>,
     group_of: Vec<u32>,
     groups: u32,
@@ -225,8 +225,8 @@ struct Scan {
 
 /// Reads a window's marks; `prefetch` is set where a raised fetch is the prefetch past the
 /// last batch while the last batch trains.
-fn scan(marks: &[Mark], t: &ThreadTrace, prefetch: &mut bool) -> Scan {
-    let mut out = Scan {
+fn scan(marks: &[Mark], t: &ThreadTrace, prefetch: &mut bool) -> WindowMarks {
+    let mut out = WindowMarks {
         fetches: Vec::new(),
         group_of: Vec::new(),
         groups: 0,
@@ -370,7 +370,7 @@ fn last_seen(marks: &[Mark], t: &ThreadTrace, e: u64) -> Option<u64> {
 /// Closes the window at an optimizer exit (or the trace's end): see the module doc.
 fn close_window(c: &mut Cutter, t: &ThreadTrace, at_end: bool, cut: &mut Cut) {
     let marks = std::mem::take(&mut c.window);
-    let Scan {
+    let WindowMarks {
         mut fetches,
         mut group_of,
         groups,

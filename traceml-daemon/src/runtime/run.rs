@@ -18,7 +18,7 @@ use crate::event::{
 };
 use crate::host::ending;
 use crate::host::procinfo;
-use crate::overhead::{Governor, Markers, Tick};
+use crate::overhead::{Governor, GovernorTick, Markers};
 use crate::sanitize::terminal;
 
 use super::kernel::monotonic_ns;
@@ -471,7 +471,7 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         self.process(Some(Duration::from_millis(20)))?;
         let stats = k.probe_stats();
         self.emit(StreamItem::ProbeStats(stats))?;
-        let tick = Tick {
+        let tick = GovernorTick {
             now: stats.ts,
             stats,
             markers: std::mem::take(&mut self.markers),

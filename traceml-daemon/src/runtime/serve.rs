@@ -284,7 +284,7 @@ pub fn run(
             tokio::select! {
                 _ = scan.tick() => {
                     node.settle();
-                    let scan = Scan { settings: &settings, state_dir: &state_dir, metrics: &metrics };
+                    let scan = NodeScan { settings: &settings, state_dir: &state_dir, metrics: &metrics };
                     scan.once(&mut node);
                 }
                 _ = hup.recv() => {
@@ -328,13 +328,13 @@ fn start_metrics(addr: Option<std::net::SocketAddr>) -> Result<Option<Shared>, S
 }
 
 /// One scan of /proc with what it needs.
-struct Scan<'a> {
+struct NodeScan<'a> {
     settings: &'a ServeSettings,
     state_dir: &'a Path,
     metrics: &'a Option<Shared>,
 }
 
-impl Scan<'_> {
+impl NodeScan<'_> {
     /// Attaches to new training processes the policy admits.
     fn once(&self, node: &mut Node) {
         let Some(all) = crate::host::procinfo::pids() else {

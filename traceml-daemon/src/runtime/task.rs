@@ -31,7 +31,7 @@ pub struct Folds {
     /// The probes are attached (the first probe set was announced).
     pub attached: bool,
     /// The window being folded, where the run is summarised by windows (`serve`'s `--window`).
-    window: Option<Window>,
+    window: Option<SummaryWindow>,
     /// The latest window's summary (`None` before the first window closed).
     pub last_window: Option<Summary>,
     /// When the run last completed a step, as of the task's last [`tick`]: the hang check's and
@@ -41,7 +41,7 @@ pub struct Folds {
 
 /// The window being folded: its own collector (what the run's keeps besides steps, carried
 /// over: see [`Collector::fresh_window`]), when it closes, and its number.
-struct Window {
+struct SummaryWindow {
     every: Duration,
     fold: Collector,
     next: Instant,
@@ -52,7 +52,7 @@ impl Folds {
     /// Folds that also summarise the run every `window` (`None`: the run as a whole only).
     pub fn windowed(window: Option<Duration>) -> Folds {
         Folds {
-            window: window.map(|every| Window {
+            window: window.map(|every| SummaryWindow {
                 every,
                 fold: Collector::new(),
                 next: Instant::now() + every,
