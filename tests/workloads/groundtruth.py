@@ -86,6 +86,23 @@ FIFO_FDS = {}
 FIFO_CHUNK = 4096
 
 
+def start_other_children():
+    """Children that are not workers, as a real job has them (`torch.compile` runs g++ and starts a
+    Python compile-worker pool with its own command line): a `sleep` and a `python -c`, alive
+    through the loop. The daemon's worker count must leave them out (truth: worker_pids)."""
+    import atexit
+    import subprocess
+    kids = [subprocess.Popen(["sleep", "600"]),
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+
+    def stop():
+        for k in kids:
+            k.kill()
+            k.wait()
+    atexit.register(stop)
+    return kids, stop
+
+
 def start_fifo(cfg):
     """Makes the named pipe and the thread that feeds it: one chunk every fifo_every_ns. The
     pipe is held open for reading and writing here, so the workers' opens never block."""
@@ -244,6 +261,7 @@ def run(name, overrides, argv_args=None):
     if BANNER:
         print(BANNER, flush=True)
     wait_ready(a.ready)
+    others, stop_others = start_other_children()
 
     now = time.monotonic_ns  # CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns
     stats = torch.cuda.stats
@@ -321,6 +339,7 @@ def run(name, overrides, argv_args=None):
         step += 1
     loop_end = now()
     switches_end = thread_switches()
+    stop_others()
     gc.enable()
 
     steps = []
@@ -402,6 +421,7 @@ def run(name, overrides, argv_args=None):
         "waits": [{"name": k, "file": os.path.abspath(__file__), "line": line_of(WAITS[k]),
                    "statement": WAITS[k], "ns": ns} for k, ns in waits.items() if ns],
         "worker_pids": [w.pid for w in getattr(it, "_workers", [])],
+        "other_children": [k.pid for k in others],
         "cuda_stats": stats(),
     }
     if a.truth:

@@ -185,11 +185,33 @@ fn run_scenario(
         check_wait_site(label, s, &truth, &mut failures);
         check_handover(label, s, &truth, &mut failures);
         check_switches(label, s, &truth, &mut failures);
+        check_workers(label, s, &truth, &mut failures);
     }
     Checked {
         failures,
         summary: out.summary,
         truth,
+    }
+}
+
+/// The daemon's worker count against the DataLoader's own (`truth.worker_pids`): the workload
+/// also runs two children that are not workers through its loop (a `sleep` and a `python -c`,
+/// as `torch.compile`'s g++ and compile-worker pool are), which must not be counted.
+fn check_workers(
+    label: &str,
+    s: &serde_json::Value,
+    truth: &serde_json::Value,
+    failures: &mut Vec<String>,
+) {
+    let want = truth["worker_pids"].as_array().map(Vec::len);
+    let others = truth["other_children"].as_array().map_or(0, Vec::len);
+    assert_eq!(others, 2, "{label}: the workload started no other children");
+    let got = s["workers"]["count"].as_u64().map(|n| n as usize);
+    if got != want {
+        failures.push(format!(
+            "{label}: workers.count {got:?}, truth {want:?} DataLoader workers (and {others} \
+             other children that are not workers)"
+        ));
     }
 }
 

@@ -15,6 +15,7 @@
 //! from the name service). An excluded name the name service does not know cannot be told apart
 //! from the process's user when that user has no name either: such a process is excluded (an
 //! exclude always wins, also when the directory is down).
+use super::procinfo;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 
@@ -143,15 +144,6 @@ pub fn is_launcher(cmdline: &[String]) -> bool {
     })
 }
 
-/// Worker command lines of `multiprocessing` (spawn/forkserver start methods).
-fn is_mp_worker(cmdline: &[String]) -> bool {
-    cmdline.iter().any(|w| {
-        w.contains("multiprocessing.spawn")
-            || w.contains("multiprocessing.forkserver")
-            || w == "--multiprocessing-fork"
-    })
-}
-
 impl Policy {
     /// Compiles `cfg`; `resolve` gives the uid of a user name (the name service, or a table in
     /// tests).
@@ -195,7 +187,7 @@ impl Policy {
         if is_launcher(&p.cmdline) {
             return AttachDecision::Launcher;
         }
-        if is_mp_worker(&p.cmdline)
+        if procinfo::is_mp_worker(&p.cmdline)
             || parent.is_some_and(|q| q.python && q.torch && q.cmdline == p.cmdline)
         {
             return AttachDecision::Worker;

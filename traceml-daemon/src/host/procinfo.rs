@@ -236,6 +236,48 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// The target's worker processes (DataLoader workers, a `multiprocessing` pool): its children
+/// that run the target's own interpreter as a copy of it, forked (the target's command line) or
+/// started by `multiprocessing`'s spawn, and the processes a `multiprocessing` fork server forked
+/// for it. Other children are not workers: a compiler or shell command (`torch.compile` runs
+/// `g++`), a Python started with its own command line (`torch.compile`'s compile-worker pool,
+/// `multiprocessing`'s resource tracker) and the fork server itself.
+pub fn workers(pid: u32) -> Vec<u32> {
+    let (Some(exe0), Some(cmd0)) = (exe(pid), cmdline(pid)) else {
+        return Vec::new();
+    };
+    let same_exe = |c: u32| exe(c).is_some_and(|e| e == exe0);
+    let mut out = Vec::new();
+    for c in children(pid) {
+        let Some(cmd) = cmdline(c).filter(|_| same_exe(c)) else {
+            continue;
+        };
+        let args = args_from(&cmd);
+        if is_forkserver(&args) {
+            out.extend(children(c).into_iter().filter(|&g| same_exe(g)));
+        } else if cmd == cmd0 || is_mp_worker(&args) {
+            out.push(c);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// A process `multiprocessing` started: a spawned child, a fork server, or a child of one.
+pub fn is_mp_worker(cmdline: &[String]) -> bool {
+    is_forkserver(cmdline)
+        || cmdline
+            .iter()
+            .any(|w| w.contains("multiprocessing.spawn") || w == "--multiprocessing-fork")
+}
+
+/// `multiprocessing`'s fork server (its command line runs `multiprocessing.forkserver`).
+fn is_forkserver(cmdline: &[String]) -> bool {
+    cmdline
+        .iter()
+        .any(|w| w.contains("multiprocessing.forkserver"))
+}
+
 /// The daemon's effective capability set (`CapEff` of `/proc/self/status`); `None` when it
 /// cannot be read.
 pub fn own_effective_caps() -> Option<u64> {
@@ -465,6 +507,64 @@ Rss:  4 kB
         let _ = child.wait();
         assert!(kids.contains(&child.id()), "{kids:?}");
         assert!(children(u32::MAX).is_empty());
+    }
+
+    /// A Python with one child of each kind: forked, spawned, forked by a fork server (the
+    /// workers), and a `sleep` and a `python -c` of its own (not workers); the fork server and
+    /// `multiprocessing`'s resource tracker are children too and not workers.
+    const CHILDREN: &str = r#"
+import json, multiprocessing as mp, os, subprocess, sys, time
+kids = {}
+f = os.fork()
+if f == 0:
+    time.sleep(30)
+    os._exit(0)
+kids["fork"] = f
+procs = [mp.get_context(m).Process(target=time.sleep, args=(30,)) for m in ("spawn", "forkserver")]
+for p in procs:
+    p.start()
+kids["spawn"], kids["forkserver"] = procs[0].pid, procs[1].pid
+others = [subprocess.Popen(["sleep", "30"]), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])]
+kids["others"] = [o.pid for o in others]
+print(json.dumps(kids), flush=True)
+sys.stdin.read()
+os.kill(f, 9)
+for p in procs:
+    p.kill()
+for o in others:
+    o.kill()
+"#;
+
+    #[test]
+    fn workers_are_copies_of_the_target_not_its_other_children() {
+        use std::io::BufRead as _;
+        let mut py = std::process::Command::new("python3")
+            .args(["-c", CHILDREN])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 on PATH");
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(py.stdout.take().unwrap());
+        out.read_line(&mut line).unwrap();
+        let kids: serde_json::Value = serde_json::from_str(&line).expect(&line);
+        let pid = py.id();
+        let (found, all) = (workers(pid), children(pid));
+        drop(py.stdin.take());
+        let _ = py.wait();
+        let id = |k: &str| kids[k].as_u64().unwrap() as u32;
+        let mut want = vec![id("fork"), id("spawn"), id("forkserver")];
+        want.sort_unstable();
+        assert_eq!(found, want, "children {all:?}, {kids}");
+        // The other children were there: a sleep, a python -c, the fork server, the tracker.
+        for o in kids["others"].as_array().unwrap() {
+            assert!(
+                all.contains(&(o.as_u64().unwrap() as u32)),
+                "{all:?} {kids}"
+            );
+        }
+        assert!(all.len() >= 6, "children {all:?}, {kids}");
+        assert!(workers(u32::MAX).is_empty());
     }
 
     #[test]

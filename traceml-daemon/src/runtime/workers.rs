@@ -1,5 +1,6 @@
 //! The DataLoader workers' Python stacks, sampled from the daemon (no probe runs in them): each
-//! child process of the target that is a Python of a version we read gets a [`StackReader`] of
+//! worker process of the target (`procinfo::workers`: a forked or spawned copy of it, not a
+//! compiler or a helper it started) that is a Python of a version we read gets a [`StackReader`] of
 //! its own (forked or spawned, its own mappings), its main thread's state is found from
 //! `_PyRuntime`, and each sample is read with `process_vm_readv` while the worker runs, with the
 //! worker's scheduler state from `/proc/<pid>/stat` at that instant; a worker asleep or in I/O
@@ -15,7 +16,7 @@ use crate::attach::python;
 use crate::event::{ProcState, ReadSite};
 use crate::host::{procinfo, reads};
 
-/// How often the target's children are listed again (the list reads every thread's
+/// How often the target's workers are listed again (the list reads every thread's
 /// `children` file: a torch process has dozens of threads).
 pub const RELIST: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -60,7 +61,7 @@ impl WorkerStacks {
     /// One sample of each worker of `parent` now.
     pub fn sample(&mut self, parent: u32) -> Vec<WorkerSample> {
         if self.listed.is_none_or(|t| t.elapsed() >= RELIST) {
-            self.kids = procinfo::children(parent);
+            self.kids = procinfo::workers(parent);
             self.listed = Some(std::time::Instant::now());
         }
         let kids = self.kids.clone();

@@ -1,5 +1,5 @@
 //! /proc sampling: system CPU and RAM, the target's CPU, RSS and threads, and the same for its
-//! child processes (DataLoader workers).
+//! worker processes (DataLoader workers: [`procinfo::workers`], not every child).
 use procfs::process::Stat;
 
 use crate::host::procinfo::{self, Meminfo};
@@ -13,6 +13,7 @@ pub struct Snapshot {
     pub cpu_busy_total: Option<(u64, u64)>,
     pub meminfo: Option<Meminfo>,
     pub target: Option<Stat>,
+    /// The target's workers ([`procinfo::workers`]).
     pub children: Vec<Stat>,
 }
 
@@ -32,7 +33,7 @@ pub fn read_snapshot(pid: u32, ts: u64) -> Snapshot {
         cpu_busy_total: procinfo::kernel_stats().map(|k| procinfo::cpu_busy_total(&k)),
         meminfo: procinfo::meminfo(),
         target: procinfo::stat(pid),
-        children: procinfo::children(pid)
+        children: procinfo::workers(pid)
             .into_iter()
             .filter_map(procinfo::stat)
             .collect(),
