@@ -324,7 +324,9 @@ pub enum LossReason {
     ReadFailed = 1,
     /// A per-thread state map was full.
     StateFull = 2,
-    /// The C-entry depth passed the kernel's uretprobe nesting limit; that frame is not tracked.
+    /// A call deeper than the probes follow: past the thread's stack of `TRACK_STACK` open
+    /// calls, or past the kernel's uretprobe nesting limit. Neither it nor its return is
+    /// reported (its time stays with its caller): not a lost event.
     DepthLimit = 3,
     /// `bpf_ringbuf_reserve` failed for an off-CPU record (sched_switch): counted apart, so the
     /// probes' own losses stay exact.

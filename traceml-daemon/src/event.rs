@@ -517,7 +517,7 @@ pub struct Lost {
     pub ring_full: u64,
     /// Reads of the target's memory that failed in the kernel.
     pub read_failed: u64,
-    /// Per-thread state full (too deep, or too many threads).
+    /// Per-thread state map full (too many threads): a thread not tracked.
     pub state_full: u64,
     /// Raw events that did not decode.
     pub undecodable: u64,
@@ -527,6 +527,11 @@ pub struct Lost {
     /// `ring_full`, which counts the probes' events.
     #[serde(default)]
     pub off_cpu_ring_full: u64,
+    /// Calls deeper than the probes follow (past 64 open calls on a thread, or the kernel's
+    /// uretprobe nesting limit): neither the call nor its return reported, its time left with
+    /// its caller. Not lost, and not in [`Lost::total`].
+    #[serde(default)]
+    pub too_deep: u64,
 }
 
 impl Lost {

@@ -830,8 +830,22 @@ fn an_overflowed_thread_stack_is_logged_from_the_kernel_rate_limited() {
     assert_eq!(truth["next_calls"], 5000, "{truth}");
 
     let lost = last_lost(&f.items);
-    // 36 of each round's 100 nested calls find the stack full.
-    assert!(lost.state_full >= 50 * 36, "{lost:?}");
+    // 36 of each round's 100 nested calls find the stack full: too deep to follow, not lost.
+    assert!(lost.too_deep >= 50 * 36, "{lost:?}");
+    assert_eq!(lost.total(), 0, "{lost:?}");
+    let q = &f.summary.data_quality;
+    assert_eq!(
+        q.events_lost.as_ref().map(|l| l.too_deep),
+        Some(lost.too_deep)
+    );
+    assert!(
+        q.notes.iter().any(|n| n.starts_with(&format!(
+            "{} calls deeper than the probes follow",
+            lost.too_deep
+        ))),
+        "{:?}",
+        q.notes
+    );
     let logged: Vec<&str> = f
         .stderr
         .lines()
@@ -849,12 +863,12 @@ fn an_overflowed_thread_stack_is_logged_from_the_kernel_rate_limited() {
     );
     // Rate-limited: per CPU, one line per power of two of its count.
     let cpus = std::thread::available_parallelism().unwrap().get() as u64;
-    let per_cpu = u64::from(lost.state_full.ilog2()) + 1;
+    let per_cpu = u64::from(lost.too_deep.ilog2()) + 1;
     assert!(
         (logged.len() as u64) <= cpus * per_cpu,
         "{} lines for {} losses on {cpus} CPUs:\n{}",
         logged.len(),
-        lost.state_full,
+        lost.too_deep,
         logged.join("\n")
     );
     for l in &logged {

@@ -3,7 +3,8 @@
 //! (slow one first, slow one second), nanoGPT's `get_batch()` without a DataLoader, a feeder
 //! thread filling a `queue.Queue`, CPU augmentation between fetch and forward, evaluation under
 //! `torch.no_grad()` with and without a DataLoader and under `torch.inference_mode()`, epochs
-//! with a pause between them, and 128-micro-batch gradient accumulation attached mid-run. Each
+//! with a pause between them, 128-micro-batch gradient accumulation attached mid-run, and a
+//! `torch.compile`d model compiled under the daemon. Each
 //! workload clocks its own phases (truth format: tests/README.md); the daemon is held to that
 //! truth over the part of the run it measured ([`support::truth_view`]: the truth's steps by
 //! time, from the attach on (once the probes were placed), less those the daemon's shares
@@ -26,6 +27,7 @@
 //!   count after the attach ±1 elsewhere;
 //! - feeder_queue: the training thread (`steps.training_tid`) is the main thread, the one that
 //!   called `q.get()` and the optimizer (the truth's `training_tid`), not the feeder;
+//! - compiled: the worker count the workload's (0: inductor's g++ children are not workers);
 //! - accum128: 128 micro-batches in every step (`steps.micro_batches` min and max): the window
 //!   the attach cut is partial, no step.
 //!
@@ -362,6 +364,20 @@ fn check_mode(mode: &'static str, extra: Extra) {
             ),
         );
     }
+    if let Some(want) = t["worker_processes"].as_u64() {
+        // The workload's own count of DataLoader worker processes; its other children
+        // (compile's g++) are not workers.
+        let got = s["workers"]["count"].as_u64();
+        c.check(
+            got == Some(want),
+            format!("worker processes: daemon {got:?}, truth {want}"),
+        );
+        let q = &s["data_quality"];
+        c.note(format!(
+            "events lost {}, calls too deep to follow {}, confidence {}",
+            q["events_lost"]["total"], q["events_lost"]["too_deep"], q["confidence"]
+        ));
+    }
     if let Some(micro) = extra.micro_batches {
         let mb = &s["steps"]["micro_batches"];
         let (min, max) = (mb["min"].as_f64(), mb["max"].as_f64());
@@ -456,4 +472,10 @@ fn accumulation_of_128_micro_batches_attached_mid_window() {
             ..Extra::default()
         },
     );
+}
+
+#[test]
+#[ignore = "real PyTorch: cargo xtask test runs it (--include-ignored)"]
+fn a_torch_compiled_model_compiled_under_the_daemon() {
+    check_mode("compiled", Extra::default());
 }

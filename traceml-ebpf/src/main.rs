@@ -221,7 +221,7 @@ fn thread_state(tid: u32, probe: u32) -> Option<*mut ThreadState> {
 fn push(st: &mut ThreadState, sp: u64, id: u64, tag: u32) -> bool {
     if st.len as usize >= TRACK_STACK {
         st.overflow += 1;
-        if let Some(n) = lose(LossReason::StateFull) {
+        if let Some(n) = lose(LossReason::DepthLimit) {
             let (pid, tid) = current();
             debug!(
                 &(),

@@ -2,7 +2,7 @@
 can get wrong (issue 38): two DataLoaders zipped, nanoGPT's get_batch() without a DataLoader, a
 feeder thread filling a queue, CPU augmentation between the fetch and the forward, evaluation
 under no_grad / inference_mode with and without a DataLoader, epochs with a pause between them,
-and gradient accumulation over 128 tiny micro-batches.
+gradient accumulation over 128 tiny micro-batches, and a torch.compile'd model.
 
 Usage: python loop_shapes.py --mode MODE [--steps N] [--ready FILE] [--truth FILE]
                              [--steps-log FILE] [--threads N]
@@ -36,6 +36,11 @@ Usage: python loop_shapes.py --mode MODE [--steps N] [--ready FILE] [--truth FIL
                       ready file is accepted and ignored): the daemon attaches while a window
                       is in progress, and the truth covers every step, also those before the
                       attach (a harness compares from the attach on)
+  compiled            torch.compile(model) (inductor, CPU), compiled on the first step, after
+                      --ready, with a fresh inductor cache (so the daemon sees dynamo trace, deep
+                      Python stacks, and inductor run g++ as child processes); a single-process
+                      DataLoader whose __getitem__ sleeps (input ~60 % of a compiled step); no
+                      DataLoader workers (truth: `worker_processes` 0)
 Model: Linear(256,1024) + 2 x Linear(1024,1024) + Linear(1024,10), ReLUs, SGD momentum 0.9, batch
 64: forward ~3.5 ms, backward ~7 ms, optimizer ~3 ms with torch.set_num_threads(1) (accum128: a
 256-384-384-384-10 MLP; get_batch: Embedding + 3 Linear over 512 tokens, AdamW). The input modes
@@ -84,6 +89,7 @@ MODES = {
                            eval_loader=True),
     "epochs": dict(steps=0, epochs=4, input_share=0.70, pause_ms=200, epoch_s=6.0),
     "accum128": dict(steps=60, accum=128, micro_batch=2, input_share=0.70),
+    "compiled": dict(steps=150, input_share=0.60),
 }
 BATCH, FEATURES, HIDDEN, LAYERS, CLASSES = 64, 256, 1024, 3, 10
 POOL = 1024
@@ -95,6 +101,13 @@ def main():
     a = truthlib.parse("training-loop shapes, real PyTorch on CPU", list(MODES),
                        {k: v["steps"] for k, v in MODES.items()})
     cfg = dict(MODES[a.mode], steps=a.steps, threads=a.threads)
+    if a.mode == "compiled":
+        # A fresh cache: inductor compiles (and runs g++) on the first step, under the daemon.
+        import atexit
+        import shutil
+        cache = tempfile.mkdtemp(prefix="loop-shapes-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        atexit.register(shutil.rmtree, cache, True)
     import numpy as np
     import torch
     from torch import nn
@@ -459,6 +472,37 @@ def main():
         cfg["calibration"] = {"micro_batch_compute_ns": micro, "getitem_ns": ds.getitem_ns}
         cfg["ready_gated"] = False
         counts["batches_fetched"] = cfg["steps"] * accum
+
+    # ---------------------------------------------------------------------------------------
+    elif mode == "compiled":
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x0, y0 = torch.randn(BATCH, FEATURES), torch.randint(0, CLASSES, (BATCH,))
+        fwd = [model]
+
+        def train_on(x, y):
+            with clock.phase("forward"):
+                loss = lossf(fwd[0](x), y)
+            with clock.phase("backward"):
+                loss.backward()
+            with clock.phase("optimizer"):
+                opt.step()
+            opt.zero_grad()
+
+        # Calibrated on the eager model; compiled lazily: the first call after --ready compiles.
+        compute = median_ns(lambda: train_on(x0, y0))
+        fwd[0] = torch.compile(model)
+        ds = Synthetic(cfg["steps"] * BATCH)
+        ds.getitem_ns = per_item_sleep_ns(input_ns_for(cfg["input_share"], compute), BATCH)
+        cfg["calibration"] = {"compute_ns": compute, "getitem_ns": ds.getitem_ns}
+        loader = DataLoader(ds, batch_size=BATCH, shuffle=True)
+        extra["worker_processes"] = 0
+
+        def run():
+            for x, y in loader:
+                train_on(x, y)
+                clock.step_end()
+        counts["batches_fetched"] = cfg["steps"]
 
     # Warm up outside the measured run (the calibration above ran the model already).
     clock.spans.clear()

@@ -829,6 +829,35 @@ mod tests {
     }
 
     #[test]
+    fn calls_too_deep_to_follow_are_said_not_lost() {
+        // torch.compile's first step recurses past the probes' depth thousands of times.
+        let (e, mut items) = build(&input_bound());
+        for i in &mut items {
+            if let StreamItem::Lost(l) = i {
+                l.too_deep = 7_526;
+            }
+        }
+        let s = summarize(&e, &items);
+        let q = &s.data_quality;
+        assert_eq!(
+            q.events_lost.as_ref().map(|l| (l.too_deep, l.total)),
+            Some((7_526, 0))
+        );
+        assert_eq!(q.lost_ratio, Some(0.0));
+        assert_eq!(q.confidence, crate::summary::Confidence::High);
+        assert!(
+            q.notes.iter().any(|n| n.starts_with("7526 calls deeper")),
+            "{:?}",
+            q.notes
+        );
+        assert!(
+            !s.primary_diagnosis.why.contains("lost"),
+            "{}",
+            s.primary_diagnosis.why
+        );
+    }
+
+    #[test]
     fn analyze_runs_the_engine() {
         let s = analyze(&[]);
         assert_eq!(s.steps.count, 0);

@@ -199,6 +199,7 @@ fn every_item() -> Vec<StreamItem> {
             undecodable: 4,
             seq_gaps: 5,
             off_cpu_ring_full: 6,
+            too_deep: 7,
         }),
         StreamItem::LaunchTotals(LaunchTotals {
             runtime: 7,

@@ -492,7 +492,8 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         Lost {
             ring_full,
             read_failed: count(LossReason::ReadFailed),
-            state_full: count(LossReason::StateFull) + count(LossReason::DepthLimit),
+            state_full: count(LossReason::StateFull),
+            too_deep: count(LossReason::DepthLimit),
             undecodable: self.undecodable,
             seq_gaps: self.seq_gaps.saturating_sub(ring_full + off_cpu_ring_full),
             off_cpu_ring_full,

@@ -540,7 +540,11 @@ pub struct LostCounts {
     /// Off-CPU records (sched_switch) the full ring buffer dropped; in `total`.
     #[serde(default)]
     pub off_cpu_ring_full: u64,
-    /// Sum of the kernel-side reasons and undecodable events (`seq_gaps` reported apart).
+    /// Calls deeper than the probes follow, not reported (their time stays with their callers):
+    /// not lost, not in `total`.
+    #[serde(default)]
+    pub too_deep: u64,
+    /// Sum of the kernel-side reasons and undecodable events (`seq_gaps` and `too_deep` apart).
     pub total: u64,
 }
 
