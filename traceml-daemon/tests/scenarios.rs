@@ -64,14 +64,20 @@ fn tolerance_ms(truth_ms: f64) -> f64 {
     (truth_ms * 0.10).max(1.0)
 }
 
-/// Mean over the truth file's steps of one per-step counter.
-fn truth_step_mean(truth: &serde_json::Value, key: &str) -> f64 {
-    let steps = truth["steps"].as_array().expect("truth steps");
-    steps
+/// Mean of one per-step counter over the truth's steps the daemon's per-step means cover: all
+/// but the first `steps.learning_excluded` (the steps run under the learning probe set), as
+/// `support::truth_shares_over_daemon_steps` does for the shares. (Over all steps, a counter
+/// that fires every 10th step matched only when 10 steps were left out.)
+fn truth_step_mean(truth: &serde_json::Value, summary: &serde_json::Value, key: &str) -> f64 {
+    let skip = summary["steps"]["learning_excluded"].as_u64().unwrap_or(0) as usize;
+    let steps: Vec<f64> = truth["steps"]
+        .as_array()
+        .expect("truth steps")
         .iter()
+        .skip(skip)
         .map(|st| st[key].as_f64().expect("numeric counter"))
-        .sum::<f64>()
-        / steps.len() as f64
+        .collect();
+    steps.iter().sum::<f64>() / steps.len() as f64
 }
 
 struct Checked {
@@ -175,7 +181,7 @@ fn run_scenario(
             ("launches_per_step", "launches"),
             ("syncs_per_step", "syncs"),
         ] {
-            let want = truth_step_mean(&truth, key);
+            let want = truth_step_mean(&truth, s, key);
             let got = s["cuda"][field].as_f64().unwrap_or(f64::NAN);
             let within = (got - want).abs() <= want.abs() * 0.005 + 1e-9;
             if !within {
@@ -195,7 +201,7 @@ fn run_scenario(
 }
 
 /// The daemon's worker count against the DataLoader's own (`truth.worker_pids`): the workload
-/// also runs two children that are not workers through its loop (a `sleep` and a `python -c`,
+/// also runs two children that are not workers through its loop (a `sh -c` and a `python -c`,
 /// as `torch.compile`'s g++ and compile-worker pool are), which must not be counted.
 fn check_workers(
     label: &str,
@@ -830,7 +836,7 @@ fn launch_count_mode() {
             ));
         }
     }
-    let truth_launches = truth_step_mean(&c.truth, "launches");
+    let truth_launches = truth_step_mean(&c.truth, s, "launches");
     let got = s["cuda"]["launches_per_step"].as_f64().unwrap_or(f64::NAN);
     // The whole-run average also holds the launches of the final partial step and the set-up.
     let within = (got - truth_launches).abs() <= truth_launches * 0.1;

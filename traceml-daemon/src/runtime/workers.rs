@@ -52,8 +52,9 @@ pub struct WorkerStacks {
     refused: HashMap<u32, u64>,
     /// Samples that could not be read (a torn read, a worker that just exited).
     pub errors: u64,
-    /// The children last listed, and when.
+    /// The workers sampled: those of the last two listings; the last listing, and when.
     kids: Vec<u32>,
+    last_listed: Vec<u32>,
     listed: Option<std::time::Instant>,
 }
 
@@ -61,7 +62,15 @@ impl WorkerStacks {
     /// One sample of each worker of `parent` now.
     pub fn sample(&mut self, parent: u32) -> Vec<WorkerSample> {
         if self.listed.is_none_or(|t| t.elapsed() >= RELIST) {
-            self.kids = procinfo::workers(parent);
+            // Workers in two listings in a row: a fork about to exec another program is a copy
+            // of the target for a moment (see `sampler::proc::to_sample`).
+            let now = procinfo::workers(parent);
+            self.kids = now
+                .iter()
+                .copied()
+                .filter(|p| self.last_listed.contains(p))
+                .collect();
+            self.last_listed = now;
             self.listed = Some(std::time::Instant::now());
         }
         let kids = self.kids.clone();
