@@ -88,13 +88,13 @@ FIFO_CHUNK = 4096
 
 def start_other_children():
     """Children that are not workers, as a real job has them (`torch.compile` runs g++ and starts a
-    Python compile-worker pool with its own command line): a `sh -c` and a `python -c`, alive
+    Python compile-worker pool with its own command line): a `tail` and a `python -c`, alive
     through the loop. The daemon's worker count must leave them out (truth: worker_pids). Each
     ends by itself within a second of this process (a SIGKILLed target leaves no orphan)."""
     import atexit
     import subprocess
     me = os.getpid()
-    kids = [subprocess.Popen(["sh", "-c", "while kill -0 %d 2>/dev/null; do sleep 0.5; done" % me]),
+    kids = [subprocess.Popen(["tail", "-f", "/dev/null", "--pid=%d" % me]),
             subprocess.Popen([sys.executable, "-c",
                               "import os, time\nwhile os.getppid() == %d: time.sleep(0.5)" % me])]
 
