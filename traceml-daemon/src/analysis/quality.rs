@@ -59,19 +59,6 @@ pub(super) fn data_quality(
             );
         }
     }
-    if let Some(deep) = lost.as_ref().map(|l| l.too_deep).filter(|&n| n > 0) {
-        // Not lost: the probes do not follow calls past their depth (TRACK_STACK open calls, or
-        // the kernel's uretprobe nesting); each such call's time stays with its caller, so the
-        // phases, delimited by shallow frames, keep it. Said, not counted against confidence.
-        lower(
-            Confidence::High,
-            format!(
-                "{deep} calls deeper than the probes follow ({} open calls on a thread) were not \
-             reported; their time stays with their callers",
-                traceml_common::TRACK_STACK
-            ),
-        );
-    }
     let odd = engine.unmatched_events;
     if events_recorded > 0 && odd as f64 / events_recorded as f64 >= LOSS_MEDIUM {
         lower(
@@ -85,6 +72,16 @@ pub(super) fn data_quality(
             Confidence::Medium,
             format!("probes not attached: {}", names.join(", ")),
         );
+    }
+    if let Some(deep) = lost.as_ref().map(|l| l.too_deep).filter(|&n| n > 0) {
+        // Not lost: the probes do not follow calls past their depth (TRACK_STACK open calls, or
+        // the kernel's uretprobe nesting); each such call's time stays with its caller, so the
+        // phases, delimited by shallow frames, keep it. Said, not counted against confidence.
+        notes.push(format!(
+            "{deep} calls deeper than the probes follow ({} open calls on a thread) were not \
+             reported; their time stays with their callers",
+            traceml_common::TRACK_STACK
+        ));
     }
     if end_reason == EndReason::Truncated {
         notes.push("the recording ended without an end record".to_owned());
