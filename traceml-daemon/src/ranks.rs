@@ -207,19 +207,23 @@ pub const NOISE_SIGMAS: f64 = 3.0;
 pub const EPISODE_GAP: usize = 2;
 /// An episode has at least this many slow steps.
 pub const MIN_EPISODE_STEPS: usize = 5;
-/// Rotating: at least this share of the aligned steps slow, with no episode holding half of
-/// them.
+/// Rotating: at least this share of the aligned steps slow, with no rank holding most of them.
 pub const ROTATING_SHARE: f64 = 0.2;
+/// One rank holds "most" of the slow steps when it holds at least this share of them: below it
+/// the culprit changes (two ranks alternating hold about half each, and noise moves a few
+/// steps either way).
+pub const STRAGGLER_DOMINANCE: f64 = 2.0 / 3.0;
 
 /// How the straggling of a job is spread over its aligned steps: per step, the rank whose own
 /// work exceeds the median of the others' the most is slow when that excess is at least
 /// [`STRAGGLER_WARNING`] of the job's median step and [`NOISE_SIGMAS`] times the ranks' own
-/// step-to-step noise. Persistent: one rank slow in at least
-/// [`STRAGGLER_PERSISTENCE`] of all steps. Transient: else, one episode (same rank, gaps of at
-/// most [`EPISODE_GAP`] steps, at least [`MIN_EPISODE_STEPS`]) holds at least half of the slow
-/// steps. Rotating: else, at least [`ROTATING_SHARE`] of the steps slow. `None` otherwise.
+/// step-to-step noise. Episodes: runs of one rank slow (gaps of at most [`EPISODE_GAP`] steps,
+/// at least [`MIN_EPISODE_STEPS`] slow steps). The class follows who the slow steps' culprits
+/// are ([`straggler_class`]): one rank holding most of them is that rank's straggling,
+/// persistent or transient by how much of the run its slowness spans; rotating only when no
+/// rank holds most of them. `None` when too few steps are slow for any class.
 pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Stragglers> {
-    use crate::summary::{StragglerClass, StragglerEpisode, Stragglers};
+    use crate::summary::{StragglerEpisode, Stragglers};
     if runs.len() < 2 {
         return None;
     }
@@ -270,21 +274,8 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
         .enumerate()
         .max_by_key(|&(_, n)| *n)
         .map(|(r, &n)| (r, n))?;
-    let longest = episodes.iter().max_by_key(|e| e.3);
-    let class = if top_n as f64 >= STRAGGLER_PERSISTENCE * steps.len() as f64 {
-        StragglerClass::Persistent
-    } else if longest.is_some_and(|e| e.3 * 2 >= n_slow) {
-        StragglerClass::Transient
-    } else if n_slow as f64 >= ROTATING_SHARE * steps.len() as f64 {
-        StragglerClass::Rotating
-    } else {
-        return None;
-    };
-    let rank = match class {
-        StragglerClass::Persistent => Some(runs[top].rank),
-        StragglerClass::Transient => longest.map(|e| runs[e.0].rank),
-        StragglerClass::Rotating => None,
-    };
+    let (class, culprit) = straggler_class(&slow, &episodes, top, top_n)?;
+    let rank = culprit.map(|r| runs[r].rank);
     Some(Stragglers {
         class,
         rank,
@@ -301,6 +292,69 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
             .collect(),
         lost_ms,
     })
+}
+
+/// The class of a job's straggling and the index of the rank it names, from `slow` (each
+/// aligned step's slow rank and excess), its `episodes` and the rank holding the most slow
+/// steps (`top`, `top_n` of them):
+/// - **persistent**: `top` slow in at least [`STRAGGLER_PERSISTENCE`] of the steps, or holding
+///   [most](STRAGGLER_DOMINANCE) of the slow steps in episodes (or, with none, scattered slow
+///   steps, at least [`ROTATING_SHARE`] of the run) that span at least that share of the run
+///   from the first to the last: a rank slowed throughout whose excess dips under the noise
+///   floor now and then on a busy machine, its slow steps cut into several episodes;
+/// - **transient**: `top` holding most of the slow steps in episodes spanning less of the run;
+///   or, with no rank holding most, one episode holding at least half of the slow steps;
+/// - **rotating**: else, at least [`ROTATING_SHARE`] of the steps slow, their culprits differing
+///   (no rank holds most of them); it names no rank.
+fn straggler_class(
+    slow: &[Option<(usize, f64)>],
+    episodes: &[(usize, usize, usize, usize, f64)],
+    top: usize,
+    top_n: usize,
+) -> Option<(crate::summary::StragglerClass, Option<usize>)> {
+    use crate::summary::StragglerClass;
+    let n = slow.len() as f64;
+    let n_slow = slow.iter().flatten().count();
+    if top_n as f64 >= STRAGGLER_PERSISTENCE * n {
+        return Some((StragglerClass::Persistent, Some(top)));
+    }
+    if top_n as f64 >= STRAGGLER_DOMINANCE * n_slow as f64 {
+        // The stretch of the run the rank's slowness spans: its episodes', or its scattered
+        // slow steps' when they are many but form no episode.
+        let own: Vec<(usize, usize)> = episodes
+            .iter()
+            .filter(|e| e.0 == top)
+            .map(|e| (e.1, e.2))
+            .collect();
+        let stretch = if !own.is_empty() {
+            Some((own[0].0, own[own.len() - 1].1))
+        } else if top_n as f64 >= ROTATING_SHARE * n {
+            let mut at = slow
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_some_and(|s| s.0 == top))
+                .map(|(k, _)| k);
+            let first = at.next()?;
+            Some((first, at.last().unwrap_or(first) + 1))
+        } else {
+            None
+        };
+        if let Some((from, to)) = stretch {
+            let class = if (to - from) as f64 >= STRAGGLER_PERSISTENCE * n {
+                StragglerClass::Persistent
+            } else {
+                StragglerClass::Transient
+            };
+            return Some((class, Some(top)));
+        }
+    }
+    if let Some(e) = episodes.iter().max_by_key(|e| e.3)
+        && e.3 * 2 >= n_slow
+    {
+        return Some((StragglerClass::Transient, Some(e.0)));
+    }
+    (n_slow as f64 >= ROTATING_SHARE * n && (top_n as f64) < STRAGGLER_DOMINANCE * n_slow as f64)
+        .then_some((StragglerClass::Rotating, None))
 }
 
 /// The noise of one rank's own work from step to step, where it was not the slowest (`top`:
@@ -345,41 +399,67 @@ fn episodes(slow: &[Option<(usize, f64)>]) -> Vec<(usize, usize, usize, usize, f
     episodes
 }
 
-/// The finding of a transient straggler (persistent ones are [`straggler`]'s; rotating ones
-/// name no rank): the longest episode, when it cost the others at least
-/// [`STRAGGLER_WARNING`] of its steps' time.
-pub fn transient_finding(s: &crate::summary::Stragglers, step_median: f64) -> Option<Finding> {
+/// The finding of a straggler the persistence line of [`straggler`] misses but its episodes
+/// show (rotating ones name no rank): a transient one (its episodes, one stretch of the run) or
+/// a persistent one whose slow steps come in several episodes across the run (a busy machine's
+/// noise cuts them). Warning, medium confidence, its share the named rank's lost time per slow
+/// step against the job's median step.
+pub fn episodes_finding(s: &crate::summary::Stragglers, step_median: f64) -> Option<Finding> {
     use crate::summary::StragglerClass;
-    if s.class != StragglerClass::Transient {
-        return None;
-    }
-    let e = s.episodes.iter().max_by_key(|e| e.to_step - e.from_step)?;
-    let n = (e.to_step - e.from_step).max(1);
-    let per_step = e.lost_ms / n as f64;
+    let rank = s.rank?;
+    let own: Vec<&crate::summary::StragglerEpisode> =
+        s.episodes.iter().filter(|e| e.rank == rank).collect();
+    let (from, to) = (own.first()?.from_step, own.last()?.to_step);
+    let n: u64 = own.iter().map(|e| (e.to_step - e.from_step).max(1)).sum();
+    let lost: f64 = own.iter().map(|e| e.lost_ms).sum();
+    let per_step = lost / n as f64;
+    let stretches = if own.len() == 1 {
+        format!("steps {from}–{to}")
+    } else {
+        format!(
+            "{} episodes between steps {from} and {to} ({})",
+            own.len(),
+            own.iter()
+                .map(|e| format!("{}–{}", e.from_step, e.to_step))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let (kind, next) = match s.class {
+        StragglerClass::Transient => (
+            "a transient episode, not the whole run",
+            format!(
+                "look at what rank {rank} did in that stretch: a checkpoint or evaluation only it \
+                 runs, a noisy neighbour or throttled device on its host, a shard with larger \
+                 samples"
+            ),
+        ),
+        StragglerClass::Persistent => (
+            "slow across the run, its excess dipping under the noise now and then",
+            format!(
+                "find why rank {rank} does more work: uneven batches or sequence lengths on that \
+                 rank, extra work only it does, or a slower or shared host/GPU (check its \
+                 clocks and neighbours)"
+            ),
+        ),
+        StragglerClass::Rotating => return None,
+    };
     Some(Finding {
         kind: DiagnosisKind::Straggler,
         severity: Severity::Warning,
         why: format!(
-            "rank {} made the others wait in steps {}–{} of {} ({} steps, {:.0}% of the run): \
-             {per_step:.1} ms of its own work per step beyond the other ranks', {:.1} s of the \
-             others' time in all; a transient episode, not the whole run",
-            e.rank,
-            e.from_step,
-            e.to_step,
+            "rank {rank} made the others wait in {stretches} of {} ({n} steps, {:.0}% of the \
+             run): {per_step:.1} ms of its own work per step beyond the other ranks', {:.1} s of \
+             the others' time in all; {kind}",
             s.steps,
-            n,
             n as f64 / s.steps.max(1) as f64 * 100.0,
-            e.lost_ms / 1e3,
+            lost / 1e3,
         ),
-        next: format!(
-            "look at what rank {} did in that stretch: a checkpoint or evaluation only it runs, a \
-             noisy neighbour or throttled device on its host, a shard with larger samples",
-            e.rank
-        ),
+        next,
         phase: Some(Phase::CollectiveWait),
         share: (step_median > 0.0).then(|| per_step / step_median),
         confidence: Confidence::Medium,
-        culprit_rank: Some(e.rank),
+        culprit_rank: Some(rank),
     })
 }
 
@@ -689,7 +769,7 @@ pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Opt
     if job_findings.is_empty()
         && let Some(s) = &out.stragglers
     {
-        job_findings.extend(transient_finding(s, out.step_ms.median.unwrap_or(0.0)));
+        job_findings.extend(episodes_finding(s, out.step_ms.median.unwrap_or(0.0)));
     }
     if let Some(f) = job_findings.first() {
         out.primary_diagnosis = Finding {
@@ -832,16 +912,115 @@ mod tests {
     /// Ranks of `n` steps of 50 ms; `slow(step) -> Some(rank)` is 20 ms slower in that step
     /// (its own work 40 ms, the others' 20 ms: they wait 30 ms, it 10 ms).
     fn job(n: usize, ranks: u32, slow: impl Fn(usize) -> Option<u32>) -> Vec<RankRun> {
+        job_by(n, ranks, |k| slow(k).map(|r| (r, 20.0)))
+    }
+
+    /// As [`job`], the slow rank's own work `by` ms longer than the others' in that step.
+    fn job_by(n: usize, ranks: u32, slow: impl Fn(usize) -> Option<(u32, f64)>) -> Vec<RankRun> {
         (0..ranks)
             .map(|r| {
                 let mut run = rank(r, n, 50.0, 30.0, 10.0, 0.0);
                 run.summary.step_samples.step_ms = vec![50.0; n];
                 run.summary.step_samples.phase_ms[Phase::CollectiveWait] = (0..n)
-                    .map(|k| if slow(k) == Some(r) { 10.0 } else { 30.0 })
+                    .map(|k| match slow(k) {
+                        Some((s, by)) if s == r => 30.0 - by,
+                        _ => 30.0,
+                    })
                     .collect();
                 run
             })
             .collect()
+    }
+
+    /// Issue 57's boundaries: the class follows who the slow steps' culprits are, not only how
+    /// many steps are slow or how long the longest episode is.
+    #[test]
+    fn straggler_classes_follow_the_culprits() {
+        use crate::summary::StragglerClass as C;
+        // Rank 1 slowed throughout on a busy machine: its excess dips under the noise floor, so
+        // its slow steps come in 3 episodes, none holding half of them (10, 8, 8 of 26 slow
+        // steps over 60). Persistent, rank 1 named, each episode listed.
+        let on = |k: usize| (0..10).contains(&k) || (20..28).contains(&k) || (45..53).contains(&k);
+        let runs = job(60, 4, |k| on(k).then_some(1));
+        let s = classify_stragglers(&runs).unwrap();
+        assert_eq!((s.class, s.rank), (C::Persistent, Some(1)));
+        let eps: Vec<_> = s
+            .episodes
+            .iter()
+            .map(|e| (e.rank, e.from_step, e.to_step))
+            .collect();
+        assert_eq!(eps, [(1, 0, 10), (1, 20, 28), (1, 45, 53)]);
+        assert!((s.lost_ms - 26.0 * 20.0).abs() < 1e-6, "{s:?}");
+        // The persistence line alone misses it (rank 1's median own work is the others'); the
+        // job's verdict names it from the episodes, with each stretch and the time lost.
+        assert_eq!(straggler(&runs), None);
+        let sum = combine(runs, JobInfo::default(), &[]).unwrap();
+        let f = &sum.primary_diagnosis;
+        assert_eq!(
+            (f.kind, f.culprit_rank),
+            (DiagnosisKind::Straggler, Some(1))
+        );
+        assert!(
+            f.why.contains("3 episodes between steps 0 and 53"),
+            "{}",
+            f.why
+        );
+        assert!(f.why.contains("0.5 s of the others' time"), "{}", f.why);
+        // Two ranks alternating every 4 steps (each about half of the slow steps): rotating.
+        let s =
+            classify_stragglers(&job(80, 4, |k| Some(if k / 4 % 2 == 0 { 0 } else { 2 }))).unwrap();
+        assert_eq!((s.class, s.rank), (C::Rotating, None));
+        // ... and three ranks at 50/30/20 of the slow steps, the first in episodes: no rank
+        // holds most of them.
+        let s = classify_stragglers(&job(80, 4, |k| match k % 10 {
+            0..5 => Some(1),
+            5..8 => Some(3),
+            _ => Some(0),
+        }))
+        .unwrap();
+        assert_eq!((s.class, s.rank), (C::Rotating, None));
+        // One rank slow in 55 % of the steps (11 of every 20): under the 60 % line, in 4
+        // episodes none holding half of them, spanning the run. Persistent, not rotating.
+        let s = classify_stragglers(&job(80, 4, |k| (k % 20 < 11).then_some(3))).unwrap();
+        assert_eq!((s.class, s.rank), (C::Persistent, Some(3)));
+        assert!((s.slow_share - 0.55).abs() < 1e-9, "{s:?}");
+        assert_eq!(s.episodes.len(), 4);
+        // A transient episode (rank 2, steps 20–40 of 100) beside scattered noise on the other
+        // ranks (5 single slow steps, 8 ms over): transient, rank 2, its one episode.
+        let noise = [(5, 0), (50, 3), (61, 0), (70, 1), (88, 3)];
+        let runs = job_by(100, 4, |k| {
+            if (20..40).contains(&k) {
+                Some((2, 20.0))
+            } else {
+                noise.iter().find(|n| n.0 == k).map(|n| (n.1, 8.0))
+            }
+        });
+        let s = classify_stragglers(&runs).unwrap();
+        assert_eq!((s.class, s.rank), (C::Transient, Some(2)));
+        let eps: Vec<_> = s
+            .episodes
+            .iter()
+            .map(|e| (e.rank, e.from_step, e.to_step))
+            .collect();
+        assert_eq!(eps, [(2, 20, 40)]);
+        assert!((s.slow_share - 0.25).abs() < 1e-9, "{s:?}");
+        let sum = combine(runs, JobInfo::default(), &[]).unwrap();
+        assert_eq!(sum.primary_diagnosis.culprit_rank, Some(2));
+        assert!(
+            sum.primary_diagnosis.why.contains("steps 20–40 of 100"),
+            "{}",
+            sum.primary_diagnosis.why
+        );
+        // The same rank in two stretches of one part of the run (steps 20–30 and 36–46 of
+        // 100): transient, both stretches.
+        let s = classify_stragglers(&job(100, 4, |k| {
+            ((20..30).contains(&k) || (36..46).contains(&k)).then_some(2)
+        }))
+        .unwrap();
+        assert_eq!(
+            (s.class, s.rank, s.episodes.len()),
+            (C::Transient, Some(2), 2)
+        );
     }
 
     #[test]
