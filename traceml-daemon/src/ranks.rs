@@ -335,7 +335,7 @@ fn straggler_class(
                 .filter(|(_, s)| s.is_some_and(|s| s.0 == top))
                 .map(|(k, _)| k);
             let first = at.next()?;
-            Some((first, at.last().unwrap_or(first) + 1))
+            Some((first, at.next_back().unwrap_or(first) + 1))
         } else {
             None
         };
