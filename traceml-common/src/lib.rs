@@ -71,7 +71,7 @@ pub enum EventKind {
     /// Return of the function of the matching [`EventKind::CallEnter`]. args: [return value, ...].
     CallExit = 4,
     /// A kernel launch (count-only semantics: no exit event). args: [function/graph pointer,
-    /// stream, 0, 0, 0].
+    /// stream, [`LaunchPath`], the launch probe's return address, 0].
     Launch = 5,
     /// `torch::autograd::profiler::record_function_enter_new(name, ...)`. args: the first
     /// [`NAME_BYTES`] bytes of the name, NUL-padded.
@@ -380,6 +380,82 @@ pub enum Config {
 }
 pub const CONFIG_LEN: u32 = 4;
 
+/// How a kernel launch reached the GPU, decided in the kernel from the launch probe's caller:
+/// a driver entry point's return address lies in the text of a CUDA runtime (the runtime's own
+/// launch, already counted at its runtime probe), of a library that carries its own static copy
+/// of the runtime (cuBLAS, cuDNN, NCCL: they take driver pointers from `cuGetProcAddress`), or
+/// elsewhere (Triton's launcher, inductor's static launcher: the driver called directly).
+/// `Launch` events carry it in `args[2]`; the `LAUNCHES` counters are indexed by
+/// `path * LAUNCH_PROBE_SLOTS + probe id`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LaunchPath {
+    /// Recorded before launch paths were read: a runtime probe's launch is `Runtime`, a driver
+    /// probe's `Direct`.
+    Unknown = 0,
+    /// A runtime entry point (`cudaLaunchKernel`…).
+    Runtime = 1,
+    /// A driver entry point called from inside a CUDA runtime's text: the same launch as the
+    /// runtime probe's, not counted again.
+    Nested = 2,
+    /// A driver entry point called from a library with its own copy of the runtime.
+    Library = 3,
+    /// A driver entry point called from anywhere else.
+    Direct = 4,
+}
+impl ProbeId {
+    /// A driver launch entry point (`cuLaunchKernel`, `cuLaunchKernelEx`, their `_ptsz`
+    /// forms): its [`LaunchPath`] comes from its caller.
+    pub const fn is_driver_launch(probe: u32) -> bool {
+        probe == ProbeId::CuLaunchKernel as u32 || probe == ProbeId::CuLaunchKernelEx as u32
+    }
+}
+
+/// Launch paths, for the `LAUNCHES` counters.
+pub const LAUNCH_PATHS: u32 = 5;
+/// Probe-id slots per launch path in the `LAUNCHES` counters (probe ids are below this).
+pub const LAUNCH_PROBE_SLOTS: u32 = 128;
+
+impl LaunchPath {
+    pub fn from_u64(v: u64) -> LaunchPath {
+        match v {
+            1 => LaunchPath::Runtime,
+            2 => LaunchPath::Nested,
+            3 => LaunchPath::Library,
+            4 => LaunchPath::Direct,
+            _ => LaunchPath::Unknown,
+        }
+    }
+}
+
+/// Address ranges of the target's text that decide a driver launch's [`LaunchPath`]: one
+/// value in the `CALLERS` array, written by userspace whenever the target maps a runtime or a
+/// library with its own runtime. Ranges past `len` are ignored; a caller in none is `Direct`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CallerRanges {
+    pub len: u32,
+    pub _pad: u32,
+    pub start: [u64; CALLER_RANGES],
+    pub end: [u64; CALLER_RANGES],
+    /// [`LaunchPath`] as `u32`: `Nested` for a runtime's text, `Library` for the others.
+    pub path: [u32; CALLER_RANGES],
+}
+/// At most this many executable ranges are told apart (each library maps one or two).
+pub const CALLER_RANGES: usize = 32;
+
+impl CallerRanges {
+    pub const fn empty() -> Self {
+        CallerRanges {
+            len: 0,
+            _pad: 0,
+            start: [0; CALLER_RANGES],
+            end: [0; CALLER_RANGES],
+            path: [0; CALLER_RANGES],
+        }
+    }
+}
+
 /// Per-thread state the eBPF side keeps: a small stack of the open calls it reported (tracked
 /// Python frames and native calls with an exit probe). Each entry holds the stack pointer at entry,
 /// so the return probe matches its frame exactly (after `ret`, `rsp` is the entry `rsp` + 8) and
@@ -405,6 +481,9 @@ const _: () = assert!(TRACK_STACK.is_power_of_two());
 const _: () =
     assert!(size_of::<ThreadState>() == 8 + 8 * TRACK_STACK + 8 * TRACK_STACK + 4 * TRACK_STACK);
 
+const _: () = assert!(size_of::<CallerRanges>() == 8 + 16 * CALLER_RANGES + 4 * CALLER_RANGES);
+const _: () = assert!(LAUNCH_PATHS * LAUNCH_PROBE_SLOTS <= 1024);
+
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: plain `#[repr(C)]` data of integers only, no padding (size asserted above).
@@ -415,6 +494,8 @@ mod user {
     unsafe impl aya::Pod for super::Pending {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::OffCpuSince {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CallerRanges {}
 }
 
 #[cfg(test)]

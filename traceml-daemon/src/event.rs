@@ -51,8 +51,33 @@ pub enum StreamItem {
 pub struct LaunchTotals {
     /// `cudaLaunchKernel`, `cudaLaunchKernelExC`, `cudaGraphLaunch` (and `_ptsz`).
     pub runtime: u64,
-    /// `cuLaunchKernel`, `cuLaunchKernelEx` (and `_ptsz`).
+    /// `cuLaunchKernel`, `cuLaunchKernelEx` (and `_ptsz`): every hit, whatever its caller.
     pub driver: u64,
+    /// Of `driver`: called by a CUDA runtime (its own launches, counted in `runtime`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nested: u64,
+    /// Of `driver`: called by a library with its own runtime copy.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub library: u64,
+    /// Of `driver`: called directly.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub direct: u64,
+}
+
+impl LaunchTotals {
+    /// Launches by [`LaunchPath::COUNTED`] (each launch once). Totals recorded before the
+    /// kernel told paths apart (`driver` hits, none split): the driver's launches are the
+    /// runtime's own when the runtime launched at all, else direct ones.
+    pub fn by_path(&self) -> [u64; 3] {
+        if self.nested + self.library + self.direct == 0 && self.driver > 0 {
+            return if self.runtime > 0 {
+                [self.runtime, 0, 0]
+            } else {
+                [0, 0, self.driver]
+            };
+        }
+        [self.runtime, self.library, self.direct]
+    }
 }
 
 /// Which probes run from `ts` on.
@@ -369,8 +394,13 @@ pub enum Kind {
     },
     /// The innermost open native call of this thread with this api returned.
     CallExit { api: Api, ret: u64 },
-    /// A kernel (or graph) launch.
-    Launch { api: Api },
+    /// A kernel (or graph) launch, and how it reached the driver (absent in recordings made
+    /// before the kernel read it: see [`LaunchPath::of`]).
+    Launch {
+        api: Api,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<LaunchPath>,
+    },
     /// `record_function` opened with this name (possibly truncated).
     RecordEnter { name: String },
     /// The innermost open `record_function` of this thread closed.
@@ -478,9 +508,13 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
             api: Api::from_probe(probe).ok_or_else(mismatch)?,
             ret: raw.args[0],
         },
-        EventKind::Launch => Kind::Launch {
-            api: Api::from_probe(probe).ok_or_else(mismatch)?,
-        },
+        EventKind::Launch => {
+            let api = Api::from_probe(probe).ok_or_else(mismatch)?;
+            Kind::Launch {
+                api,
+                path: Some(LaunchPath::of(api, Some(raw.args[2]))),
+            }
+        }
         EventKind::RecordEnter => {
             let mut bytes = [0u8; NAME_BYTES];
             for (i, w) in raw.args.iter().enumerate() {
@@ -551,10 +585,15 @@ pub struct ProbeFailure {
     pub reason: String,
 }
 
+/// The [`LibraryInfo::role`] of a library that carries its own copy of the CUDA runtime (no
+/// probes of its own: its launches reach the driver's, counted on the `library` path).
+pub const OWN_RUNTIME_ROLE: &str = "own_runtime";
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LibraryInfo {
     pub path: String,
-    /// "python", "cudart", "cuda_driver", "torch".
+    /// "python", "cudart", "cuda_driver", "torch", "torch_core", "nccl", or
+    /// [`OWN_RUNTIME_ROLE`].
     pub role: String,
     /// Probes attached in it.
     pub probes: Vec<String>,
@@ -614,6 +653,40 @@ pub enum EndReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_totals_count_each_launch_once_by_path() {
+        // The runtime's 7 launches made 5 nested driver calls (one runtime form calls none),
+        // a library's own runtime 2 and a direct caller 1: 10 launches.
+        let t = LaunchTotals {
+            runtime: 7,
+            driver: 8,
+            nested: 5,
+            library: 2,
+            direct: 1,
+        };
+        assert_eq!(t.by_path(), [7, 2, 1]);
+        // Recorded before paths: the driver's hits are the runtime's own when it launched.
+        let old = |runtime, driver| LaunchTotals {
+            runtime,
+            driver,
+            ..LaunchTotals::default()
+        };
+        assert_eq!(old(7, 7).by_path(), [7, 0, 0]);
+        assert_eq!(old(0, 9).by_path(), [0, 0, 9]);
+        assert_eq!(
+            LaunchPath::of(Api::CuLaunchKernel, Some(0)),
+            LaunchPath::Direct
+        );
+        assert_eq!(
+            LaunchPath::of(Api::CudaLaunchKernel, None),
+            LaunchPath::Runtime
+        );
+        assert_eq!(
+            LaunchPath::of(Api::CuLaunchKernel, Some(2)),
+            LaunchPath::Nested
+        );
+    }
 
     fn raw(kind: EventKind, probe: ProbeId, args: [u64; 5]) -> RawEvent {
         let mut r = RawEvent::zeroed();

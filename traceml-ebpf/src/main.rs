@@ -22,9 +22,10 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{debug, warn};
 use traceml_common::{
-    CONFIG_LEN, CodeClass, Config, EventKind, FLAG_RAISED, FLAG_TRUNCATED, LOSS_REASONS,
-    LossReason, NAME_BYTES, OffCpuSince, OffCpuState, Pending, ProbeId, RawEvent, STATS_LEN, Stat,
-    TRACK_STACK, ThreadState,
+    CALLER_RANGES, CONFIG_LEN, CallerRanges, CodeClass, Config, EventKind, FLAG_RAISED,
+    FLAG_TRUNCATED, LAUNCH_PATHS, LAUNCH_PROBE_SLOTS, LOSS_REASONS, LaunchPath, LossReason,
+    NAME_BYTES, OffCpuSince, OffCpuState, Pending, ProbeId, RawEvent, STATS_LEN, Stat, TRACK_STACK,
+    ThreadState,
 };
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -96,9 +97,15 @@ static CONFIG: Array<u32> = Array::with_max_entries(CONFIG_LEN, 0);
 /// [`sched_switch`]). LRU: a thread that exits while off its CPU never comes back to remove it.
 #[map]
 static OFFCPU: LruHashMap<u32, OffCpuSince> = LruHashMap::with_max_entries(1 << 12, 0);
-/// Per-CPU launch counters (both modes), indexed by probe id.
+/// Per-CPU launch counters (both modes), indexed by `path * LAUNCH_PROBE_SLOTS + probe id`
+/// ([`LaunchPath`]).
 #[map]
-static LAUNCHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(64, 0);
+static LAUNCHES: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(LAUNCH_PATHS * LAUNCH_PROBE_SLOTS, 0);
+/// The text ranges that decide a driver launch's path ([`CallerRanges`], one value), written by
+/// userspace when the target maps a CUDA runtime or a library with its own runtime copy.
+#[map]
+static CALLERS: Array<CallerRanges> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
 fn global<T: Copy>(g: &T) -> T {
@@ -462,20 +469,79 @@ fn try_any_exit(ctx: &RetProbeContext) -> Option<()> {
     Some(())
 }
 
-/// Kernel launches: counted per probe, and an event each unless `LAUNCH_EVENTS` is 0.
+/// Kernel launches: counted per probe and [`LaunchPath`], and an event each unless
+/// `LAUNCH_EVENTS` is 0. A runtime entry point is the runtime's launch. A driver entry point's
+/// path is its caller's: its return address (at `rsp` on entry, one read) inside a CUDA
+/// runtime's text is the runtime's own launch (already counted, `Nested`), inside a library
+/// with its own runtime copy `Library`, elsewhere `Direct` (see [`caller_path`]).
 #[uprobe]
 pub fn launch(ctx: ProbeContext) -> u32 {
     let probe = cookie(&ctx);
-    bump(&LAUNCHES, probe);
+    let sp = regs_sp(&ctx);
+    let (path, ret) = if ProbeId::is_driver_launch(probe) {
+        // SAFETY: checked read of the target's stack.
+        let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+        (caller_path(ret), ret)
+    } else {
+        (LaunchPath::Runtime as u32, 0)
+    };
+    bump(&LAUNCHES, path * LAUNCH_PROBE_SLOTS + probe);
     if CONFIG
         .get(Config::LaunchEvents as u32)
         .is_some_and(|&v| v != 0)
     {
-        let f: u64 = ctx.arg(0).unwrap_or(0);
-        let stream: u64 = ctx.arg(5).unwrap_or(0);
-        emit(EventKind::Launch, probe, |e| e.args = [f, stream, 0, 0, 0]);
+        let (f, stream) = launch_args(&ctx, probe, sp);
+        emit(EventKind::Launch, probe, |e| {
+            e.args = [f, stream, path as u64, ret, 0]
+        });
     }
     0
+}
+
+/// The [`LaunchPath`] of a driver launch returning to `ret`: the first range of `CALLERS`
+/// holding it, else `Direct`.
+#[inline(always)]
+fn caller_path(ret: u64) -> u32 {
+    let Some(r) = CALLERS.get(0) else {
+        return LaunchPath::Direct as u32;
+    };
+    let n = r.len as usize;
+    for i in 0..CALLER_RANGES {
+        if i >= n {
+            break;
+        }
+        if r.start[i] <= ret && ret < r.end[i] {
+            return r.path[i];
+        }
+    }
+    LaunchPath::Direct as u32
+}
+
+/// (function or graph, stream) of a launch, each API's own way (event mode only: one more read
+/// where the stream is on the stack or in a config struct):
+/// `cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream)`: the dim3s take two
+/// registers each, so `stream` is the second stack argument; `cuLaunchKernel(f, gx, gy, gz, bx,
+/// by, bz, sharedMem, hStream, …)`: the third; the `Ex` forms take a config whose stream is at
+/// offset 32 (`cudaLaunchConfig_t` after two dim3s and a size_t; `CUlaunchConfig` after seven
+/// unsigned ints and padding) and the function second; graph launches `(exec, stream)`.
+#[inline(always)]
+fn launch_args(ctx: &ProbeContext, probe: u32, sp: u64) -> (u64, u64) {
+    let a = |i| ctx.arg::<u64>(i).unwrap_or(0);
+    let at = |p: u64| {
+        // SAFETY: checked read of the target's memory.
+        unsafe { bpf_probe_read_user(p as *const u64) }.unwrap_or(0)
+    };
+    if probe == ProbeId::CudaLaunchKernel as u32 {
+        (a(0), at(sp + 16))
+    } else if probe == ProbeId::CuLaunchKernel as u32 {
+        (a(0), at(sp + 24))
+    } else if probe == ProbeId::CudaLaunchKernelExC as u32
+        || probe == ProbeId::CuLaunchKernelEx as u32
+    {
+        (a(1), at(a(0) + 32))
+    } else {
+        (a(0), a(1))
+    }
 }
 
 /// `c10::intrusive_ptr<PythonRecordFunction> record_function_enter_new(const std::string& name,

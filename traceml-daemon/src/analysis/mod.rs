@@ -306,6 +306,7 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
     if target.is_some_and(|t| t.launch_count_only) || switched_to_count {
         count_mode_launches(&mut summary, items);
     }
+    summary.data_quality.own_runtime_libraries = own_runtime_libraries(items);
     add_top_functions(&mut summary, engine, items);
     add_worker_profile(&mut summary, engine, items, &samples);
     blocked_compute(&mut summary);
@@ -472,6 +473,22 @@ fn add_worker_profile(
         crate::pipeline::worker_profile(&engine.workers, &funcs, cpu_s, batches, &handover);
 }
 
+/// The libraries found to carry their own CUDA runtime, sorted, once each.
+fn own_runtime_libraries(items: &[StreamItem]) -> Vec<String> {
+    let mut libs: Vec<String> = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Library(l) if l.role == crate::event::OWN_RUNTIME_ROLE => {
+                Some(l.path.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    libs.sort();
+    libs.dedup();
+    libs
+}
+
 /// `--launch-mode count`: no launch events, only the kernel's whole-run counters. Launches per
 /// phase are unknown (null) and launches per step is the run's average, said in a note.
 fn count_mode_launches(summary: &mut Summary, items: &[StreamItem]) {
@@ -485,12 +502,15 @@ fn count_mode_launches(summary: &mut Summary, items: &[StreamItem]) {
     let steps = summary.steps.count;
     summary.cuda.launches_per_step = match totals {
         Some(t) if summary.cuda.measured && steps > 0 => {
-            // Driver launches are counted once when the runtime made them.
-            let launches = if t.runtime > 0 { t.runtime } else { t.driver };
-            Some(launches as f64 / f64::from(steps))
+            // Each launch once: a runtime launch's own driver call is not another.
+            let by_path = t.by_path();
+            Some(by_path.iter().sum::<u64>() as f64 / f64::from(steps))
         }
         _ => None,
     };
+    summary.cuda.launches_by_path = totals
+        .filter(|_| summary.cuda.measured)
+        .and_then(|t| crate::summary::LaunchesByPath::per_step(t.by_path(), steps.into()));
     summary.data_quality.notes.push(
         "launches counted in the kernel (--launch-mode count): launches per step is a whole-run \
          average and launches per phase are unknown"
@@ -689,6 +709,7 @@ fn cuda_stats(t: &StepTotals, measured: bool) -> CudaStats {
         d2h_copies_per_step: t.per_step(t.d2h_copies),
         d2h_ms_per_step: t.per_step(t.d2h_ns).map(|ns| ns / 1e6),
         syncs_per_step: t.per_step(t.syncs),
+        launches_by_path: crate::summary::LaunchesByPath::per_step(t.launches_by_path, t.count),
     }
 }
 

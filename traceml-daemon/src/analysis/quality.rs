@@ -93,6 +93,7 @@ pub(super) fn data_quality(
         probes_failed,
         python_version: t.and_then(|t| t.python_version.clone()),
         cuda_libraries,
+        own_runtime_libraries: Vec::new(),
         boundary: engine.boundary,
         unmatched_events: engine.unmatched_events,
         reordered_events: engine.reordered_events,

@@ -90,6 +90,35 @@ impl ElfFile {
         })
     }
 
+    /// Whether the file imports (an undefined dynamic symbol) a name satisfying `pred`.
+    pub fn imports(&self, pred: impl Fn(&str) -> bool) -> Result<bool, ElfError> {
+        let obj = self.parse()?;
+        Ok(obj
+            .dynamic_symbols()
+            .filter(|s| s.is_undefined())
+            .any(|s| s.name().map(&pred).unwrap_or(false)))
+    }
+
+    /// Whether its read-only data (`.rodata`) holds every one of `needles` (one pass).
+    pub fn rodata_holds_all(&self, needles: &[&[u8]]) -> Result<bool, ElfError> {
+        use object::ObjectSection;
+        let obj = self.parse()?;
+        let Some(data) = obj.section_by_name(".rodata").and_then(|s| s.data().ok()) else {
+            return Ok(false);
+        };
+        let Ok(ac) = aho_corasick::AhoCorasick::new(needles) else {
+            return Ok(false);
+        };
+        let mut seen = vec![false; needles.len()];
+        for m in ac.find_overlapping_iter(data) {
+            seen[m.pattern().as_usize()] = true;
+            if seen.iter().all(|&x| x) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// The first defined function whose name satisfies `pred`, from the dynamic symbol table and
     /// then the static one.
     pub fn find(&self, pred: impl Fn(&str) -> bool) -> Result<Option<Symbol>, ElfError> {

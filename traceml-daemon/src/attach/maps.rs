@@ -68,9 +68,11 @@ impl Role {
     }
 }
 
-/// Classifies a mapped file by its name.
+/// Classifies a mapped file by its name, a wheel's hash in it ignored
+/// (`libcudart-1a2b3c4d.so.13`, as auditwheel renames the libraries it bundles, is a runtime).
 pub fn role_of(path: &Path) -> Option<Role> {
-    let name = path.file_name()?.to_str()?;
+    let name = unhashed(path.file_name()?.to_str()?);
+    let name = name.as_ref();
     if name.starts_with("libcudart.so") {
         Some(Role::CudaRuntime)
     } else if name.starts_with("libcuda.so") {
@@ -86,6 +88,20 @@ pub fn role_of(path: &Path) -> Option<Role> {
     } else {
         None
     }
+}
+
+/// `name` without a `-<hash>` before its `.so` (8 or more hex digits, as auditwheel and
+/// similar tools rename the libraries they bundle).
+fn unhashed(name: &str) -> std::borrow::Cow<'_, str> {
+    if let Some(so) = name.find(".so")
+        && let Some(dash) = name[..so].rfind('-')
+    {
+        let hash = &name[dash + 1..so];
+        if hash.len() >= 8 && hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return format!("{}{}", &name[..dash], &name[so..]).into();
+        }
+    }
+    name.into()
 }
 
 #[cfg(test)]
@@ -125,6 +141,16 @@ mod tests {
             role_of(Path::new("/x/libcudart.so.13")),
             Some(Role::CudaRuntime)
         );
+        // Renamed by a wheel's repair tool: the same libraries.
+        assert_eq!(
+            role_of(Path::new("/site/torch.libs/libcudart-1a2b3c4d.so.13")),
+            Some(Role::CudaRuntime)
+        );
+        assert_eq!(
+            role_of(Path::new("/site/x.libs/libnccl-0f1e2d3c4b.so.2")),
+            Some(Role::Nccl)
+        );
+        assert_eq!(role_of(Path::new("/x/libcudart-plugin.so")), None);
         assert_eq!(
             role_of(Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1")),
             Some(Role::CudaDriver)

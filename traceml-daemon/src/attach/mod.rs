@@ -4,6 +4,7 @@
 //! the kernel.
 pub mod btf;
 pub mod calibrate;
+pub mod callers;
 pub mod elf;
 pub mod linetable;
 pub mod maps;
@@ -121,6 +122,8 @@ pub struct Attacher {
     /// [`Attacher::attach_file`] arms the frame evaluator where it finds it (otherwise it only
     /// locates it, for [`Attacher::arm_python`]).
     arm_python_at_attach: bool,
+    /// The files looked at for the driver launches' caller ranges ([`callers`]).
+    callers: callers::Callers,
 }
 
 /// What happened when probing one file.
@@ -166,6 +169,7 @@ impl Attacher {
             python_site: None,
             python_links: Vec::new(),
             arm_python_at_attach: true,
+            callers: callers::Callers::default(),
         };
         attacher.set_launch_events(cfg.launch_events)?;
         if let Err(e) = attacher.watch_exec() {

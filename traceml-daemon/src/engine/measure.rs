@@ -65,9 +65,12 @@ pub(super) fn measure<'a>(
                 steps[i].collective_bytes += bytes.unwrap_or(0);
             }
         }
-        for &ts in &trace.launches {
+        for &(ts, path) in &trace.launches {
             if let Some(i) = find(&steps, ts) {
                 steps[i].launches[timeline.phase_at(ts).index()] += 1;
+                if let Some(p) = path.counted_index() {
+                    steps[i].launches_by_path[p] += 1;
+                }
             }
         }
         for c in &trace.copies {

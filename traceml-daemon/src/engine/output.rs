@@ -25,8 +25,15 @@ pub struct Step {
     pub end_ns: u64,
     /// Exclusive time per phase, indexed by [`Phase::index`]; sums to `end_ns - start_ns`.
     pub phase_ns: [u64; N_PHASES],
-    /// Kernel launches per phase (runtime and driver launches counted once).
+    /// Kernel launches per phase (each launch once: a runtime launch's own driver call is
+    /// not another).
     pub launches: [u32; N_PHASES],
+    /// The same launches by how they reached the driver ([`LaunchPath::COUNTED`]: the
+    /// runtime, a library's own runtime copy, the driver called directly).
+    ///
+    /// [`LaunchPath::COUNTED`]: crate::event::LaunchPath::COUNTED
+    #[serde(default, skip_serializing_if = "is_zero3")]
+    pub launches_by_path: [u32; 3],
     pub h2d_bytes: u64,
     pub d2h_bytes: u64,
     pub h2d_copies: u32,
@@ -214,6 +221,9 @@ pub struct StepTotals {
     pub duration_ns: u64,
     pub phase_ns: [u64; N_PHASES],
     pub launches: [u64; N_PHASES],
+    /// Launches by path (see [`Step::launches_by_path`]).
+    #[serde(default, skip_serializing_if = "is_zero3_u64")]
+    pub launches_by_path: [u64; 3],
     pub h2d_bytes: u64,
     pub d2h_bytes: u64,
     pub h2d_copies: u64,
@@ -289,6 +299,9 @@ impl StepTotals {
             self.io_ns[i] += s.io_ns[i];
             self.runnable_ns[i] += s.runnable_ns[i];
         }
+        for (t, &n) in self.launches_by_path.iter_mut().zip(&s.launches_by_path) {
+            *t += u64::from(n);
+        }
         self.h2d_bytes += s.h2d_bytes;
         self.d2h_bytes += s.d2h_bytes;
         self.h2d_copies += u64::from(s.h2d_copies);
@@ -300,4 +313,12 @@ impl StepTotals {
         self.collective_bytes += s.collective_bytes;
         self.micro_batches += u64::from(s.micro_batches);
     }
+}
+
+fn is_zero3(v: &[u32; 3]) -> bool {
+    *v == [0; 3]
+}
+
+fn is_zero3_u64(v: &[u64; 3]) -> bool {
+    *v == [0; 3]
 }

@@ -95,7 +95,7 @@ impl Trace {
         self.ev(ts, tid, Kind::CallExit { api, ret: 0 })
     }
     fn launch(&mut self, ts: u64, tid: u32, api: Api) -> &mut Trace {
-        self.ev(ts, tid, Kind::Launch { api })
+        self.ev(ts, tid, Kind::Launch { api, path: None })
     }
     fn rec(&mut self, ts: u64, tid: u32, name: &str) -> &mut Trace {
         self.ev(ts, tid, Kind::RecordEnter { name: name.into() })
@@ -598,25 +598,42 @@ fn driver_call_nested_in_runtime_call_is_one_copy_and_one_sync() {
 }
 
 #[test]
-fn runtime_and_driver_launches_are_deduplicated() {
+fn each_launch_is_counted_once_by_its_path() {
+    use crate::event::LaunchPath as L;
     let mut t = Trace::new();
     let p = PID;
+    let mut via = |ts, tid, api, path| {
+        t.ev(
+            ts,
+            tid,
+            Kind::Launch {
+                api,
+                path: Some(path),
+            },
+        );
+    };
+    // cudaLaunchKernel and the runtime's own cuLaunchKernel (called from inside the runtime's
+    // text): one launch, the runtime's.
+    via(100_000, p, Api::CudaLaunchKernel, L::Runtime);
+    via(101_000, p, Api::CuLaunchKernel, L::Nested);
+    // cuBLAS's own runtime copy launching 5 µs after an eager kernel: its own launch (a time
+    // window would have taken it for the eager kernel's driver call).
+    via(106_000, p, Api::CuLaunchKernel, L::Library);
+    // Triton's launcher calling the driver directly, on another thread too.
+    via(200_000, p, Api::CuLaunchKernelEx, L::Direct);
+    via(201_000, WORKER, Api::CuLaunchKernelEx, L::Direct);
     t.enter(0, p, DL).exit(10, p, DL);
-    // cudaLaunchKernel + its cuLaunchKernel 5 µs later: one launch.
-    t.launch(100_000, p, Api::CudaLaunchKernel)
-        .launch(105_000, p, Api::CuLaunchKernel);
-    // cuBLAS launching through the driver 50 µs later: its own launch.
-    t.launch(155_000, p, Api::CuLaunchKernelEx);
-    // A driver launch on another thread right after: not the same launch.
-    t.launch(200_000, p, Api::CudaLaunchKernel)
-        .launch(201_000, WORKER, Api::CuLaunchKernel);
-    // One runtime launch pairs with at most one driver launch.
-    t.launch(300_000, p, Api::CudaLaunchKernel)
-        .launch(301_000, p, Api::CuLaunchKernel);
-    t.launch(302_000, p, Api::CuLaunchKernel);
     t.enter(1_000_000, p, DL);
+    // Recorded before paths were read: a runtime probe's launch is the runtime's, a driver
+    // probe's direct.
+    t.launch(1_100_000, p, Api::CudaLaunchKernel)
+        .launch(1_105_000, p, Api::CuLaunchKernel);
+    t.enter(2_000_000, p, DL);
     let out = t.codes().run();
-    assert_eq!(out.steps[0].launches.iter().sum::<u32>(), 1 + 1 + 2 + 2);
+    let s = &out.steps;
+    assert_eq!(s[0].launches.iter().sum::<u32>(), 4);
+    assert_eq!(s[0].launches_by_path, [1, 1, 2]);
+    assert_eq!(s[1].launches_by_path, [1, 0, 1]);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The per-thread stack machine: matches entries with exits on one thread, survives lost events,
 //! and reduces the thread's events to what the engine needs (phase intervals, DataLoader calls,
-//! optimizer and sync exits, copies, syncs, deduplicated launches).
+//! optimizer and sync exits, copies, syncs, launches each counted once).
 //!
 //! All open things of a thread (tracked Python frames, native calls with an exit probe,
 //! `record_function`s) live on ONE stack in entry order. An exit pops its entry and everything
@@ -21,11 +21,8 @@
 use std::collections::HashMap;
 
 use crate::classify::{RecordClass, classify_record};
-use crate::event::{Api, Class, CopyKind, Kind, OffCpu};
+use crate::event::{Api, Class, CopyKind, Kind, LaunchPath, OffCpu};
 use crate::phase::Phase;
-
-/// A driver launch this soon after a runtime launch on the same thread is the same launch.
-pub(crate) const LAUNCH_DEDUP_NS: u64 = 20_000;
 
 /// Direction of a copy call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,8 +91,9 @@ pub(crate) struct ThreadTrace {
     /// sample waited in.
     pub waits: Vec<(u64, u64, Api)>,
     pub copies: Vec<Copy>,
-    /// Launches, a driver launch right after a runtime launch counted once.
-    pub launches: Vec<u64>,
+    /// Launches and how they reached the driver, each once (a driver call nested in a runtime
+    /// launch is that launch: see [`ThreadFold::launch`]).
+    pub launches: Vec<(u64, LaunchPath)>,
     /// Collectives issued: (entry, bytes when known).
     pub collectives: Vec<(u64, Option<u64>)>,
     /// Input preparation `[start, end)`: from the end of the last fetch or optimizer step to
@@ -140,7 +138,7 @@ impl ThreadTrace {
         self.sync_exits.retain(|&(_, t)| t >= cut);
         self.syncs.retain(|&t| t >= cut);
         self.waits.retain(|&(_, e, _)| e > cut);
-        self.launches.retain(|&t| t >= cut);
+        self.launches.retain(|&(t, _)| t >= cut);
         self.collectives.retain(|&(t, _)| t >= cut);
         self.prep.retain(|&(_, e)| e > cut);
         self.off_cpu.retain(|&(_, e, _)| e > cut);
@@ -230,8 +228,6 @@ pub(crate) struct ThreadFold {
     input_cut: Option<usize>,
     sync_depth: u32,
     copy_depth: u32,
-    /// Last runtime launch not yet paired with a driver launch.
-    runtime_launch: Option<u64>,
     seen: bool,
     /// The thread's previous event was this collective's issue (nothing happened on the
     /// thread since): a wait that follows starts there.
@@ -282,7 +278,9 @@ impl ThreadFold {
                 self.issued = issued;
             }
             Kind::CallExit { api, .. } => self.close_matching(Key::Api(api), ts, false),
-            Kind::Launch { api } => self.launch(ts, api),
+            Kind::Launch { api, path } => {
+                self.launch(ts, path.unwrap_or(LaunchPath::of(api, None)))
+            }
             Kind::RecordEnter { ref name } => self.record_enter(ts, name),
             Kind::RecordExit => self.close_matching(Key::Record, ts, false),
             // The engine ends the process's trace there; nothing opens or closes.
@@ -411,16 +409,12 @@ impl ThreadFold {
         }
     }
 
-    /// A kernel launch: a driver launch right after a runtime launch is the same one.
-    fn launch(&mut self, ts: u64, api: Api) {
-        if api.is_driver() {
-            match self.runtime_launch.take() {
-                Some(rt) if ts.saturating_sub(rt) <= LAUNCH_DEDUP_NS => {}
-                _ => self.out.launches.push(ts),
-            }
-        } else {
-            self.runtime_launch = Some(ts);
-            self.out.launches.push(ts);
+    /// A kernel launch. A driver entry point the kernel saw called from inside a CUDA
+    /// runtime is that runtime launch's own driver call (counted at the runtime probe), not a
+    /// launch; every other driver launch is one, however soon after a runtime launch.
+    fn launch(&mut self, ts: u64, path: LaunchPath) {
+        if path != LaunchPath::Nested {
+            self.out.launches.push((ts, path));
         }
     }
 

@@ -297,3 +297,67 @@ impl CopyKind {
         }
     }
 }
+
+/// How a kernel launch reached the GPU (the kernel decides it from the launch probe's caller:
+/// [`traceml_common::LaunchPath`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum LaunchPath {
+    /// A runtime entry point (`cudaLaunchKernel`, `cudaLaunchKernelExC`, `cudaGraphLaunch`).
+    Runtime,
+    /// A driver entry point called by a CUDA runtime: the runtime launch's own driver call,
+    /// not a launch of its own.
+    Nested,
+    /// A driver entry point called by a library with its own copy of the runtime (cuBLAS,
+    /// cuDNN, NCCL).
+    Library,
+    /// A driver entry point called directly (Triton's launcher, inductor's static launcher).
+    Direct,
+}
+
+impl LaunchPath {
+    /// The path of a launch event: what the kernel read, or for events recorded before it
+    /// did (`raw` 0, or `None`), a runtime probe's launch is the runtime's and a driver
+    /// probe's direct.
+    pub fn of(api: Api, raw: Option<u64>) -> LaunchPath {
+        use traceml_common::LaunchPath as K;
+        match raw.map(K::from_u64) {
+            Some(K::Runtime) => LaunchPath::Runtime,
+            Some(K::Nested) => LaunchPath::Nested,
+            Some(K::Library) => LaunchPath::Library,
+            Some(K::Direct) => LaunchPath::Direct,
+            Some(K::Unknown) | None if api.is_driver() => LaunchPath::Direct,
+            Some(K::Unknown) | None => LaunchPath::Runtime,
+        }
+    }
+
+    /// The raw code ([`traceml_common::LaunchPath`]).
+    pub fn code(self) -> u8 {
+        use traceml_common::LaunchPath as K;
+        (match self {
+            LaunchPath::Runtime => K::Runtime,
+            LaunchPath::Nested => K::Nested,
+            LaunchPath::Library => K::Library,
+            LaunchPath::Direct => K::Direct,
+        }) as u8
+    }
+
+    /// The paths a launch is counted on (a nested driver call is the runtime's launch), in
+    /// the order of the summary's `launches_by_path`.
+    pub const COUNTED: [LaunchPath; 3] =
+        [LaunchPath::Runtime, LaunchPath::Library, LaunchPath::Direct];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LaunchPath::Runtime => "runtime",
+            LaunchPath::Nested => "nested",
+            LaunchPath::Library => "library",
+            LaunchPath::Direct => "direct",
+        }
+    }
+
+    /// Index in [`LaunchPath::COUNTED`]; `None` for a nested call.
+    pub fn counted_index(self) -> Option<usize> {
+        LaunchPath::COUNTED.iter().position(|&p| p == self)
+    }
+}

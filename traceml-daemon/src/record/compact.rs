@@ -4,7 +4,7 @@
 //! items out; every malformed input is an error, never a panic.
 use std::collections::HashMap;
 
-use crate::event::{Api, CopyKind, Event, Kind, StackSample};
+use crate::event::{Api, CopyKind, Event, Kind, LaunchPath, StackSample};
 
 /// Code identities remembered for `py_enter`/`py_exit` (both sides stop adding at this size,
 /// so memory stays bounded; later identities are written in full).
@@ -199,7 +199,7 @@ impl EventEncoder {
             Kind::Exec | Kind::OffCpu { .. } | Kind::GradMode { .. } => return None,
             // A collective's group has no compact field: a JSON `item` frame keeps it.
             Kind::CallEnter { group: Some(_), .. } => return None,
-            Kind::CallEnter { api, .. } | Kind::CallExit { api, .. } | Kind::Launch { api } => {
+            Kind::CallEnter { api, .. } | Kind::CallExit { api, .. } | Kind::Launch { api, .. } => {
                 api_code(*api)?
             }
             _ => 0,
@@ -251,11 +251,13 @@ impl EventEncoder {
                 put_varint(out, name.len() as u64);
                 out.extend_from_slice(name.as_bytes());
             }
-            Kind::Launch { .. }
-            | Kind::RecordExit
-            | Kind::Exec
-            | Kind::OffCpu { .. }
-            | Kind::GradMode { .. } => {}
+            // Added within version 1: the launch's path, one trailing byte (absent: unknown).
+            Kind::Launch { path, .. } => {
+                if let Some(p) = path {
+                    out.push(p.code());
+                }
+            }
+            Kind::RecordExit | Kind::Exec | Kind::OffCpu { .. } | Kind::GradMode { .. } => {}
         }
         out[flags_at] = flags;
         Some(delta)
@@ -348,7 +350,13 @@ impl EventDecoder {
                 api: api_of(api)?,
                 ret: b.varint()?,
             },
-            4 => Kind::Launch { api: api_of(api)? },
+            4 => {
+                let api = api_of(api)?;
+                Kind::Launch {
+                    api,
+                    path: b.u8().ok().map(|c| LaunchPath::of(api, Some(c.into()))),
+                }
+            }
             5 => {
                 let n = b.varint()?;
                 let name =
@@ -479,6 +487,7 @@ mod tests {
                 tid: 8,
                 kind: Kind::Launch {
                     api: Api::CuLaunchKernel,
+                    path: Some(LaunchPath::Library),
                 },
             },
             Event {

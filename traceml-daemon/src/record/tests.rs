@@ -129,6 +129,7 @@ fn every_item() -> Vec<StreamItem> {
             100,
             Kind::Launch {
                 api: Api::CudaGraphLaunch,
+                path: None,
             },
         ),
         ev(
@@ -204,6 +205,9 @@ fn every_item() -> Vec<StreamItem> {
         StreamItem::LaunchTotals(LaunchTotals {
             runtime: 7,
             driver: 8,
+            nested: 5,
+            library: 2,
+            direct: 1,
         }),
         end(2_000, "target_exited"),
     ]
@@ -221,6 +225,7 @@ fn busy_items(steps: u64) -> Vec<StreamItem> {
                 100,
                 Kind::Launch {
                     api: Api::CudaLaunchKernel,
+                    path: Some(crate::event::LaunchPath::Runtime),
                 },
             ));
         }
@@ -450,7 +455,8 @@ fn unknown_frame_types_are_skipped() {
                 tgid: 5,
                 tid: 5,
                 kind: Kind::Launch {
-                    api: Api::CudaLaunchKernel
+                    api: Api::CudaLaunchKernel,
+                    path: None,
                 }
             }),
             end(9, "terminated"),

@@ -521,7 +521,7 @@ pub(super) fn cuda_text(s: &Summary) -> Option<String> {
     }
     let mut parts = Vec::new();
     if let Some(l) = c.launches_per_step {
-        parts.push(format!("{l:.0} launches/step"));
+        parts.push(format!("{l:.0} launches/step{}", by_path(s)));
     }
     if let (Some(b), Some(n)) = (c.h2d_bytes_per_step, c.h2d_copies_per_step) {
         let mut h = format!("H2D {}/step in {n:.0} copies", bytes_dec(b));
@@ -541,6 +541,42 @@ pub(super) fn cuda_text(s: &Summary) -> Option<String> {
         parts.push(format!("{n:.1} syncs/step"));
     }
     Some(parts.join(" · "))
+}
+
+/// " (120 runtime, 40 from libcublasLt.so.13's own runtime, 8 direct to the driver)": where
+/// the launches reached the driver, when any did other than through the runtime.
+fn by_path(s: &Summary) -> String {
+    let Some(b) = &s.cuda.launches_by_path else {
+        return String::new();
+    };
+    if b.library == 0.0 && b.direct == 0.0 {
+        return String::new();
+    }
+    let mut parts = Vec::new();
+    if b.runtime > 0.0 {
+        parts.push(format!("{:.0} runtime", b.runtime));
+    }
+    if b.library > 0.0 {
+        let libs: Vec<&str> = s
+            .data_quality
+            .own_runtime_libraries
+            .iter()
+            .map(|p| p.rsplit('/').next().unwrap_or(p))
+            .collect();
+        parts.push(match libs.as_slice() {
+            [] => format!("{:.0} from libraries' own runtimes", b.library),
+            [one] => format!("{:.0} from {one}'s own runtime", b.library),
+            [one, ..] => format!(
+                "{:.0} from {one} and {} more with their own runtime",
+                b.library,
+                libs.len() - 1
+            ),
+        });
+    }
+    if b.direct > 0.0 {
+        parts.push(format!("{:.0} direct to the driver", b.direct));
+    }
+    format!(" ({})", parts.join(", "))
 }
 
 fn thirds(t: Option<[u64; 3]>) -> Option<String> {

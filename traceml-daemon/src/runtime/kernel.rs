@@ -160,21 +160,39 @@ pub(super) fn probe_stats(attacher: &Attacher, switching: bool) -> ProbeStats {
     out
 }
 
-/// Sums the kernel's per-CPU launch counters (indexed by probe id).
+/// Sums the kernel's per-CPU launch counters (indexed by path and probe id: see
+/// [`traceml_common::LaunchPath`]).
 pub(super) fn launch_totals(attacher: &Attacher) -> LaunchTotals {
-    use traceml_common::ProbeId as P;
+    use traceml_common::{LAUNCH_PROBE_SLOTS, LaunchPath as K, ProbeId as P};
     let Some(m) = attacher.ebpf.map("LAUNCHES") else {
         return LaunchTotals::default();
     };
     let Ok(counters) = PerCpuArray::<_, u64>::try_from(m) else {
         return LaunchTotals::default();
     };
-    let count = |p: P| percpu_sum(&counters, p as u32);
+    let count = |path: K, probes: &[P]| {
+        probes
+            .iter()
+            .map(|&p| percpu_sum(&counters, path as u32 * LAUNCH_PROBE_SLOTS + p as u32))
+            .sum::<u64>()
+    };
+    let runtime = [
+        P::CudaLaunchKernel,
+        P::CudaLaunchKernelExC,
+        P::CudaGraphLaunch,
+    ];
+    let driver = [P::CuLaunchKernel, P::CuLaunchKernelEx];
+    let (nested, library, direct) = (
+        count(K::Nested, &driver),
+        count(K::Library, &driver),
+        count(K::Direct, &driver),
+    );
     LaunchTotals {
-        runtime: count(P::CudaLaunchKernel)
-            + count(P::CudaLaunchKernelExC)
-            + count(P::CudaGraphLaunch),
-        driver: count(P::CuLaunchKernel) + count(P::CuLaunchKernelEx),
+        runtime: count(K::Runtime, &runtime),
+        driver: nested + library + direct,
+        nested,
+        library,
+        direct,
     }
 }
 

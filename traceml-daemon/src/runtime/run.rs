@@ -13,8 +13,8 @@ use crate::attach::python::CodeReader;
 use crate::attach::{self, Attacher, maps};
 use crate::classify::{self, RecordClass};
 use crate::event::{
-    self, Api, Class, CodeInfo, EndReason, FuncInfo, Kind, LibraryInfo, Lost, ProbeSet,
-    StackSample, StreamItem, WorkerStackSample,
+    self, Api, Class, CodeInfo, EndReason, FuncInfo, Kind, LibraryInfo, Lost, OWN_RUNTIME_ROLE,
+    ProbeSet, StackSample, StreamItem, WorkerStackSample,
 };
 use crate::host::ending;
 use crate::host::procinfo;
@@ -374,6 +374,17 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
         k: &mut Kernel,
         mappings: &[maps::Mapping],
     ) -> Result<(), LiveError> {
+        if k.attacher().callers_pending(mappings) {
+            let m = mappings.to_vec();
+            let found = self.with_attacher(k, move |a| a.update_callers(&m)).await;
+            match found {
+                Ok(libs) => self.own_runtime(libs, monotonic_ns())?,
+                Err(e) => tracing::warn!(
+                    "driver launches' callers not updated: {}",
+                    attach::error_chain(&e)
+                ),
+            }
+        }
         let files = to_probe(k.attacher(), mappings, k.held_back);
         if files.is_empty() {
             return Ok(());
@@ -403,6 +414,24 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             Some(e) => Err(e.into()),
             None => Ok(()),
         }
+    }
+
+    /// Puts the libraries found to carry their own CUDA runtime in the stream (role
+    /// `own_runtime`, no probes of their own: their launches reach the driver's probes).
+    pub(super) fn own_runtime(&mut self, libs: Vec<PathBuf>, ts: u64) -> Result<(), LiveError> {
+        for path in libs {
+            tracing::info!(
+                "{} carries its own CUDA runtime: its launches reach the driver directly",
+                terminal(&path.display().to_string())
+            );
+            self.emit(StreamItem::Library(Box::new(LibraryInfo {
+                path: path.display().to_string(),
+                role: OWN_RUNTIME_ROLE.into(),
+                probes: Vec::new(),
+                ts,
+            })))?;
+        }
+        Ok(())
     }
 
     /// Puts a probed file in the stream: its failed probes, and the library with its probes.

@@ -81,6 +81,8 @@ struct Loaded {
     mem: TargetMemory,
     reader: CodeReader,
     probed: Vec<Probed>,
+    /// Libraries mapped at attach that carry their own CUDA runtime.
+    own_runtime: Vec<std::path::PathBuf>,
     attach_ts: u64,
     /// This machine's per-hit probe costs, when measured.
     calibration: Option<crate::event::Calibration>,
@@ -137,6 +139,9 @@ async fn load(
                 ts: monotonic_ns(),
             });
         }
+        // The caller ranges before Python's probe arms: every driver launch from here on is
+        // told apart by its caller.
+        let own_runtime = a.update_callers(&mappings)?;
         let report = a.attach_file(&py_path, maps::Role::Python)?;
         // Without Python's probe the attach fails (the caller says why).
         probed.insert(
@@ -148,11 +153,11 @@ async fn load(
                 ts: monotonic_ns(),
             },
         );
-        Ok::<_, AttachError>((a, probed, attach_ts, calibration))
+        Ok::<_, AttachError>((a, probed, own_runtime, attach_ts, calibration))
     })
     .await
     .map_err(|e| LiveError::Kernel(format!("loading the eBPF programs: {e}")))?;
-    let (attacher, probed, attach_ts, calibration) = match loaded {
+    let (attacher, probed, own_runtime, attach_ts, calibration) = match loaded {
         Ok(l) => l,
         Err(e) => {
             let msg = attach::error_chain(&e);
@@ -174,6 +179,7 @@ async fn load(
         mem,
         reader,
         probed,
+        own_runtime,
         attach_ts,
         calibration,
     })
@@ -200,6 +206,7 @@ pub async fn run(
         mem,
         reader,
         probed,
+        own_runtime,
         attach_ts,
         calibration,
     } = load(opts, &py, &mappings).await?;
@@ -242,6 +249,7 @@ pub async fn run(
     if report.attached.is_empty() {
         return Err(not_probed(report, &py));
     }
+    run.own_runtime(own_runtime, attach_ts)?;
     for p in probed {
         run.probed(p)?;
     }

@@ -569,6 +569,11 @@ pub struct DataQuality {
     pub python_version: Option<String>,
     /// Paths of the CUDA runtime and driver libraries probed.
     pub cuda_libraries: Vec<String>,
+    /// Libraries mapped in the target that carry their own copy of the CUDA runtime (cuBLAS,
+    /// cuDNN, NCCL): their launches reach the driver from there (`cuda.launches_by_path`'s
+    /// `library`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub own_runtime_libraries: Vec<String>,
     pub boundary: Option<Boundary>,
     pub unmatched_events: u64,
     pub reordered_events: u64,
@@ -595,6 +600,7 @@ impl Default for DataQuality {
             probes_failed: Vec::new(),
             python_version: None,
             cuda_libraries: Vec::new(),
+            own_runtime_libraries: Vec::new(),
             boundary: None,
             unmatched_events: 0,
             reordered_events: 0,

@@ -21,6 +21,37 @@ pub struct CudaStats {
     pub d2h_ms_per_step: Option<f64>,
     /// Blocking syncs (stream/device/event) per step.
     pub syncs_per_step: Option<f64>,
+    /// `launches_per_step` by how the launches reached the driver; absent without launches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launches_by_path: Option<LaunchesByPath>,
+}
+
+/// Launches per step by path, each launch once (they add up to `launches_per_step`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaunchesByPath {
+    /// Through a CUDA runtime entry point (`cudaLaunchKernel`…: eager torch kernels).
+    pub runtime: f64,
+    /// A driver entry point called by a library with its own copy of the runtime (cuBLAS,
+    /// cuDNN, NCCL: `data_quality.own_runtime_libraries` names them).
+    pub library: f64,
+    /// A driver entry point called directly (Triton's launcher, inductor's static launcher).
+    pub direct: f64,
+}
+
+impl LaunchesByPath {
+    /// From per-path totals ([`crate::event::LaunchPath::COUNTED`] order) over `steps` steps;
+    /// `None` without launches or steps.
+    pub fn per_step(totals: [u64; 3], steps: u64) -> Option<LaunchesByPath> {
+        if steps == 0 || totals == [0; 3] {
+            return None;
+        }
+        let f = |n: u64| n as f64 / steps as f64;
+        Some(LaunchesByPath {
+            runtime: f(totals[0]),
+            library: f(totals[1]),
+            direct: f(totals[2]),
+        })
+    }
 }
 
 /// The machine, from the periodic samples.
