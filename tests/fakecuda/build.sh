@@ -1,8 +1,18 @@
 #!/bin/sh
-# Builds the stand-in CUDA runtime into tests/build/fakecuda/:
+# Builds the stand-in CUDA driver, runtime, vendor library and Triton-shape launcher into
+# tests/build/fakecuda/:
+#   libcuda.so.1      the stand-in DRIVER (fakecuda_driver.c): owns the simulated device; exports the
+#                     cu* entry points with the real signatures, cuGetProcAddress(_v2), and the
+#                     fakecuda_* test controls. No symbol versioning (like the real libcuda.so.1).
 #   libcudart.so.12   SONAME libcudart.so.12, symbols versioned @@libcudart.so.12 (like PyPI's
 #                     nvidia-cuda-runtime-cu12 12.x)
 #   libcudart.so.13   same code, SONAME/version libcudart.so.13 (like nvidia-cuda-runtime 13.x)
+#                     The runtimes load the driver at first use (dlopen libcuda.so.1, RUNPATH
+#                     $ORIGIN, fallback: this build's libcuda.so.1 by absolute path) and take every
+#                     driver entry point through cuGetProcAddress_v2: no DT_NEEDED, no cu* import.
+#   libfakeblasLt.so.13  stand-in vendor library with its own runtime copy (fakeblas.c), the shape
+#                     of cuBLAS/cuDNN/NCCL on PyPI: dlopen + cuGetProcAddress, imports no cu*.
+#   libfaketriton_launcher.so  the Triton shape (faketriton.c): dlsym(cuLaunchKernelEx/cuLaunchKernel).
 #   cet/libcudart.so.12  the same library built with -fcf-protection=full: every function starts
 #                     with endbr64 (what a CET-enabled distro build would look like); for tests of
 #                     probe placement past endbr64. Not what the PyPI wheels look like.
@@ -17,6 +27,8 @@ set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${FAKECUDA_OUT:-$HERE/../build/fakecuda}
 mkdir -p "$OUT" "$OUT/cet"
+OUT=$(cd "$OUT" && pwd)
+DRV_FALLBACK="-DFAKECUDA_DRIVER_FALLBACK=\"$OUT/libcuda.so.1\""
 CC=${CC:-gcc}
 BASE="-O2 -fno-shrink-wrap -fno-optimize-sibling-calls -mno-omit-leaf-frame-pointer -g -fPIC -shared -fvisibility=hidden -fno-omit-frame-pointer -pthread -Wall -Wextra -Werror"
 
@@ -24,11 +36,38 @@ build() { # $1 major, $2 output, $3 extra flags
     map=$(mktemp)
     printf 'libcudart.so.%s {\n  global:\n    cuda*;\n    __cuda*;\n    fakecuda_*;\n  local: *;\n};\n' "$1" >"$map"
     # shellcheck disable=SC2086
-    $CC $BASE $3 -DFAKECUDA_VERSION=${1}080 -Wl,-soname,libcudart.so.$1 -Wl,--version-script,"$map" \
-        -o "$2.tmp" "$HERE/fakecudart.c"
+    $CC $BASE $3 -DFAKECUDA_VERSION=${1}080 "$DRV_FALLBACK" -Wl,-soname,libcudart.so.$1 -Wl,--version-script,"$map" \
+        -Wl,-rpath,"$5" -Wl,--enable-new-dtags -o "$2.tmp" "$HERE/fakecudart.c" -ldl
     rm -f "$map"
-    check "$2.tmp" "$4"
+    check "$2.tmp" "$4" 20
+    no_cuda_link "$2.tmp"
     mv -f "$2.tmp" "$2"
+}
+
+# A library that must reach the driver only through dlopen/dlsym/cuGetProcAddress: no DT_NEEDED on
+# libcuda/libcudart and no undefined cu*/cuda* symbol.
+no_cuda_link() {
+    if readelf -d "$1" | grep NEEDED | grep -Eq 'libcuda|libcudart'; then
+        echo "build.sh: FATAL: $1 has DT_NEEDED on libcuda/libcudart" >&2; exit 1
+    fi
+    if nm -D --undefined-only "$1" | awk '{print $NF}' | grep -Eq '^_*cu'; then
+        echo "build.sh: FATAL: $1 imports a cu*/cuda* symbol" >&2; exit 1
+    fi
+}
+
+# The driver's internal implementations (fcd_*, local): what cuGetProcAddress hands out with
+# FAKECUDA_PROCADDR=internal. Each must start with push %rbp and carry no LOCK first.
+check_internal() {
+    lib=$1; bad=0; n=0
+    for sym in $(nm "$lib" | awk '$2=="t" && $3 ~ /^fcd_cu/ {print $3}'); do
+        n=$((n + 1))
+        first=$(objdump -d --no-show-raw-insn "$lib" --disassemble="$sym" | awk -F'\t' '/^ +[0-9a-f]+:/{print $2; exit}')
+        if [ "$first" != "push   %rbp" ]; then
+            echo "build.sh: FATAL: internal $sym in $lib starts with '$first', expected 'push %rbp'" >&2; bad=1
+        fi
+    done
+    [ "$n" -gt 40 ] || { echo "build.sh: FATAL: only $n internal fcd_cu* functions in $lib" >&2; exit 1; }
+    [ "$bad" = 0 ] || exit 1
 }
 
 # Every exported function: first instruction (after an optional endbr64) must not carry LOCK;
@@ -44,7 +83,7 @@ check() {
         case "$real" in
             lock*) echo "build.sh: FATAL: $sym in $lib starts with a LOCK-prefixed instruction ($real); uprobes cannot be placed there" >&2; bad=1 ;;
         esac
-        case "$sym" in fakecuda_*) continue ;; esac # test controls: only the LOCK rule applies
+        case "$sym" in fakecuda_*|fakeblas_stats|faketriton_stats) continue ;; esac # test controls: only the LOCK rule applies
         if [ "$want" = plain ] && [ "$first" != "push   %rbp" ]; then
             echo "build.sh: FATAL: $sym in $lib starts with '$first', expected 'push %rbp' like the real libcudart" >&2; bad=1
         fi
@@ -52,12 +91,36 @@ check() {
             echo "build.sh: FATAL: $sym in $lib starts with '$first', expected endbr64 in the CET build" >&2; bad=1
         fi
     done
-    [ "$n" -gt 20 ] || { echo "build.sh: FATAL: only $n exported functions in $lib" >&2; exit 1; }
+    [ "$n" -gt "$3" ] || { echo "build.sh: FATAL: only $n exported functions in $lib" >&2; exit 1; }
     [ "$bad" = 0 ] || exit 1
 }
 
-build 12 "$OUT/libcudart.so.12" "-fcf-protection=none" plain
-build 13 "$OUT/libcudart.so.13" "-fcf-protection=none" plain
-build 12 "$OUT/cet/libcudart.so.12" "-fcf-protection=full" cet
+# the driver
+# shellcheck disable=SC2086
+$CC $BASE -fcf-protection=none -Wl,-soname,libcuda.so.1 -o "$OUT/libcuda.so.1.tmp" "$HERE/fakecuda_driver.c"
+check "$OUT/libcuda.so.1.tmp" plain 40
+check_internal "$OUT/libcuda.so.1.tmp"
+mv -f "$OUT/libcuda.so.1.tmp" "$OUT/libcuda.so.1"
+
+build 12 "$OUT/libcudart.so.12" "-fcf-protection=none" plain '$ORIGIN'
+build 13 "$OUT/libcudart.so.13" "-fcf-protection=none" plain '$ORIGIN'
+build 12 "$OUT/cet/libcudart.so.12" "-fcf-protection=full" cet '$ORIGIN/..'
 ln -sf libcudart.so.12 "$OUT/libcudart.so"
-echo "fakecuda: built $OUT/libcudart.so.12 $OUT/libcudart.so.13 $OUT/cet/libcudart.so.12"
+
+# the vendor library and the Triton-shape launcher
+# shellcheck disable=SC2086
+$CC $BASE -fcf-protection=none "$DRV_FALLBACK" -Wl,-soname,libfakeblasLt.so.13 -Wl,-rpath,'$ORIGIN' -Wl,--enable-new-dtags \
+    -o "$OUT/libfakeblasLt.so.13.tmp" "$HERE/fakeblas.c" -ldl
+check "$OUT/libfakeblasLt.so.13.tmp" plain 4
+no_cuda_link "$OUT/libfakeblasLt.so.13.tmp"
+for s in libcuda.so.1 cuGetProcAddress; do
+    strings -n 8 "$OUT/libfakeblasLt.so.13.tmp" | grep -q "^$s" || { echo "build.sh: FATAL: no \"$s\" string in libfakeblasLt" >&2; exit 1; }
+done
+mv -f "$OUT/libfakeblasLt.so.13.tmp" "$OUT/libfakeblasLt.so.13"
+# shellcheck disable=SC2086
+$CC $BASE -fcf-protection=none "$DRV_FALLBACK" -Wl,-soname,libfaketriton_launcher.so -Wl,-rpath,'$ORIGIN' -Wl,--enable-new-dtags \
+    -o "$OUT/libfaketriton_launcher.so.tmp" "$HERE/faketriton.c" -ldl
+check "$OUT/libfaketriton_launcher.so.tmp" plain 2
+no_cuda_link "$OUT/libfaketriton_launcher.so.tmp"
+mv -f "$OUT/libfaketriton_launcher.so.tmp" "$OUT/libfaketriton_launcher.so"
+echo "fakecuda: built $OUT/libcuda.so.1 $OUT/libcudart.so.12 $OUT/libcudart.so.13 $OUT/cet/libcudart.so.12 $OUT/libfakeblasLt.so.13 $OUT/libfaketriton_launcher.so"

@@ -2,52 +2,42 @@
  * Stand-in CUDA runtime (libcudart.so.12 / .13) for machines without a GPU.
  *
  * It exports the part of the libcudart API that torch uses, with the real signatures, the real
- * return codes and the real SONAME / symbol version, and drives a *simulated device*:
+ * return codes and the real SONAME / symbol version. It simulates nothing itself: like the real
+ * runtime it reaches the GPU through the CUDA driver. At first use it dlopen()s libcuda.so.1 (the
+ * stand-in driver fakecuda_driver.c beside it: RUNPATH $ORIGIN; FAKECUDA_DRIVER overrides the
+ * path), takes cuGetProcAddress_v2 with dlsym and every other driver entry point through
+ * cuGetProcAddress_v2 -- never by link (no DT_NEEDED libcuda, no undefined cu* symbol). Each cuda*
+ * function calls its driver entry point through those pointers with a real call:
  *
- *   - one device thread executes a single FIFO queue of operations (kernels, graph launches,
- *     asynchronous copies, event markers). All streams share this queue (simplification: real
- *     streams may overlap; here everything is serialised in issue order).
- *   - The device thread keeps its own timeline: an operation starts at max(now, end of previous)
- *     and ends `duration` later; the thread sleeps until that absolute CLOCK_MONOTONIC time.
- *   - Kernel launches (cudaLaunchKernel, __cudaLaunchKernel, cudaLaunchKernelExC) and
- *     cudaGraphLaunch are asynchronous: they enqueue an operation whose duration is the calling
- *     thread's current kernel time (fakecuda_set_kernel_ns, default 10 us) and return at once.
- *   - Copies take bytes / bandwidth (fakecuda_set_bandwidth, default 10e9 bytes/s, global).
- *     The simplified copy model (documented in tests/README.md):
- *       cudaMemcpy (any kind)            enqueue copy, block until it completes (so it waits for
- *                                        the whole queue first, then for the copy).
- *       cudaMemcpyAsync H2D, pinned src  enqueue copy, return at once.
- *       cudaMemcpyAsync H2D, pageable    host-blocking staging copy of bytes/bandwidth (does NOT
- *                                        wait for the queue), then enqueue the DMA (same duration).
- *       cudaMemcpyAsync D2H, pinned dst  enqueue copy, return at once.
- *       cudaMemcpyAsync D2H, pageable    enqueue copy, block until it completes (waits for the
- *                                        queue to drain, then the copy).
- *       cudaMemcpyAsync D2D              enqueue copy (bytes / (10 * bandwidth)), return at once.
- *       cudaMemcpyAsync H2H              host memcpy, blocking for bytes/bandwidth.
- *       kind 4 (default)                 resolved from the pointers (cudaMalloc'd = device).
- *     "Pinned" = allocated by cudaMallocHost / cudaHostAlloc. "Device" memory is host memory
- *     from malloc, so copies really move the bytes when both pointers are valid.
- *   - cudaStreamSynchronize / cudaDeviceSynchronize block until the queue is empty (every stream,
- *     since there is one queue). cudaEventRecord enqueues a marker; cudaEventSynchronize blocks
- *     until the device reached it; cudaEventElapsedTime uses the device timeline.
- *   - A process forked from one that used the device gets cudaErrorInitializationError (3) from
- *     every call, like the real runtime in a forked child.
+ *   cudaLaunchKernel / __cudaLaunchKernel -> cuLaunchKernel     cudaLaunchKernelExC -> cuLaunchKernelEx
+ *   cudaLaunchCooperativeKernel -> cuLaunchCooperativeKernel   cudaGraphLaunch -> cuGraphLaunch
+ *   cudaMemcpy  H2D/D2H/D2D -> cuMemcpyHtoD_v2/DtoH_v2/DtoD_v2, H2H/default -> cuMemcpy
+ *   cudaMemcpyAsync H2D/D2H/D2D -> cuMemcpy{HtoD,DtoH,DtoD}Async_v2, H2H/default -> cuMemcpyAsync
+ *   cudaMemcpyPeerAsync -> cuMemcpyPeerAsync   cudaStreamSynchronize -> cuStreamSynchronize
+ *   cudaDeviceSynchronize -> cuCtxSynchronize  cudaEvent* -> cuEvent*   cudaMalloc -> cuMemAlloc_v2 ...
  *
- * Counters for cross-checking are read with fakecuda_stats().
+ * The simulated device (timeline, copy model, fork detection, counters) lives in the driver; the
+ * fakecuda_* controls here forward to the driver's. The runtime counts its own API calls (the
+ * API-call fields of struct fakecuda_stats, and its launches, registered with the driver as
+ * launches_runtime). See tests/README.md.
  *
  * Build: see build.sh (matches the real library's prologues: push %rbp; mov %rsp,%rbp, no endbr64).
  */
 #define _GNU_SOURCE
-#include <errno.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
+
+#include "fakecuda_stats.h"
 
 #define API __attribute__((visibility("default"), noinline))
+
+#ifndef FAKECUDA_DRIVER_FALLBACK
+#define FAKECUDA_DRIVER_FALLBACK ""
+#endif
 
 typedef int cudaError_t;
 enum {
@@ -55,6 +45,7 @@ enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInitializationError = 3,
+    cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
 };
@@ -79,241 +70,167 @@ typedef struct cudaLaunchConfig_st {
     unsigned int numAttrs;
 } cudaLaunchConfig_t;
 
-/* ---------------------------------------------------------------- stats ---------------------- */
+/* driver types (cuda.h) */
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    cudaStream_t hStream;
+    void *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+#define DP(p) ((CUdeviceptr)(uintptr_t)(p))
 
-/* Layout of fakecuda_stats(); append only. Every field is a uint64_t. */
-struct fakecuda_stats {
-    uint64_t version;              /* 1 */
-    uint64_t launch_kernel;        /* cudaLaunchKernel calls (incl. those through __cudaLaunchKernel) */
-    uint64_t launch_kernel_ex;     /* cudaLaunchKernelExC calls */
-    uint64_t graph_launch;         /* cudaGraphLaunch calls */
-    uint64_t memcpy_calls;         /* cudaMemcpy calls */
-    uint64_t memcpy_async_calls;   /* cudaMemcpyAsync calls */
-    uint64_t bytes_h2h, bytes_h2d, bytes_d2h, bytes_d2d; /* by resolved kind, both copy APIs */
-    uint64_t copies_h2d, copies_d2h; /* number of copies by resolved kind */
-    uint64_t stream_sync;          /* cudaStreamSynchronize calls */
-    uint64_t device_sync;          /* cudaDeviceSynchronize calls */
-    uint64_t event_sync;           /* cudaEventSynchronize calls */
-    uint64_t event_record;         /* cudaEventRecord calls */
-    uint64_t kernel_ns_enqueued;   /* simulated kernel time enqueued (kernels + graphs) */
-    uint64_t kernel_ns_executed;   /* simulated kernel time the device has finished */
-    uint64_t copy_ns_executed;     /* simulated copy time on the device timeline */
-    uint64_t ops_enqueued, ops_completed;
-    uint64_t host_blocked_ns;      /* time callers spent blocked in syncs and blocking copies */
-    uint64_t malloc_calls, free_calls, malloc_host_calls, free_host_calls;
-    uint64_t api_calls;            /* calls of any cuda* API function */
-};
+/* ---------------------------------------------------------------- the runtime's own counts --- */
 
-static struct fakecuda_stats g_stats = { .version = 1 };
+/* The runtime's API-call counters (the fields of struct fakecuda_stats it owns; the rest are the
+ * driver's). Overlaid on the driver's values by fakecuda_stats(). */
+static struct fakecuda_stats g_rt;
+#define COUNT(f) __atomic_add_fetch(&g_rt.f, 1, __ATOMIC_RELAXED)
+static int g_last_error;
 
 /* Like the real runtime (which starts every API function by calling its context lookup), each API
  * function first calls the runtime's entry hook through a pointer; this also keeps a frame
  * (push %rbp; mov %rsp,%rbp) at the start of leaf-like functions, as in the real library. */
-static void api_hook(void) { __atomic_add_fetch(&g_stats.api_calls, 1, __ATOMIC_RELAXED); }
+static void api_hook(void) { COUNT(api_calls); }
 static void (*volatile g_api_hook)(void) = api_hook;
 #define API_ENTER() g_api_hook()
 
-/* ---------------------------------------------------------------- device --------------------- */
+/* ---------------------------------------------------------------- the driver ----------------- */
 
-enum op_type { OP_KERNEL = 1, OP_COPY = 2, OP_EVENT = 3 };
-struct op {
-    struct op *next;
-    uint64_t seq;
-    uint64_t dur_ns;
-    int type;
-    void *dst;
-    const void *src;
-    size_t bytes;
-    struct fake_event *event;
-    void *staging; /* freed when the op completes */
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, uint64_t, int *);
+static struct {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDriverGetVersion)(int *);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               cudaStream_t, void **, void **);
+    CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+    CUresult (*cuLaunchCooperativeKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                          unsigned, cudaStream_t, void **);
+    CUresult (*cuGraphLaunch)(cudaGraphExec_t, cudaStream_t);
+    CUresult (*cuMemcpy)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, cudaStream_t);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, cudaStream_t);
+    CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, cudaStream_t);
+    CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, cudaStream_t);
+    CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, cudaStream_t);
+    CUresult (*cuStreamSynchronize)(cudaStream_t);
+    CUresult (*cuStreamQuery)(cudaStream_t);
+    CUresult (*cuStreamCreate)(cudaStream_t *, unsigned);
+    CUresult (*cuStreamDestroy)(cudaStream_t);
+    CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuCtxGetCurrent)(CUcontext *);
+    CUresult (*cuEventCreate)(cudaEvent_t *, unsigned);
+    CUresult (*cuEventDestroy)(cudaEvent_t);
+    CUresult (*cuEventRecord)(cudaEvent_t, cudaStream_t);
+    CUresult (*cuEventSynchronize)(cudaEvent_t);
+    CUresult (*cuEventQuery)(cudaEvent_t);
+    CUresult (*cuEventElapsedTime)(float *, cudaEvent_t, cudaEvent_t);
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuMemAllocHost)(void **, size_t);
+    CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*cuMemFreeHost)(void *);
+    /* test controls (dlsym: not driver entry points) */
+    void (*set_kernel_ns)(uint64_t);
+    uint64_t (*get_kernel_ns)(void);
+    void (*set_bandwidth)(uint64_t);
+    uint64_t (*get_bandwidth)(void);
+    size_t (*stats)(void *, size_t);
+    size_t (*stats_fields)(void);
+    uint64_t (*pending)(void);
+} D;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_init_error = cudaErrorInitializationError;
+
+/* The driver names this runtime asks cuGetProcAddress for (the unversioned names, as the real
+ * runtime does), in the order of the pointers in D. */
+static const char *const g_names[] = {
+    "cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemcpy", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyDtoD",
+    "cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync", "cuMemcpyPeerAsync",
+    "cuStreamSynchronize", "cuStreamQuery", "cuStreamCreate", "cuStreamDestroy", "cuCtxSynchronize",
+    "cuCtxGetCurrent", "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventSynchronize",
+    "cuEventQuery", "cuEventElapsedTime", "cuMemAlloc", "cuMemFree", "cuMemAllocHost", "cuMemHostAlloc",
+    "cuMemFreeHost",
 };
-struct fake_event {
-    uint64_t magic;
-    uint64_t seq;      /* queue position recorded; 0 = never recorded (complete) */
-    uint64_t done_ns;  /* device time the marker was reached */
-};
-#define EVENT_MAGIC 0x6576656e74ull
+_Static_assert(offsetof(__typeof__(D), set_kernel_ns) == sizeof g_names / sizeof g_names[0] * sizeof(void *),
+               "one name per driver pointer");
 
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_work = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t g_done = PTHREAD_COND_INITIALIZER;
-static struct op *g_head, *g_tail;
-static uint64_t g_enqueued, g_completed; /* sequence numbers */
-static uint64_t g_device_free_at;        /* device timeline: end of the last operation */
-static int g_started;
-static pid_t g_owner_pid;                 /* process that started the device */
-static volatile uint64_t g_bandwidth = 10000000000ull; /* bytes per second */
-static __thread uint64_t t_kernel_ns = 10000;
-static int g_last_error;
-
-/* pinned host allocations and device allocations, for kind resolution */
-struct region { uintptr_t base; size_t len; int device; struct region *next; };
-static struct region *g_regions;
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_until(uint64_t t) {
-    struct timespec ts = { (time_t)(t / 1000000000ull), (long)(t % 1000000000ull) };
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+static void *open_driver(void) {
+    const char *env = getenv("FAKECUDA_DRIVER");
+    if (env && *env) return dlopen(env, RTLD_NOW);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (h && dlsym(h, "fakecuda_stats")) return h;
+    /* not found beside us (a copy of this library elsewhere), or a real driver came first on the
+     * search path: the stand-in driver of the build tree */
+    if (FAKECUDA_DRIVER_FALLBACK[0]) {
+        void *f = dlopen(FAKECUDA_DRIVER_FALLBACK, RTLD_NOW);
+        if (f) return f;
     }
+    return h;
 }
 
-static uint64_t copy_ns(size_t bytes, int kind) {
-    uint64_t bw = g_bandwidth ? g_bandwidth : 1;
-    if (kind == cudaMemcpyDeviceToDevice) bw *= 10;
-    return (uint64_t)((unsigned __int128)bytes * 1000000000ull / bw);
-}
-
-static void *device_main(void *arg) {
-    (void)arg;
-    pthread_mutex_lock(&g_mu);
-    for (;;) {
-        while (!g_head) pthread_cond_wait(&g_work, &g_mu);
-        struct op *o = g_head;
-        uint64_t start = now_ns();
-        if (g_device_free_at > start) start = g_device_free_at;
-        uint64_t end = start + o->dur_ns;
-        g_device_free_at = end;
-        pthread_mutex_unlock(&g_mu);
-        if (o->type == OP_COPY && o->dst && o->src && o->bytes) memmove(o->dst, o->src, o->bytes);
-        sleep_until(end);
-        pthread_mutex_lock(&g_mu);
-        g_head = o->next;
-        if (!g_head) g_tail = NULL;
-        g_completed = o->seq;
-        g_stats.ops_completed++;
-        if (o->type == OP_KERNEL) g_stats.kernel_ns_executed += o->dur_ns;
-        if (o->type == OP_COPY) g_stats.copy_ns_executed += o->dur_ns;
-        if (o->type == OP_EVENT && o->event) o->event->done_ns = end;
-        pthread_cond_broadcast(&g_done);
-        /* free outside the lock: releasing a large staging buffer (munmap) can take ms */
-        pthread_mutex_unlock(&g_mu);
-        free(o->staging);
-        free(o);
-        pthread_mutex_lock(&g_mu);
+static void init_driver(void) {
+    void *h = open_driver();
+    if (!h) return;
+    gpa_v2_fn gpa = (gpa_v2_fn)dlsym(h, "cuGetProcAddress_v2");
+    if (!gpa) return;
+    void **slots = (void **)&D;
+    for (size_t i = 0; i < sizeof g_names / sizeof g_names[0]; i++) {
+        int status = 0;
+        if (gpa(g_names[i], &slots[i], FAKECUDA_VERSION, 0 /* CU_GET_PROCADDRESS_DEFAULT */, &status) != 0 || !slots[i])
+            return;
     }
-    return NULL;
+    D.set_kernel_ns = (void (*)(uint64_t))dlsym(h, "fakecuda_set_kernel_ns");
+    D.get_kernel_ns = (uint64_t (*)(void))dlsym(h, "fakecuda_get_kernel_ns");
+    D.set_bandwidth = (void (*)(uint64_t))dlsym(h, "fakecuda_set_bandwidth");
+    D.get_bandwidth = (uint64_t (*)(void))dlsym(h, "fakecuda_get_bandwidth");
+    D.stats = (size_t (*)(void *, size_t))dlsym(h, "fakecuda_stats");
+    D.stats_fields = (size_t (*)(void))dlsym(h, "fakecuda_stats_fields");
+    D.pending = (uint64_t (*)(void))dlsym(h, "fakecuda_pending");
+    int (*reg)(int, const volatile uint64_t *) =
+        (int (*)(int, const volatile uint64_t *))dlsym(h, "fakecuda_register_launch_counter");
+    if (reg) reg(FAKECUDA_PATH_RUNTIME, &g_rt.launches_runtime);
+    if (D.cuInit(0) != 0) return;
+    g_init_error = 0;
 }
 
-static void after_fork_child(void) {
-    /* The child has no device thread; the runtime is unusable there (like real CUDA). */
-    pthread_mutex_init(&g_mu, NULL);
-    pthread_cond_init(&g_work, NULL);
-    pthread_cond_init(&g_done, NULL);
-}
-
-/* Returns 0 when the device is usable (starting it if needed), else a CUDA error. Call unlocked. */
-static int device_ready(void) {
-    pid_t me = getpid();
-    if (__atomic_load_n(&g_started, __ATOMIC_ACQUIRE)) return g_owner_pid == me ? 0 : cudaErrorInitializationError;
-    pthread_mutex_lock(&g_mu);
-    if (!g_started) {
-        pthread_t th;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&th, &at, device_main, NULL) != 0) {
-            pthread_mutex_unlock(&g_mu);
-            return cudaErrorInitializationError;
-        }
-        pthread_setname_np(th, "fakecuda-dev");
-        pthread_atfork(NULL, NULL, after_fork_child);
-        g_owner_pid = me;
-        __atomic_store_n(&g_started, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&g_mu);
-    return g_owner_pid == me ? 0 : cudaErrorInitializationError;
-}
-
-/* Enqueues an op; returns it (its seq is the queue position). Call with g_mu held. The op is
- * freed by the device thread: use the result only while g_mu is still held. */
-static struct op *enqueue_locked(int type, uint64_t dur, void *dst, const void *src, size_t bytes, struct fake_event *ev) {
-    struct op *o = calloc(1, sizeof *o);
-    o->type = type;
-    o->dur_ns = dur;
-    o->dst = dst;
-    o->src = src;
-    o->bytes = bytes;
-    o->event = ev;
-    o->seq = ++g_enqueued;
-    if (g_tail) g_tail->next = o; else g_head = o;
-    g_tail = o;
-    g_stats.ops_enqueued++;
-    pthread_cond_signal(&g_work);
-    return o;
-}
-
-static void wait_seq_locked(uint64_t seq) {
-    while (g_completed < seq) pthread_cond_wait(&g_done, &g_mu);
+/* 0 once the driver is loaded and initialised, else cudaErrorInitializationError. */
+static int rt_init(void) {
+    pthread_once(&g_once, init_driver);
+    return g_init_error;
 }
 
 static int set_err(int e) {
-    if (e) g_last_error = e;
+    if (e && e != cudaErrorNotReady) g_last_error = e;
     return e;
 }
 
-static struct region *find_region(const void *p) {
-    uintptr_t a = (uintptr_t)p;
-    for (struct region *r = g_regions; r; r = r->next)
-        if (a >= r->base && a < r->base + (r->len ? r->len : 1)) return r;
-    return NULL;
-}
-
-/* 1 device, 0 pinned host, -1 unknown (pageable host). Call with g_mu held. */
-static int ptr_class(const void *p) {
-    struct region *r = find_region(p);
-    return r ? r->device : -1;
-}
-
-static void add_region(void *p, size_t len, int device) {
-    struct region *r = malloc(sizeof *r);
-    r->base = (uintptr_t)p;
-    r->len = len;
-    r->device = device;
-    pthread_mutex_lock(&g_mu);
-    r->next = g_regions;
-    g_regions = r;
-    pthread_mutex_unlock(&g_mu);
-}
-
-static int remove_region(void *p, int device) {
-    pthread_mutex_lock(&g_mu);
-    for (struct region **pp = &g_regions; *pp; pp = &(*pp)->next) {
-        if ((*pp)->base == (uintptr_t)p && (*pp)->device == device) {
-            struct region *r = *pp;
-            *pp = r->next;
-            pthread_mutex_unlock(&g_mu);
-            free(r);
-            return 1;
-        }
-    }
-    pthread_mutex_unlock(&g_mu);
-    return 0;
-}
-
-static int launch(uint64_t dur) {
-    int e = device_ready();
-    if (e) return set_err(e);
-    pthread_mutex_lock(&g_mu);
-    enqueue_locked(OP_KERNEL, dur, NULL, NULL, 0, NULL);
-    g_stats.kernel_ns_enqueued += dur;
-    pthread_mutex_unlock(&g_mu);
-    return cudaSuccess;
-}
+#define INIT_OR_FAIL()                   \
+    do {                                 \
+        int e_ = rt_init();              \
+        if (e_) return set_err(e_);      \
+    } while (0)
 
 /* ---------------------------------------------------------------- launches ------------------- */
 
 API cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
                                  size_t sharedMem, cudaStream_t stream) {
     API_ENTER();
-    (void)gridDim; (void)blockDim; (void)args; (void)sharedMem; (void)stream;
     if (!func) return set_err(cudaErrorInvalidValue);
-    __atomic_add_fetch(&g_stats.launch_kernel, 1, __ATOMIC_RELAXED);
-    return launch(t_kernel_ns);
+    COUNT(launch_kernel);
+    INIT_OR_FAIL();
+    COUNT(launches_runtime);
+    int e = D.cuLaunchKernel((CUfunction)func, gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y,
+                             blockDim.z, (unsigned)sharedMem, stream, args, NULL);
+    return set_err(e);
 }
 
 /* Internal alias so __cudaLaunchKernel jumps straight into cudaLaunchKernel (not through the PLT),
@@ -341,229 +258,179 @@ __asm__(".text\n"
 
 API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {
     API_ENTER();
-    (void)args;
     if (!config || !func) return set_err(cudaErrorInvalidValue);
-    __atomic_add_fetch(&g_stats.launch_kernel_ex, 1, __ATOMIC_RELAXED);
-    return launch(t_kernel_ns);
+    COUNT(launch_kernel_ex);
+    INIT_OR_FAIL();
+    COUNT(launches_runtime);
+    CUlaunchConfig c = {config->gridDim.x, config->gridDim.y, config->gridDim.z, config->blockDim.x,
+                        config->blockDim.y, config->blockDim.z, (unsigned)config->dynamicSmemBytes,
+                        config->stream, NULL, 0};
+    int e = D.cuLaunchKernelEx(&c, (CUfunction)func, args, NULL);
+    return set_err(e);
+}
+
+API cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+                                            size_t sharedMem, cudaStream_t stream) {
+    API_ENTER();
+    if (!func) return set_err(cudaErrorInvalidValue);
+    COUNT(coop_launch);
+    INIT_OR_FAIL();
+    COUNT(launches_runtime);
+    int e = D.cuLaunchCooperativeKernel((CUfunction)func, gridDim.x, gridDim.y, gridDim.z, blockDim.x,
+                                        blockDim.y, blockDim.z, (unsigned)sharedMem, stream, args);
+    return set_err(e);
 }
 
 API cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
     API_ENTER();
-    (void)stream;
     if (!graphExec) return set_err(cudaErrorInvalidResourceHandle);
-    __atomic_add_fetch(&g_stats.graph_launch, 1, __ATOMIC_RELAXED);
-    return launch(t_kernel_ns);
+    COUNT(graph_launch);
+    INIT_OR_FAIL();
+    COUNT(launches_runtime);
+    int e = D.cuGraphLaunch(graphExec, stream);
+    return set_err(e);
 }
 
 /* ---------------------------------------------------------------- copies --------------------- */
 
-static int resolve_kind(int kind, const void *dst, const void *src) {
-    if (kind != cudaMemcpyDefault) return kind;
-    int d = ptr_class(dst) == 1, s = ptr_class(src) == 1;
-    if (d && s) return cudaMemcpyDeviceToDevice;
-    if (d) return cudaMemcpyHostToDevice;
-    if (s) return cudaMemcpyDeviceToHost;
-    return cudaMemcpyHostToHost;
-}
-
-static void count_copy_locked(int kind, size_t n) {
-    switch (kind) {
-    case cudaMemcpyHostToHost: g_stats.bytes_h2h += n; break;
-    case cudaMemcpyHostToDevice: g_stats.bytes_h2d += n; g_stats.copies_h2d++; break;
-    case cudaMemcpyDeviceToHost: g_stats.bytes_d2h += n; g_stats.copies_d2h++; break;
-    case cudaMemcpyDeviceToDevice: g_stats.bytes_d2d += n; break;
-    }
-}
-
-static int do_copy(void *dst, const void *src, size_t count, int kind, int async) {
-    if (kind < 0 || kind > 4) return set_err(cudaErrorInvalidValue);
-    int e = device_ready();
-    if (e) return set_err(e);
-    uint64_t t0 = now_ns();
-    pthread_mutex_lock(&g_mu);
-    int k = resolve_kind(kind, dst, src);
-    count_copy_locked(k, count);
-    uint64_t dur = copy_ns(count, k);
-    if (k == cudaMemcpyHostToHost) {
-        pthread_mutex_unlock(&g_mu);
-        if (dst && src && count) memmove(dst, src, count);
-        sleep_until(t0 + dur);
-        pthread_mutex_lock(&g_mu);
-    } else if (!async) {
-        wait_seq_locked(enqueue_locked(OP_COPY, dur, dst, src, count, NULL)->seq);
-    } else if (k == cudaMemcpyHostToDevice && ptr_class(src) != 0) {
-        /* pageable source: host-blocking staging copy (the caller may free src as soon as we
-         * return), then the DMA from the staging buffer runs on the device. */
-        pthread_mutex_unlock(&g_mu);
-        void *staging = (src && count) ? malloc(count) : NULL;
-        if (staging) memcpy(staging, src, count);
-        sleep_until(t0 + dur);
-        pthread_mutex_lock(&g_mu);
-        enqueue_locked(OP_COPY, dur, dst, staging, count, NULL)->staging = staging;
-    } else if (k == cudaMemcpyDeviceToHost && ptr_class(dst) != 0) {
-        /* pageable destination: returns only once the copy has completed. */
-        wait_seq_locked(enqueue_locked(OP_COPY, dur, dst, src, count, NULL)->seq);
-    } else {
-        enqueue_locked(OP_COPY, dur, dst, src, count, NULL);
-    }
-    g_stats.host_blocked_ns += now_ns() - t0;
-    pthread_mutex_unlock(&g_mu);
-    return cudaSuccess;
-}
-
 API cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
     API_ENTER();
-    __atomic_add_fetch(&g_stats.memcpy_calls, 1, __ATOMIC_RELAXED);
-    return do_copy(dst, src, count, (int)kind, 0);
+    COUNT(memcpy_calls);
+    if ((int)kind < 0 || (int)kind > 4) return set_err(cudaErrorInvalidValue);
+    INIT_OR_FAIL();
+    int e;
+    switch (kind) {
+    case cudaMemcpyHostToDevice: e = D.cuMemcpyHtoD(DP(dst), src, count); break;
+    case cudaMemcpyDeviceToHost: e = D.cuMemcpyDtoH(dst, DP(src), count); break;
+    case cudaMemcpyDeviceToDevice: e = D.cuMemcpyDtoD(DP(dst), DP(src), count); break;
+    default: e = D.cuMemcpy(DP(dst), DP(src), count); break; /* H2H, default: by the pointers */
+    }
+    return set_err(e);
 }
 
 API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                                 cudaStream_t stream) {
     API_ENTER();
-    (void)stream;
-    __atomic_add_fetch(&g_stats.memcpy_async_calls, 1, __ATOMIC_RELAXED);
-    return do_copy(dst, src, count, (int)kind, 1);
+    COUNT(memcpy_async_calls);
+    if ((int)kind < 0 || (int)kind > 4) return set_err(cudaErrorInvalidValue);
+    INIT_OR_FAIL();
+    int e;
+    switch (kind) {
+    case cudaMemcpyHostToDevice: e = D.cuMemcpyHtoDAsync(DP(dst), src, count, stream); break;
+    case cudaMemcpyDeviceToHost: e = D.cuMemcpyDtoHAsync(dst, DP(src), count, stream); break;
+    case cudaMemcpyDeviceToDevice: e = D.cuMemcpyDtoDAsync(DP(dst), DP(src), count, stream); break;
+    default: e = D.cuMemcpyAsync(DP(dst), DP(src), count, stream); break;
+    }
+    return set_err(e);
 }
 
-/* ---------------------------------------------------------------- syncs ---------------------- */
-
-static int drain(uint64_t *counter) {
-    int e = device_ready();
-    if (e) return set_err(e);
-    uint64_t t0 = now_ns();
-    pthread_mutex_lock(&g_mu);
-    (*counter)++;
-    wait_seq_locked(g_enqueued);
-    g_stats.host_blocked_ns += now_ns() - t0;
-    pthread_mutex_unlock(&g_mu);
-    return cudaSuccess;
+API cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
+                                    cudaStream_t stream) {
+    API_ENTER();
+    COUNT(memcpy_peer_calls);
+    if (dstDevice != 0 || srcDevice != 0) return set_err(cudaErrorInvalidDevice);
+    INIT_OR_FAIL();
+    CUcontext ctx = NULL;
+    int e = D.cuCtxGetCurrent(&ctx);
+    if (!e) e = D.cuMemcpyPeerAsync(DP(dst), ctx, DP(src), ctx, count, stream);
+    return set_err(e);
 }
+
+/* ---------------------------------------------------------------- syncs, streams ------------- */
 
 API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     API_ENTER();
-    (void)stream;
-    return drain(&g_stats.stream_sync);
+    COUNT(stream_sync);
+    INIT_OR_FAIL();
+    int e = D.cuStreamSynchronize(stream);
+    return set_err(e);
 }
 
 API cudaError_t cudaDeviceSynchronize(void) {
     API_ENTER();
-    return drain(&g_stats.device_sync);
+    COUNT(device_sync);
+    INIT_OR_FAIL();
+    int e = D.cuCtxSynchronize();
+    return set_err(e);
 }
 
 API cudaError_t cudaStreamQuery(cudaStream_t stream) {
     API_ENTER();
-    (void)stream;
-    int e = device_ready();
-    if (e) return set_err(e);
-    pthread_mutex_lock(&g_mu);
-    int busy = g_completed < g_enqueued;
-    pthread_mutex_unlock(&g_mu);
-    return busy ? cudaErrorNotReady : cudaSuccess;
-}
-
-API cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
-    API_ENTER();
-    static uintptr_t next = 0x5000;
-    if (!pStream) return set_err(cudaErrorInvalidValue);
-    int e = device_ready();
-    if (e) return set_err(e);
-    *pStream = (cudaStream_t)__atomic_add_fetch(&next, 0x10, __ATOMIC_RELAXED);
-    return cudaSuccess;
+    INIT_OR_FAIL();
+    int e = D.cuStreamQuery(stream);
+    return set_err(e);
 }
 
 API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
     API_ENTER();
-    (void)flags;
-    return cudaStreamCreate(pStream);
+    if (!pStream) return set_err(cudaErrorInvalidValue);
+    INIT_OR_FAIL();
+    int e = D.cuStreamCreate(pStream, flags);
+    return set_err(e);
+}
+
+API cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
+    API_ENTER();
+    return cudaStreamCreateWithFlags(pStream, 0);
 }
 
 API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     API_ENTER();
-    (void)stream;
-    return cudaSuccess;
+    INIT_OR_FAIL();
+    int e = D.cuStreamDestroy(stream);
+    return set_err(e);
 }
 
 /* ---------------------------------------------------------------- events --------------------- */
 
-API cudaError_t cudaEventCreate(cudaEvent_t *event) {
-    API_ENTER();
-    if (!event) return set_err(cudaErrorInvalidValue);
-    int e = device_ready();
-    if (e) return set_err(e);
-    struct fake_event *ev = calloc(1, sizeof *ev);
-    ev->magic = EVENT_MAGIC;
-    *event = (cudaEvent_t)ev;
-    return cudaSuccess;
-}
-
 API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
     API_ENTER();
-    (void)flags;
-    return cudaEventCreate(event);
+    if (!event) return set_err(cudaErrorInvalidValue);
+    INIT_OR_FAIL();
+    int e = D.cuEventCreate(event, flags);
+    return set_err(e);
+}
+
+API cudaError_t cudaEventCreate(cudaEvent_t *event) {
+    API_ENTER();
+    return cudaEventCreateWithFlags(event, 0);
 }
 
 API cudaError_t cudaEventDestroy(cudaEvent_t event) {
     API_ENTER();
-    struct fake_event *ev = (struct fake_event *)event;
-    if (!ev || ev->magic != EVENT_MAGIC) return set_err(cudaErrorInvalidResourceHandle);
-    /* Leaked on purpose if still queued; mark dead. */
-    pthread_mutex_lock(&g_mu);
-    int pending = g_completed < ev->seq;
-    pthread_mutex_unlock(&g_mu);
-    if (!pending) {
-        ev->magic = 0;
-        free(ev);
-    }
-    return cudaSuccess;
+    INIT_OR_FAIL();
+    int e = D.cuEventDestroy(event);
+    return set_err(e);
 }
 
 API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     API_ENTER();
-    (void)stream;
-    struct fake_event *ev = (struct fake_event *)event;
-    if (!ev || ev->magic != EVENT_MAGIC) return set_err(cudaErrorInvalidResourceHandle);
-    int e = device_ready();
-    if (e) return set_err(e);
-    pthread_mutex_lock(&g_mu);
-    g_stats.event_record++;
-    ev->done_ns = 0;
-    ev->seq = enqueue_locked(OP_EVENT, 0, NULL, NULL, 0, ev)->seq;
-    pthread_mutex_unlock(&g_mu);
-    return cudaSuccess;
+    COUNT(event_record);
+    INIT_OR_FAIL();
+    int e = D.cuEventRecord(event, stream);
+    return set_err(e);
 }
 
 API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     API_ENTER();
-    struct fake_event *ev = (struct fake_event *)event;
-    if (!ev || ev->magic != EVENT_MAGIC) return set_err(cudaErrorInvalidResourceHandle);
-    int e = device_ready();
-    if (e) return set_err(e);
-    uint64_t t0 = now_ns();
-    pthread_mutex_lock(&g_mu);
-    g_stats.event_sync++;
-    wait_seq_locked(ev->seq);
-    g_stats.host_blocked_ns += now_ns() - t0;
-    pthread_mutex_unlock(&g_mu);
-    return cudaSuccess;
+    COUNT(event_sync);
+    INIT_OR_FAIL();
+    int e = D.cuEventSynchronize(event);
+    return set_err(e);
 }
 
 API cudaError_t cudaEventQuery(cudaEvent_t event) {
     API_ENTER();
-    struct fake_event *ev = (struct fake_event *)event;
-    if (!ev || ev->magic != EVENT_MAGIC) return set_err(cudaErrorInvalidResourceHandle);
-    pthread_mutex_lock(&g_mu);
-    int busy = g_completed < ev->seq;
-    pthread_mutex_unlock(&g_mu);
-    return busy ? cudaErrorNotReady : cudaSuccess;
+    INIT_OR_FAIL();
+    int e = D.cuEventQuery(event);
+    return set_err(e);
 }
 
 API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     API_ENTER();
-    struct fake_event *a = (struct fake_event *)start, *b = (struct fake_event *)end;
-    if (!ms || !a || !b || a->magic != EVENT_MAGIC || b->magic != EVENT_MAGIC) return set_err(cudaErrorInvalidValue);
-    if (!a->done_ns || !b->done_ns) return cudaErrorNotReady;
-    *ms = (float)((double)((int64_t)(b->done_ns - a->done_ns)) / 1e6);
-    return cudaSuccess;
+    INIT_OR_FAIL();
+    int e = D.cuEventElapsedTime(ms, start, end);
+    return set_err(e);
 }
 
 /* ---------------------------------------------------------------- memory --------------------- */
@@ -571,63 +438,48 @@ API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t e
 API cudaError_t cudaMalloc(void **devPtr, size_t size) {
     API_ENTER();
     if (!devPtr) return set_err(cudaErrorInvalidValue);
-    int e = device_ready();
-    if (e) return set_err(e);
-    __atomic_add_fetch(&g_stats.malloc_calls, 1, __ATOMIC_RELAXED);
-    void *p = malloc(size ? size : 1);
-    if (!p) return set_err(cudaErrorMemoryAllocation);
-    add_region(p, size, 1);
-    *devPtr = p;
-    return cudaSuccess;
+    INIT_OR_FAIL();
+    COUNT(malloc_calls);
+    CUdeviceptr p = 0;
+    int e = D.cuMemAlloc(&p, size);
+    if (!e) *devPtr = (void *)(uintptr_t)p;
+    return set_err(e);
 }
 
 API cudaError_t cudaFree(void *devPtr) {
     API_ENTER();
+    INIT_OR_FAIL();
     if (!devPtr) return cudaSuccess; /* cudaFree(0) is the classic "init the context" call */
-    __atomic_add_fetch(&g_stats.free_calls, 1, __ATOMIC_RELAXED);
-    /* Real cudaFree synchronises the device. */
-    int e = device_ready();
-    if (e) return set_err(e);
-    pthread_mutex_lock(&g_mu);
-    wait_seq_locked(g_enqueued);
-    pthread_mutex_unlock(&g_mu);
-    if (!remove_region(devPtr, 1)) return set_err(cudaErrorInvalidValue);
-    free(devPtr);
-    return cudaSuccess;
+    COUNT(free_calls);
+    int e = D.cuMemFree(DP(devPtr)); /* synchronises, like the real one */
+    return set_err(e);
 }
 
 API cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
     API_ENTER();
-    (void)flags;
     if (!pHost) return set_err(cudaErrorInvalidValue);
-    int e = device_ready();
-    if (e) return set_err(e);
-    __atomic_add_fetch(&g_stats.malloc_host_calls, 1, __ATOMIC_RELAXED);
-    void *p = malloc(size ? size : 1);
-    if (!p) return set_err(cudaErrorMemoryAllocation);
-    add_region(p, size, 0);
-    *pHost = p;
-    return cudaSuccess;
+    INIT_OR_FAIL();
+    COUNT(malloc_host_calls);
+    int e = D.cuMemHostAlloc(pHost, size, flags);
+    return set_err(e);
 }
 
 API cudaError_t cudaMallocHost(void **ptr, size_t size) {
     API_ENTER();
-    return cudaHostAlloc(ptr, size, 0);
+    if (!ptr) return set_err(cudaErrorInvalidValue);
+    INIT_OR_FAIL();
+    COUNT(malloc_host_calls);
+    int e = D.cuMemAllocHost(ptr, size);
+    return set_err(e);
 }
 
 API cudaError_t cudaFreeHost(void *ptr) {
     API_ENTER();
     if (!ptr) return cudaSuccess;
-    __atomic_add_fetch(&g_stats.free_host_calls, 1, __ATOMIC_RELAXED);
-    /* Real cudaFreeHost synchronises the device. */
-    if (device_ready() == 0) {
-        pthread_mutex_lock(&g_mu);
-        wait_seq_locked(g_enqueued);
-        pthread_mutex_unlock(&g_mu);
-    }
-    if (!remove_region(ptr, 0)) return set_err(cudaErrorInvalidValue);
-    free(ptr);
-    return cudaSuccess;
+    COUNT(free_host_calls);
+    INIT_OR_FAIL();
+    int e = D.cuMemFreeHost(ptr); /* synchronises, like the real one */
+    return set_err(e);
 }
 
 /* ---------------------------------------------------------------- device info ---------------- */
@@ -635,8 +487,9 @@ API cudaError_t cudaFreeHost(void *ptr) {
 API cudaError_t cudaGetDeviceCount(int *count) {
     API_ENTER();
     if (!count) return set_err(cudaErrorInvalidValue);
-    *count = 1;
-    return cudaSuccess;
+    INIT_OR_FAIL();
+    int e = D.cuDeviceGetCount(count);
+    return set_err(e);
 }
 
 API cudaError_t cudaGetDevice(int *device) {
@@ -648,7 +501,7 @@ API cudaError_t cudaGetDevice(int *device) {
 
 API cudaError_t cudaSetDevice(int device) {
     API_ENTER();
-    return device == 0 ? cudaSuccess : set_err(101 /* cudaErrorInvalidDevice */);
+    return device == 0 ? cudaSuccess : set_err(cudaErrorInvalidDevice);
 }
 
 API cudaError_t cudaGetLastError(void) {
@@ -670,6 +523,7 @@ API const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInitializationError: return "cudaErrorInitializationError";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     default: return "cudaErrorUnknown";
@@ -690,35 +544,45 @@ API cudaError_t cudaRuntimeGetVersion(int *v) {
 
 API cudaError_t cudaDriverGetVersion(int *v) {
     API_ENTER();
-    return cudaRuntimeGetVersion(v);
+    if (!v) return set_err(cudaErrorInvalidValue);
+    INIT_OR_FAIL();
+    int e = D.cuDriverGetVersion(v);
+    return set_err(e);
 }
 
 /* ---------------------------------------------------------------- test controls -------------- */
+/* Implemented by the driver; these forward (the driver is loaded on first use). */
 
-/* Duration of the kernels (and graphs) the calling thread launches from now on. */
-API void fakecuda_set_kernel_ns(uint64_t ns) { t_kernel_ns = ns; }
-API uint64_t fakecuda_get_kernel_ns(void) { return t_kernel_ns; }
+API void fakecuda_set_kernel_ns(uint64_t ns) {
+    if (rt_init() == 0 && D.set_kernel_ns) D.set_kernel_ns(ns);
+}
+API uint64_t fakecuda_get_kernel_ns(void) {
+    return rt_init() == 0 && D.get_kernel_ns ? D.get_kernel_ns() : 0;
+}
+API void fakecuda_set_bandwidth(uint64_t bytes_per_s) {
+    if (rt_init() == 0 && D.set_bandwidth) D.set_bandwidth(bytes_per_s);
+}
+API uint64_t fakecuda_get_bandwidth(void) {
+    return rt_init() == 0 && D.get_bandwidth ? D.get_bandwidth() : 0;
+}
 
-/* Copy bandwidth in bytes per second (global). D2D copies run at 10x. */
-API void fakecuda_set_bandwidth(uint64_t bytes_per_s) { g_bandwidth = bytes_per_s ? bytes_per_s : 1; }
-API uint64_t fakecuda_get_bandwidth(void) { return g_bandwidth; }
-
-/* Copies the counters into *out (at most `size` bytes); returns sizeof(struct fakecuda_stats). */
+/* The driver's counters with this runtime's API-call counters in place of the driver's. */
 API size_t fakecuda_stats(void *out, size_t size) {
-    pthread_mutex_lock(&g_mu);
-    struct fakecuda_stats s = g_stats;
-    pthread_mutex_unlock(&g_mu);
+    struct fakecuda_stats s;
+    memset(&s, 0, sizeof s);
+    s.version = FAKECUDA_STATS_VERSION;
+    if (rt_init() == 0 && D.stats) D.stats(&s, sizeof s);
+#define RT(f) s.f = __atomic_load_n(&g_rt.f, __ATOMIC_RELAXED)
+    RT(launch_kernel); RT(launch_kernel_ex); RT(graph_launch); RT(memcpy_calls); RT(memcpy_async_calls);
+    RT(stream_sync); RT(device_sync); RT(event_sync); RT(event_record); RT(malloc_calls); RT(free_calls);
+    RT(malloc_host_calls); RT(free_host_calls); RT(api_calls); RT(coop_launch); RT(memcpy_peer_calls);
+#undef RT
     if (out) memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return sizeof s;
 }
 
-/* Number of uint64 fields in the stats struct. */
 API size_t fakecuda_stats_fields(void) { return sizeof(struct fakecuda_stats) / sizeof(uint64_t); }
 
-/* Operations enqueued but not yet finished by the device. */
 API uint64_t fakecuda_pending(void) {
-    pthread_mutex_lock(&g_mu);
-    uint64_t n = g_enqueued - g_completed;
-    pthread_mutex_unlock(&g_mu);
-    return n;
+    return rt_init() == 0 && D.pending ? D.pending() : 0;
 }

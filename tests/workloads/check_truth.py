@@ -46,7 +46,24 @@ def check(path):
     if t.get("expected_verdict") == "balanced" and med:
         if max(med.values()) > 0.5 * sum(med.values()):
             errs.append(f"balanced scenario has a phase above 50%: {med}")
+    for s in steps:
+        by = s.get("launches_by_path")
+        if by is not None and sum(by.values()) != s.get("launches"):
+            errs.append(f"step {s['index']}: launches_by_path {by} does not sum to launches {s.get('launches')}")
+    path = t.get("config", {}).get("launch_path")
+    if steps and path and all("launches_by_path" in s for s in steps):
+        tot = {k: sum(s["launches_by_path"][k] for s in steps) for k in ("runtime", "library", "direct")}
+        want = {"runtime": ("runtime",), "vendor": ("library",), "triton": ("direct",),
+                "mixed": ("runtime", "library", "direct")}.get(path, ())
+        for k in want:
+            if not tot[k]:
+                errs.append(f"launch_path {path}: no {k} launches")
+        if path in ("vendor", "triton") and tot["runtime"]:
+            errs.append(f"launch_path {path}: {tot['runtime']} launches went through the runtime")
     cs = t.get("cuda_stats")
+    if cs and "launches_driver" in cs and cs["launches_driver"] != (
+            cs["launches_runtime"] + cs["launches_library"] + cs["launches_direct"]):
+        errs.append("cuda_stats: the driver's launches_driver != runtime + library + direct")
     if cs and cs.get("bytes_h2d", 0) < t["totals"].get("bytes_h2d", 0):
         errs.append("cuda_stats bytes_h2d below the per-step sum")
     return errs, worst_unacc

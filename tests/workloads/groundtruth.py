@@ -50,6 +50,12 @@ DEFAULTS = dict(
                                 # training process; each __getitem__ reads one chunk from it
     residual_sleep_ns=0,        # time.sleep between steps (outside every phase)
     log_every=0,                # print a log line every N steps (residual)
+    launch_path="runtime",      # where kernels go: runtime (cudaLaunchKernel -> cuLaunchKernel),
+                                # vendor (every model/backward/optimizer kernel through the vendor
+                                # library libfakeblasLt: its own cuGetProcAddress'd cuLaunchKernel),
+                                # triton (through the Triton launcher: dlsym'd cuLaunchKernelEx),
+                                # mixed (Linear forwards via the vendor GEMM, one torch.compile'd
+                                # elementwise module via Triton, the rest via the runtime)
     verdict="balanced",         # what the daemon's verdict must be
 )
 
@@ -201,14 +207,18 @@ def make_dataset(cfg):
 
 
 def make_model(cfg):
+    import torch
     import torch.nn as nn
+    mixed = cfg["launch_path"] == "mixed"
     mods = []
     for i in range(cfg["layers"]):
         mods.append(nn.Linear(64, 64, cpu_ns=cfg["layer_cpu_ns"], launches=cfg["layer_launches"],
                               kernel_ns=cfg["kernel_ns"], bwd_cpu_ns=cfg["bwd_cpu_ns"],
-                              bwd_launches=cfg["bwd_launches"]))
+                              bwd_launches=cfg["bwd_launches"], path="vendor" if mixed else None))
         if i + 1 < cfg["layers"]:
             mods.append(nn.ReLU(kernel_ns=cfg["kernel_ns"]))
+    if mixed:  # a compiled elementwise op: its kernel goes through the Triton launcher
+        mods.append(torch.compile(nn.ReLU(kernel_ns=cfg["kernel_ns"])))
     return nn.Sequential(*mods)
 
 
@@ -249,6 +259,15 @@ def run(name, overrides, argv_args=None):
     if a.truth:
         cfg["items_log"] = a.truth + ".items"
     import torch
+    if cfg["launch_path"] not in ("runtime", "vendor", "triton", "mixed"):
+        raise SystemExit(f"launch_path {cfg['launch_path']!r}: runtime, vendor, triton or mixed")
+    if cfg["launch_path"] in ("vendor", "triton"):
+        torch.set_launch_path(cfg["launch_path"])
+    if cfg["launch_path"] == "mixed":
+        # Loaded (and the vendor library's own runtime initialised) before --ready, as in a job
+        # the daemon attaches to while it runs: cuBLAS and Triton's launcher are mapped then.
+        torch._C.blas().fakeblas_init()
+        torch._C.triton()
     torch.cuda.set_bandwidth(cfg["bandwidth"])
     model = make_model(cfg).cuda()
     lossf = torch.nn.MSELoss(kernel_ns=cfg["kernel_ns"])
@@ -379,7 +398,11 @@ def run(name, overrides, argv_args=None):
             "bytes_d2h": d["bytes_d2h"],
             "copies_h2d": d["copies_h2d"],
             "copies_d2h": d["copies_d2h"],
-            "launches": d["launch_kernel"] + d["launch_kernel_ex"] + d["graph_launch"],
+            # kernel launches by every path (the runtime's include graph launches); the calling
+            # layers' own counts, which the stand-in driver's launches_driver equals
+            "launches": d["launches_runtime"] + d["launches_library"] + d["launches_direct"],
+            "launches_by_path": {"runtime": d["launches_runtime"], "library": d["launches_library"],
+                                 "direct": d["launches_direct"]},
             "kernel_ns": d["kernel_ns_enqueued"],
             "syncs": d["stream_sync"] + d["device_sync"] + d["event_sync"],
             "memcpy_async_calls": d["memcpy_async_calls"],

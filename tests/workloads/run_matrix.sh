@@ -9,7 +9,8 @@ mkdir -p "$OUT"
 rc=0
 for v in 3.9.18 3.10.13 3.11.7 3.12.1 3.13.0; do
     py=/root/.pyenv/versions/$v/bin/python
-    for s in input_bound_single input_bound_workers h2d_bound compute_bound residual_heavy balanced demo_train; do
+    for s in input_bound_single input_bound_workers h2d_bound compute_bound residual_heavy balanced demo_train \
+             driver_paths_mixed driver_paths_vendor driver_paths_triton; do
         start=$(date +%s.%N)
         if ! "$py" "$HERE/$s.py" --truth "$OUT/$v-$s.json" >"$OUT/$v-$s.log" 2>&1; then
             echo "FAIL $v $s (see $OUT/$v-$s.log)"; rc=1; continue

@@ -51,6 +51,11 @@ fn count(items: &[StreamItem], pid: u32) -> Counts {
                 api, bytes, copy, ..
             } => {
                 *c.enters.entry(format!("{api:?}")).or_default() += 1;
+                // The stand-in runtime reaches the (probed) stand-in driver for its copies, as
+                // the real one does: the runtime's calls are the workload's.
+                if api.is_driver() {
+                    continue;
+                }
                 match (copy, bytes) {
                     (Some(CopyKind::HostToDevice), Some(b)) => c.h2d_bytes.push(*b),
                     (Some(CopyKind::DeviceToHost), Some(b)) => c.d2h_bytes.push(*b),
@@ -60,6 +65,7 @@ fn count(items: &[StreamItem], pid: u32) -> Counts {
             Kind::CallExit { api, .. } => *c.exits.entry(format!("{api:?}")).or_default() += 1,
             Kind::Launch {
                 api: Api::CudaLaunchKernel,
+                ..
             } => c.launches += 1,
             _ => {}
         }

@@ -150,13 +150,50 @@ typedef void (*set_ns_fn)(uint64_t);
 static launch_fn g_launch;
 static set_ns_fn g_set_kernel_ns;
 
+static launch_fn g_rt_launch;
+static set_ns_fn g_rt_set_kernel_ns;
+typedef int (*ext_launch_fn)(int, unsigned long long, void *);
+static ext_launch_fn g_ext_launch;
+
 EXPORT int faketorch_set_cudart(const char *path) {
     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (!h) h = dlopen(path, RTLD_NOW);
     if (!h) return -1;
-    g_launch = (launch_fn)dlsym(h, "cudaLaunchKernel");
-    g_set_kernel_ns = (set_ns_fn)dlsym(h, "fakecuda_set_kernel_ns");
-    return g_launch ? 0 : -2;
+    g_rt_launch = (launch_fn)dlsym(h, "cudaLaunchKernel");
+    g_rt_set_kernel_ns = (set_ns_fn)dlsym(h, "fakecuda_set_kernel_ns");
+    if (!g_ext_launch) {
+        g_launch = g_rt_launch;
+        g_set_kernel_ns = g_rt_set_kernel_ns;
+    }
+    return g_rt_launch ? 0 : -2;
+}
+
+/* Where the engine's kernels go (faketorch_set_launcher): path 0 the runtime (cudaLaunchKernel),
+ * 1 the vendor library in `lib` (fakeblas_gemm: cuBLAS's shape), 2 the Triton launcher in `lib`
+ * (faketriton_launch). The engine keeps calling g_launch / g_set_kernel_ns; for paths 1 and 2
+ * these are the two functions below, which hand each kernel to the library. */
+static uint64_t g_ext_kernel_ns;
+static void ext_set_kernel_ns(uint64_t ns) { g_ext_kernel_ns = ns; }
+static int ext_launch(const void *func, dim3 g, dim3 b, void **args, size_t smem, void *stream) {
+    (void)func; (void)g; (void)b; (void)args; (void)smem;
+    return g_ext_launch(1, g_ext_kernel_ns, stream);
+}
+
+EXPORT int faketorch_set_launcher(int path, const char *lib) {
+    if (path == 0) {
+        g_ext_launch = NULL;
+        g_launch = g_rt_launch;
+        g_set_kernel_ns = g_rt_set_kernel_ns;
+        return 0;
+    }
+    void *h = lib ? dlopen(lib, RTLD_NOW) : NULL;
+    if (!h) return -1;
+    ext_launch_fn f = (ext_launch_fn)dlsym(h, path == 1 ? "fakeblas_gemm" : "faketriton_launch");
+    if (!f) return -2;
+    g_ext_launch = f;
+    g_set_kernel_ns = ext_set_kernel_ns;
+    g_launch = ext_launch;
+    return 0;
 }
 
 static void backward_kernel(void) {}
