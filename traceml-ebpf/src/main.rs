@@ -412,6 +412,10 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     // args: [bytes, memcpy kind, dst, src, stream] for copies, [handle, ...] otherwise.
     let args = if probe == ProbeId::CudaMemcpy as u32 || probe == ProbeId::CudaMemcpyAsync as u32 {
         [a2, a3, a0, a1, a4]
+    } else if probe == ProbeId::CudaMemcpyPeerAsync as u32 {
+        // `cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream)`: device to device.
+        let a5: u64 = ctx.arg(5).unwrap_or(0);
+        [a4, 3, a0, a2, a5]
     } else if probe == ProbeId::CuMemcpyHtoD as u32 || probe == ProbeId::CuMemcpyHtoDAsync as u32 {
         [a2, 1, a0, a1, a3]
     } else if probe == ProbeId::CuMemcpyDtoH as u32 || probe == ProbeId::CuMemcpyDtoHAsync as u32 {
