@@ -174,7 +174,9 @@ pub(super) fn launch_totals(attacher: &Attacher) -> LaunchTotals {
         runtime: count(P::CudaLaunchKernel)
             + count(P::CudaLaunchKernelExC)
             + count(P::CudaGraphLaunch),
-        driver: count(P::CuLaunchKernel) + count(P::CuLaunchKernelEx),
+        driver: count(P::CuLaunchKernel)
+            + count(P::CuLaunchKernelEx)
+            + count(P::CuLaunchCooperativeKernel),
     }
 }
 
