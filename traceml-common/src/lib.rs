@@ -229,6 +229,22 @@ pub enum ProbeId {
     C10dAllGather = 82,
     C10dReduceScatter = 83,
     C10dBarrier = 84,
+    // Added for torch 2.15's CUDA 13.2 wheel (issue 52), with values in the free slots of their
+    // families (never used before): a launch's id also indexes the kernel's per-probe launch
+    // counters (`LAUNCHES`, [`LAUNCH_PROBE_SLOTS`] a path).
+    /// `cuLaunchCooperativeKernel(f, grid x/y/z, block x/y/z, sharedMem, stream, params)`
+    /// (libcuda; libcaffe2_nvrtc imports it): a kernel launch, as [`ProbeId::CuLaunchKernel`].
+    CuLaunchCooperativeKernel = 39,
+    /// `cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream)` (libc10_cuda imports
+    /// it): CallEnter args [bytes, 3 (D2D), dst, src, stream].
+    CudaMemcpyPeerAsync = 18,
+    /// `ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream)`: entry marker, `count`
+    /// and `datatype` in args [2], [3] (count per peer).
+    NcclAllToAll = 67,
+    /// `ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream)`: as above.
+    NcclGather = 68,
+    /// `ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream)`: as above.
+    NcclScatter = 69,
 }
 
 impl TryFrom<u32> for ProbeId {
@@ -245,6 +261,7 @@ impl TryFrom<u32> for ProbeId {
             15 => CudaStreamSynchronize,
             16 => CudaDeviceSynchronize,
             17 => CudaEventSynchronize,
+            18 => CudaMemcpyPeerAsync,
             30 => CuLaunchKernel,
             31 => CuLaunchKernelEx,
             32 => CuStreamSynchronize,
@@ -254,6 +271,7 @@ impl TryFrom<u32> for ProbeId {
             36 => CuMemcpyDtoH,
             37 => CuMemcpyHtoDAsync,
             38 => CuMemcpyDtoHAsync,
+            39 => CuLaunchCooperativeKernel,
             50 => TorchRecordEnter,
             51 => TorchRecordExit,
             52 => TorchBackward,
@@ -267,6 +285,9 @@ impl TryFrom<u32> for ProbeId {
             64 => NcclReduce,
             65 => NcclSend,
             66 => NcclRecv,
+            67 => NcclAllToAll,
+            68 => NcclGather,
+            69 => NcclScatter,
             80 => C10dAllReduce,
             81 => C10dBroadcast,
             82 => C10dAllGather,
@@ -404,10 +425,13 @@ pub enum LaunchPath {
     Direct = 4,
 }
 impl ProbeId {
-    /// A driver launch entry point (`cuLaunchKernel`, `cuLaunchKernelEx`, their `_ptsz`
-    /// forms): its [`LaunchPath`] comes from its caller.
+    /// A driver launch entry point (`cuLaunchKernel`, `cuLaunchKernelEx`,
+    /// `cuLaunchCooperativeKernel`, their `_ptsz` forms): its [`LaunchPath`] comes from its
+    /// caller.
     pub const fn is_driver_launch(probe: u32) -> bool {
-        probe == ProbeId::CuLaunchKernel as u32 || probe == ProbeId::CuLaunchKernelEx as u32
+        probe == ProbeId::CuLaunchKernel as u32
+            || probe == ProbeId::CuLaunchKernelEx as u32
+            || probe == ProbeId::CuLaunchCooperativeKernel as u32
     }
 }
 
@@ -517,6 +541,27 @@ mod tests {
         }
         assert_eq!(EventKind::try_from(0), Err(0));
         assert_eq!(ProbeId::try_from(52), Ok(ProbeId::TorchBackward));
+        assert_eq!(ProbeId::try_from(18), Ok(ProbeId::CudaMemcpyPeerAsync));
+        assert_eq!(
+            ProbeId::try_from(39),
+            Ok(ProbeId::CuLaunchCooperativeKernel)
+        );
+        assert_eq!(ProbeId::try_from(69), Ok(ProbeId::NcclScatter));
+        // Launch ids index the kernel's per-probe launch counters of each path.
+        for p in [
+            ProbeId::CudaLaunchKernel,
+            ProbeId::CudaLaunchKernelExC,
+            ProbeId::CudaGraphLaunch,
+            ProbeId::CuLaunchKernel,
+            ProbeId::CuLaunchKernelEx,
+            ProbeId::CuLaunchCooperativeKernel,
+        ] {
+            assert!((p as u32) < LAUNCH_PROBE_SLOTS);
+        }
+        assert!(ProbeId::is_driver_launch(
+            ProbeId::CuLaunchCooperativeKernel as u32
+        ));
+        assert!(!ProbeId::is_driver_launch(ProbeId::CudaLaunchKernel as u32));
         for k in 0..4u32 {
             if let Ok(s) = OffCpuState::try_from(k) {
                 assert_eq!(s as u32, k);

@@ -121,6 +121,7 @@ fn launch(enc: &mut Enc, ts: u64, tid: u32) -> std::io::Result<()> {
         tid,
         Kind::Launch {
             api: Api::CudaLaunchKernel,
+            path: None,
         },
     )
 }

@@ -719,6 +719,120 @@ mod tests {
     }
 
     #[test]
+    fn decodes_a_peer_copy_as_device_to_device() {
+        // `call_enter`'s layout for `cudaMemcpyPeerAsync(dst, 1, src, 0, 1 << 20, stream)`.
+        let e = decode(&raw(
+            EventKind::CallEnter,
+            ProbeId::CudaMemcpyPeerAsync,
+            [1 << 20, 3, 0xd000, 0x5000, 0x77],
+        ))
+        .unwrap();
+        assert_eq!(
+            e.kind,
+            Kind::CallEnter {
+                api: Api::CudaMemcpyPeerAsync,
+                bytes: Some(1 << 20),
+                copy: Some(CopyKind::DeviceToDevice),
+                group: None,
+            }
+        );
+        let l = decode(&raw(
+            EventKind::Launch,
+            ProbeId::CuLaunchCooperativeKernel,
+            [0; 5],
+        ))
+        .unwrap();
+        assert_eq!(
+            l.kind,
+            Kind::Launch {
+                api: Api::CuLaunchCooperativeKernel,
+                path: Some(LaunchPath::Direct),
+            }
+        );
+        assert!(Api::CuLaunchCooperativeKernel.is_driver());
+    }
+
+    /// Each NCCL call's first five arguments as `mark_enter` sends them, in nccl.h's order
+    /// (NCCL 2.30): the bytes are count × the datatype's size, each read at its own position.
+    #[test]
+    fn nccl_bytes_read_each_signatures_count_and_datatype() {
+        use CollectiveOp as O;
+        use ProbeId as P;
+        let (send, recv, comm, root, peer, op_sum) = (0x1000, 0x2000, 0xc0, 1, 1, 0);
+        let (count, f32, bf16) = (1000, 7, 9);
+        let cases: [(ProbeId, [u64; 5], u64, O); 10] = [
+            // (sendbuff, recvbuff, count, datatype, op, comm, stream)
+            (
+                P::NcclAllReduce,
+                [send, recv, count, f32, op_sum],
+                4000,
+                O::AllReduce,
+            ),
+            // (sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
+            (
+                P::NcclReduceScatter,
+                [send, recv, count, bf16, op_sum],
+                2000,
+                O::ReduceScatter,
+            ),
+            // (sendbuff, recvbuff, sendcount, datatype, comm, stream)
+            (
+                P::NcclAllGather,
+                [send, recv, count, f32, comm],
+                4000,
+                O::AllGather,
+            ),
+            // (sendbuff, recvbuff, count, datatype, root, comm, stream)
+            (
+                P::NcclBroadcast,
+                [send, recv, count, f32, root],
+                4000,
+                O::Broadcast,
+            ),
+            // (sendbuff, recvbuff, count, datatype, op, root, comm, stream)
+            (
+                P::NcclReduce,
+                [send, recv, count, f32, op_sum],
+                4000,
+                O::Reduce,
+            ),
+            // (sendbuff, recvbuff, count, datatype, comm, stream)
+            (
+                P::NcclAllToAll,
+                [send, recv, count, bf16, comm],
+                2000,
+                O::AllToAll,
+            ),
+            // (sendbuff, recvbuff, count, datatype, root, comm, stream)
+            (
+                P::NcclGather,
+                [send, recv, count, f32, root],
+                4000,
+                O::Gather,
+            ),
+            (
+                P::NcclScatter,
+                [send, recv, count, f32, root],
+                4000,
+                O::Scatter,
+            ),
+            // (sendbuff, count, datatype, peer, comm, stream)
+            (P::NcclSend, [send, count, bf16, peer, comm], 2000, O::Send),
+            // (recvbuff, count, datatype, peer, comm, stream)
+            (P::NcclRecv, [recv, count, f32, peer, comm], 4000, O::Recv),
+        ];
+        for (probe, args, bytes, op) in cases {
+            let e = decode(&raw(EventKind::CallEnter, probe, args)).unwrap();
+            let Kind::CallEnter { api, bytes: b, .. } = e.kind else {
+                panic!("{probe:?}: {:?}", e.kind)
+            };
+            assert_eq!(b, Some(bytes), "{probe:?}");
+            assert!(api.is_collective(), "{probe:?}");
+            assert_eq!(api.collective_op(), Some(op), "{probe:?}");
+        }
+    }
+
+    #[test]
     fn decodes_record_name() {
         let mut args = [0u64; 5];
         let name = b"Optimizer.step#SGD.step";

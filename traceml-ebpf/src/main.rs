@@ -419,6 +419,10 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     // args: [bytes, memcpy kind, dst, src, stream] for copies, [handle, ...] otherwise.
     let args = if probe == ProbeId::CudaMemcpy as u32 || probe == ProbeId::CudaMemcpyAsync as u32 {
         [a2, a3, a0, a1, a4]
+    } else if probe == ProbeId::CudaMemcpyPeerAsync as u32 {
+        // `cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream)`: device to device.
+        let a5: u64 = ctx.arg(5).unwrap_or(0);
+        [a4, 3, a0, a2, a5]
     } else if probe == ProbeId::CuMemcpyHtoD as u32 || probe == ProbeId::CuMemcpyHtoDAsync as u32 {
         [a2, 1, a0, a1, a3]
     } else if probe == ProbeId::CuMemcpyDtoH as u32 || probe == ProbeId::CuMemcpyDtoHAsync as u32 {
@@ -521,7 +525,7 @@ fn caller_path(ret: u64) -> u32 {
 /// where the stream is on the stack or in a config struct):
 /// `cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream)`: the dim3s take two
 /// registers each, so `stream` is the second stack argument; `cuLaunchKernel(f, gx, gy, gz, bx,
-/// by, bz, sharedMem, hStream, …)`: the third; the `Ex` forms take a config whose stream is at
+/// by, bz, sharedMem, hStream, …)` and `cuLaunchCooperativeKernel` (same head): the third; the `Ex` forms take a config whose stream is at
 /// offset 32 (`cudaLaunchConfig_t` after two dim3s and a size_t; `CUlaunchConfig` after seven
 /// unsigned ints and padding) and the function second; graph launches `(exec, stream)`.
 #[inline(always)]
@@ -533,7 +537,9 @@ fn launch_args(ctx: &ProbeContext, probe: u32, sp: u64) -> (u64, u64) {
     };
     if probe == ProbeId::CudaLaunchKernel as u32 {
         (a(0), at(sp + 16))
-    } else if probe == ProbeId::CuLaunchKernel as u32 {
+    } else if probe == ProbeId::CuLaunchKernel as u32
+        || probe == ProbeId::CuLaunchCooperativeKernel as u32
+    {
         (a(0), at(sp + 24))
     } else if probe == ProbeId::CudaLaunchKernelExC as u32
         || probe == ProbeId::CuLaunchKernelEx as u32

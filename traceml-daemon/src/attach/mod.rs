@@ -564,7 +564,21 @@ impl Attacher {
 
 /// A probe of a file, resolved: its symbol and where the uprobe goes; `None` when the file has
 /// no such symbol; `Err` why the site cannot be probed.
-type Resolved = Result<Option<(elf::Symbol, elf::ProbeSite)>, String>;
+/// Where one probe goes in a file: `Ok(None)` when the file lacks its symbol, `Err` when the
+/// site is refused (e.g. a LOCK-prefixed first instruction).
+pub type Resolved = Result<Option<(elf::Symbol, elf::ProbeSite)>, String>;
+
+/// Where each probe of `role` goes in the file at `path`, resolved as
+/// [`Attacher::attach_file`] resolves it (same symbol search, same [`ElfFile::probe_site`]),
+/// nothing placed: for checks against real libraries (`tests/coverage.rs`).
+pub fn probe_sites(
+    path: &Path,
+    role: Role,
+) -> Result<Vec<(&'static ProbeSpec, Resolved)>, elf::ElfError> {
+    let file = ElfFile::open(path)?;
+    let resolved = resolve_sites(&file, path, role);
+    Ok(specs(role).iter().zip(resolved.iter().cloned()).collect())
+}
 
 /// A file as the kernel knows it: device, inode, size and modification time. The ranks of a job
 /// (and the jobs of a node) map the same libtorch: its symbol tables are read once.

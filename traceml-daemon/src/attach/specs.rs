@@ -107,6 +107,15 @@ pub const CUDA_RUNTIME: &[ProbeSpec] = &[
         true,
         Exact("cudaMemcpyAsync_ptsz"),
     ),
+    // `cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream)` (libc10_cuda's
+    // copies between devices): `call_enter` maps it to [count, 3 (D2D), dst, src, stream].
+    // CUDA 13.2 has no `_ptsz` variant of it.
+    spec(
+        P::CudaMemcpyPeerAsync,
+        "call_enter",
+        true,
+        Exact("cudaMemcpyPeerAsync"),
+    ),
     spec(
         P::CudaStreamSynchronize,
         "call_enter",
@@ -153,6 +162,20 @@ pub const CUDA_DRIVER: &[ProbeSpec] = &[
         "launch",
         false,
         Exact("cuLaunchKernelEx_ptsz"),
+    ),
+    // Same arguments as `cuLaunchKernel`; libcaffe2_nvrtc (torch's lazy NVRTC/driver stub)
+    // imports it.
+    spec(
+        P::CuLaunchCooperativeKernel,
+        "launch",
+        false,
+        Exact("cuLaunchCooperativeKernel"),
+    ),
+    spec(
+        P::CuLaunchCooperativeKernel,
+        "launch",
+        false,
+        Exact("cuLaunchCooperativeKernel_ptsz"),
     ),
     spec(
         P::CuStreamSynchronize,
@@ -297,7 +320,9 @@ pub const TORCH: &[ProbeSpec] = &[
 ];
 
 /// NCCL's API (libnccl): entry markers with the element count and datatype (bytes). Each
-/// `ncclX` is a weak alias of `pncclX` at the same address: one probe each.
+/// `ncclX` is a weak alias of `pncclX` at the same address: one probe each. `mark_enter` sends
+/// the first five arguments; where each call's `count` and `datatype` are is
+/// [`crate::event::Api::nccl_bytes`]'s (nccl.h of NCCL 2.30).
 pub const NCCL: &[ProbeSpec] = &[
     spec(
         P::NcclAllReduce,
@@ -326,6 +351,9 @@ pub const NCCL: &[ProbeSpec] = &[
     spec(P::NcclReduce, "mark_enter", false, Exact("ncclReduce")),
     spec(P::NcclSend, "mark_enter", false, Exact("ncclSend")),
     spec(P::NcclRecv, "mark_enter", false, Exact("ncclRecv")),
+    spec(P::NcclAllToAll, "mark_enter", false, Exact("ncclAlltoAll")),
+    spec(P::NcclGather, "mark_enter", false, Exact("ncclGather")),
+    spec(P::NcclScatter, "mark_enter", false, Exact("ncclScatter")),
 ];
 
 /// libc10: `c10::GradMode::set_enabled(bool)` (exported; starts `push %rbx`), what

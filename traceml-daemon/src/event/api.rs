@@ -41,6 +41,13 @@ pub enum Api {
     NcclReduce,
     NcclSend,
     NcclRecv,
+    /// `cuLaunchCooperativeKernel` (driver): a kernel launch, as [`Api::CuLaunchKernel`].
+    CuLaunchCooperativeKernel,
+    /// `cudaMemcpyPeerAsync`: a device-to-device copy between two devices.
+    CudaMemcpyPeerAsync,
+    NcclAllToAll,
+    NcclGather,
+    NcclScatter,
 }
 
 impl Api {
@@ -79,6 +86,11 @@ impl Api {
             Api::NcclReduce => "ncclReduce",
             Api::NcclSend => "ncclSend",
             Api::NcclRecv => "ncclRecv",
+            Api::CuLaunchCooperativeKernel => "cuLaunchCooperativeKernel",
+            Api::CudaMemcpyPeerAsync => "cudaMemcpyPeerAsync",
+            Api::NcclAllToAll => "ncclAlltoAll",
+            Api::NcclGather => "ncclGather",
+            Api::NcclScatter => "ncclScatter",
         }
     }
 
@@ -117,6 +129,11 @@ impl Api {
             P::NcclReduce => Api::NcclReduce,
             P::NcclSend => Api::NcclSend,
             P::NcclRecv => Api::NcclRecv,
+            P::CuLaunchCooperativeKernel => Api::CuLaunchCooperativeKernel,
+            P::CudaMemcpyPeerAsync => Api::CudaMemcpyPeerAsync,
+            P::NcclAllToAll => Api::NcclAllToAll,
+            P::NcclGather => Api::NcclGather,
+            P::NcclScatter => Api::NcclScatter,
             P::PyEval
             | P::TorchRecordEnter
             | P::TorchRecordExit
@@ -134,6 +151,7 @@ impl Api {
             self,
             Api::CuLaunchKernel
                 | Api::CuLaunchKernelEx
+                | Api::CuLaunchCooperativeKernel
                 | Api::CuStreamSynchronize
                 | Api::CuCtxSynchronize
                 | Api::CuEventSynchronize
@@ -175,6 +193,9 @@ impl Api {
                 | Api::NcclReduce
                 | Api::NcclSend
                 | Api::NcclRecv
+                | Api::NcclAllToAll
+                | Api::NcclGather
+                | Api::NcclScatter
         )
     }
 
@@ -191,6 +212,9 @@ impl Api {
             Api::NcclReduce => O::Reduce,
             Api::NcclSend => O::Send,
             Api::NcclRecv => O::Recv,
+            Api::NcclAllToAll => O::AllToAll,
+            Api::NcclGather => O::Gather,
+            Api::NcclScatter => O::Scatter,
             _ => return None,
         })
     }
@@ -209,7 +233,16 @@ impl Api {
         )
     }
 
-    /// Bytes of an NCCL call from its raw arguments (`count`, `ncclDataType_t`).
+    /// Bytes of an NCCL call from its raw arguments (`count`, `ncclDataType_t`), each read at
+    /// its own position in nccl.h's signature (NCCL 2.30):
+    /// `ncclSend(sendbuff, count, datatype, peer, comm, stream)`,
+    /// `ncclRecv(recvbuff, count, datatype, peer, comm, stream)`; every other probed call is
+    /// `(sendbuff, recvbuff, count, datatype, ...)`: `ncclAllReduce(…, op, comm, stream)`,
+    /// `ncclReduceScatter(…, recvcount, datatype, op, comm, stream)`,
+    /// `ncclAllGather(…, sendcount, datatype, comm, stream)`,
+    /// `ncclBroadcast(…, root, comm, stream)`, `ncclReduce(…, op, root, comm, stream)`,
+    /// `ncclAlltoAll(…, comm, stream)` (count per peer), `ncclGather(…, root, comm, stream)`,
+    /// `ncclScatter(…, root, comm, stream)`.
     pub fn nccl_bytes(self, args: &[u64; 5]) -> Option<u64> {
         let (count, dtype) = match self {
             Api::NcclSend | Api::NcclRecv => (args[1], args[2]),
@@ -217,7 +250,10 @@ impl Api {
             | Api::NcclReduceScatter
             | Api::NcclAllGather
             | Api::NcclBroadcast
-            | Api::NcclReduce => (args[2], args[3]),
+            | Api::NcclReduce
+            | Api::NcclAllToAll
+            | Api::NcclGather
+            | Api::NcclScatter => (args[2], args[3]),
             _ => return None,
         };
         // ncclInt8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, Bfloat16,
@@ -236,6 +272,7 @@ impl Api {
                 | Api::CuMemcpyDtoH
                 | Api::CuMemcpyHtoDAsync
                 | Api::CuMemcpyDtoHAsync
+                | Api::CudaMemcpyPeerAsync
         )
     }
 }
@@ -252,6 +289,9 @@ pub enum CollectiveOp {
     Reduce,
     Send,
     Recv,
+    AllToAll,
+    Gather,
+    Scatter,
     /// Issued, op not told (recordings made before the ops were told apart).
     Collective,
 }
@@ -267,6 +307,9 @@ impl CollectiveOp {
             CollectiveOp::Reduce => "reduce",
             CollectiveOp::Send => "send",
             CollectiveOp::Recv => "recv",
+            CollectiveOp::AllToAll => "all_to_all",
+            CollectiveOp::Gather => "gather",
+            CollectiveOp::Scatter => "scatter",
             CollectiveOp::Collective => "collective",
         }
     }

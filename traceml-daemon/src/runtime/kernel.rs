@@ -181,7 +181,11 @@ pub(super) fn launch_totals(attacher: &Attacher) -> LaunchTotals {
         P::CudaLaunchKernelExC,
         P::CudaGraphLaunch,
     ];
-    let driver = [P::CuLaunchKernel, P::CuLaunchKernelEx];
+    let driver = [
+        P::CuLaunchKernel,
+        P::CuLaunchKernelEx,
+        P::CuLaunchCooperativeKernel,
+    ];
     let (nested, library, direct) = (
         count(K::Nested, &driver),
         count(K::Library, &driver),
