@@ -255,10 +255,8 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
         .collect();
     let noise = own_work_noise(&steps, &top, runs.len());
     let floor = (STRAGGLER_WARNING * step_median).max(NOISE_SIGMAS * noise);
-    let slow: Vec<Option<(usize, f64)>> = top
-        .into_iter()
-        .map(|t| t.filter(|&(_, x)| x >= floor))
-        .collect();
+    let slow: Vec<Option<(usize, f64)>> =
+        top.iter().map(|t| t.filter(|&(_, x)| x >= floor)).collect();
     let n_slow = slow.iter().flatten().count();
     if n_slow == 0 {
         return None;
@@ -269,12 +267,22 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
     for &(r, _) in slow.iter().flatten() {
         per_rank[r] += 1;
     }
-    let (top, top_n) = per_rank
+    let (culprit, culprit_n) = per_rank
         .iter()
         .enumerate()
         .max_by_key(|&(_, n)| *n)
         .map(|(r, &n)| (r, n))?;
-    let (class, culprit) = straggler_class(&slow, &episodes, top, top_n)?;
+    // How much more often than chance (1 in as many ranks) the culprit was the slowest rank,
+    // above the floor or not: a persistent straggler whose excess dips under the noise floor
+    // is still the slowest in nearly every step; a transient one only in its episodes.
+    let led = top
+        .iter()
+        .filter(|t| t.is_some_and(|(r, x)| r == culprit && x > 0.0))
+        .count() as f64
+        / steps.len() as f64;
+    let chance = 1.0 / runs.len() as f64;
+    let lead = (led - chance) / (1.0 - chance);
+    let (class, culprit) = straggler_class(&slow, &episodes, (culprit, culprit_n), lead)?;
     let rank = culprit.map(|r| runs[r].rank);
     Some(Stragglers {
         class,
@@ -295,13 +303,15 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
 }
 
 /// The class of a job's straggling and the index of the rank it names, from `slow` (each
-/// aligned step's slow rank and excess), its `episodes` and the rank holding the most slow
-/// steps (`top`, `top_n` of them):
+/// aligned step's slow rank and excess), its `episodes`, the rank holding the most slow steps
+/// (`top`, `top_n` of them) and how much more often than chance it was the slowest rank in
+/// any step, above the floor or not (`lead`: 0 as often as chance, 1 always):
 /// - **persistent**: `top` slow in at least [`STRAGGLER_PERSISTENCE`] of the steps, or holding
 ///   [most](STRAGGLER_DOMINANCE) of the slow steps in episodes (or, with none, scattered slow
 ///   steps, at least [`ROTATING_SHARE`] of the run) that span at least that share of the run
-///   from the first to the last: a rank slowed throughout whose excess dips under the noise
-///   floor now and then on a busy machine, its slow steps cut into several episodes;
+///   from the first to the last, or with a `lead` of at least that share: a rank slowed
+///   throughout whose excess dips under the noise floor now and then on a busy machine, its
+///   slow steps cut into several episodes, is still the slowest in nearly every step;
 /// - **transient**: `top` holding most of the slow steps in episodes spanning less of the run;
 ///   or, with no rank holding most, one episode holding at least half of the slow steps;
 /// - **rotating**: else, at least [`ROTATING_SHARE`] of the steps slow, their culprits differing
@@ -309,8 +319,8 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
 fn straggler_class(
     slow: &[Option<(usize, f64)>],
     episodes: &[(usize, usize, usize, usize, f64)],
-    top: usize,
-    top_n: usize,
+    (top, top_n): (usize, usize),
+    lead: f64,
 ) -> Option<(crate::summary::StragglerClass, Option<usize>)> {
     use crate::summary::StragglerClass;
     let n = slow.len() as f64;
@@ -340,7 +350,9 @@ fn straggler_class(
             None
         };
         if let Some((from, to)) = stretch {
-            let class = if (to - from) as f64 >= STRAGGLER_PERSISTENCE * n {
+            let class = if (to - from) as f64 >= STRAGGLER_PERSISTENCE * n
+                || lead >= STRAGGLER_PERSISTENCE
+            {
                 StragglerClass::Persistent
             } else {
                 StragglerClass::Transient
@@ -966,6 +978,30 @@ mod tests {
             f.why
         );
         assert!(f.why.contains("0.5 s of the others' time"), "{}", f.why);
+        // Rank 1 slowed throughout, its excess over the floor (20 ms) only in steps 5–15 and
+        // 25–35 of 60 (a span of half the run), 3 ms under the 5 ms floor in the others: still
+        // the slowest rank in every step. Persistent.
+        let s = classify_stragglers(&job_by(60, 4, |k| {
+            Some((
+                1,
+                if (5..15).contains(&k) || (25..35).contains(&k) {
+                    20.0
+                } else {
+                    3.0
+                },
+            ))
+        }))
+        .unwrap();
+        assert_eq!(
+            (s.class, s.rank, s.episodes.len()),
+            (C::Persistent, Some(1), 2)
+        );
+        // The same two episodes with the rank no slower than the others elsewhere: transient.
+        let s = classify_stragglers(&job_by(60, 4, |k| {
+            ((5..15).contains(&k) || (25..35).contains(&k)).then_some((1, 20.0))
+        }))
+        .unwrap();
+        assert_eq!((s.class, s.rank), (C::Transient, Some(1)));
         // Two ranks alternating every 4 steps (each about half of the slow steps): rotating.
         let s =
             classify_stragglers(&job(80, 4, |k| Some(if k / 4 % 2 == 0 { 0 } else { 2 }))).unwrap();
