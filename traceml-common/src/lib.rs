@@ -92,6 +92,10 @@ pub enum EventKind {
     /// `torch.enable_grad`, `torch.set_grad_enabled`, the optimizer's own guard).
     /// args: [1 enabled / 0 disabled, 0, 0, 0, 0].
     GradMode = 10,
+    /// `cuGetProcAddress` handed out a driver entry point. args: [the pointer it wrote, then
+    /// the first 32 bytes of the symbol name asked for, NUL-padded]. The daemon places the
+    /// entry point's probe there when it is not the exported function's address.
+    ProcAddress = 11,
 }
 
 /// Why a thread was off its CPU ([`EventKind::OffCpu`] `args[1]`), from the switch's `preempt`
@@ -159,6 +163,7 @@ impl TryFrom<u32> for EventKind {
             8 => EventKind::Exec,
             9 => EventKind::OffCpu,
             10 => EventKind::GradMode,
+            11 => EventKind::ProcAddress,
             other => return Err(other),
         })
     }
@@ -245,6 +250,9 @@ pub enum ProbeId {
     NcclGather = 68,
     /// `ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream)`: as above.
     NcclScatter = 69,
+    /// `cuGetProcAddress(symbol, pfn, cudaVersion, flags)` and `cuGetProcAddress_v2(…,
+    /// symbolStatus)` (libcuda): a [`EventKind::ProcAddress`] event at each successful return.
+    CuGetProcAddress = 40,
 }
 
 impl TryFrom<u32> for ProbeId {
@@ -272,6 +280,7 @@ impl TryFrom<u32> for ProbeId {
             37 => CuMemcpyHtoDAsync,
             38 => CuMemcpyDtoHAsync,
             39 => CuLaunchCooperativeKernel,
+            40 => CuGetProcAddress,
             50 => TorchRecordEnter,
             51 => TorchRecordExit,
             52 => TorchBackward,

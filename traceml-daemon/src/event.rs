@@ -465,6 +465,21 @@ pub enum DecodeError {
     Mismatch { kind: EventKind, probe: ProbeId },
 }
 
+/// A [`EventKind::ProcAddress`] event: the driver entry point `cuGetProcAddress` was asked for
+/// (its name, at most 32 bytes) and the pointer it handed out.
+pub fn proc_address(raw: &RawEvent) -> Option<(String, u64)> {
+    if raw.kind != EventKind::ProcAddress as u32 {
+        return None;
+    }
+    let mut bytes = [0u8; 32];
+    for (i, w) in raw.args[1..].iter().enumerate() {
+        bytes[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let name = std::str::from_utf8(&bytes[..end]).ok()?;
+    (!name.is_empty()).then(|| (name.to_owned(), raw.args[0]))
+}
+
 /// Decodes one raw kernel event.
 pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
     let kind = EventKind::try_from(raw.kind).map_err(DecodeError::Kind)?;
@@ -535,7 +550,10 @@ pub fn decode(raw: &RawEvent) -> Result<Event, DecodeError> {
         EventKind::GradMode if probe == ProbeId::TorchGradMode => Kind::GradMode {
             enabled: raw.args[0] != 0,
         },
-        EventKind::OffCpu | EventKind::GradMode => return Err(mismatch()),
+        // Read by the live loop itself (`proc_address`), never a stream event.
+        EventKind::OffCpu | EventKind::GradMode | EventKind::ProcAddress => {
+            return Err(mismatch());
+        }
     };
     Ok(Event {
         ts: raw.ts_ns,
@@ -584,6 +602,10 @@ pub struct ProbeFailure {
     pub file: String,
     pub reason: String,
 }
+
+/// The [`LibraryInfo::role`] of a driver entry point reached through a `cuGetProcAddress`
+/// pointer that is not the exported function: one probe, `name+offset` in the file.
+pub const FOLLOWED_ROLE: &str = "followed";
 
 /// The [`LibraryInfo::role`] of a library that carries its own copy of the CUDA runtime (no
 /// probes of its own: its launches reach the driver's, counted on the `library` path).
@@ -653,6 +675,28 @@ pub enum EndReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proc_address_event_names_the_entry_point_and_its_pointer() {
+        let mut raw = RawEvent::zeroed();
+        raw.kind = EventKind::ProcAddress as u32;
+        raw.probe = ProbeId::CuGetProcAddress as u32;
+        let name = b"cuLaunchKernel\0";
+        let mut bytes = [0u8; 32];
+        bytes[..name.len()].copy_from_slice(name);
+        raw.args[0] = 0x7f00_1234_5678;
+        for i in 0..4 {
+            raw.args[1 + i] = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+        }
+        assert_eq!(
+            proc_address(&raw),
+            Some(("cuLaunchKernel".to_owned(), 0x7f00_1234_5678))
+        );
+        // Not a stream event: the live loop reads it.
+        assert!(decode(&raw).is_err());
+        raw.kind = EventKind::Launch as u32;
+        assert_eq!(proc_address(&raw), None);
+    }
 
     #[test]
     fn launch_totals_count_each_launch_once_by_path() {

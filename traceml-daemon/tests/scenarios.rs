@@ -944,6 +944,77 @@ fn launches_by_path_match_the_workload_in_both_modes() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Issue 52: `cuGetProcAddress` handing out pointers that are not the exported functions
+/// (`FAKECUDA_PROCADDR=internal`: the stand-in driver's internal implementations). The vendor
+/// library initialises its own runtime copy after the daemon attached (at the loop's first
+/// kernel), asks for its entry points, and launches through them: the daemon reads each pointer
+/// at `cuGetProcAddress`'s return, places the driver probe there, and counts the library's
+/// launches per step as the workload does (0.5 %, over the steps the means cover). Followed
+/// pointers are named in `data_quality.driver_pointers_followed`; with the exports handed out
+/// (the default), none is.
+#[test]
+fn driver_pointers_that_are_not_exports_are_followed() {
+    if !root_or_skip() {
+        return;
+    }
+    let _ = fake_cudart();
+    let mut failures = Vec::new();
+    for (label, env) in [
+        (
+            "procaddr-internal",
+            &[("FAKECUDA_PROCADDR", "internal")][..],
+        ),
+        ("procaddr-exported", &[][..]),
+    ] {
+        let c = run_scenario_env(
+            &python(11),
+            &scenario_script("driver_paths_vendor"),
+            &[],
+            &[],
+            label,
+            true,
+            env,
+        );
+        failures.extend(c.failures);
+        if c.truth.is_null() {
+            continue;
+        }
+        let s = &c.summary;
+        let want = truth_step_mean(&c.truth, s, "launches");
+        let got = s["cuda"]["launches_by_path"]["library"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        if (got - want).abs() > want * 0.005 {
+            failures.push(format!(
+                "{label}: library launches {got}/step, truth {want}"
+            ));
+        }
+        let followed: Vec<String> = s["data_quality"]["driver_pointers_followed"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let internal = c.truth["cuda_stats"]["procaddr_internal"]
+            .as_u64()
+            .unwrap_or(0);
+        if env.is_empty() {
+            if !followed.is_empty() || internal != 0 {
+                failures.push(format!(
+                    "{label}: exports handed out ({internal} internal), yet followed {followed:?}"
+                ));
+            }
+        } else if internal == 0 || !followed.iter().any(|f| f.starts_with("cuLaunchKernel+")) {
+            failures.push(format!(
+                "{label}: {internal} internal pointers handed out, followed {followed:?}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Issue 52: the existing ground-truth scenarios keep their gpu_wait, H2D and verdicts (every
 /// check of the scenario suite) when their kernels go through the vendor library's own runtime
 /// copy instead of the runtime (`FAKETORCH_LAUNCH_PATH=vendor`).

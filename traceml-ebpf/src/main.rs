@@ -102,6 +102,11 @@ static OFFCPU: LruHashMap<u32, OffCpuSince> = LruHashMap::with_max_entries(1 << 
 #[map]
 static LAUNCHES: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(LAUNCH_PATHS * LAUNCH_PROBE_SLOTS, 0);
+/// Entry `rsp` of an open `cuGetProcAddress` call -> (symbol name pointer, `pfn` pointer), for
+/// [`procaddr_exit`]. Keyed by the stack pointer: unique among the threads of the target, and
+/// a nested call (`_v2` calling the plain form) has its own.
+#[map]
+static PROCADDR: LruHashMap<u64, [u64; 2]> = LruHashMap::with_max_entries(1 << 10, 0);
 /// The text ranges that decide a driver launch's path ([`CallerRanges`], one value), written by
 /// userspace when the target maps a CUDA runtime or a library with its own runtime copy.
 #[map]
@@ -548,6 +553,67 @@ fn launch_args(ctx: &ProbeContext, probe: u32, sp: u64) -> (u64, u64) {
     } else {
         (a(0), a(1))
     }
+}
+
+/// Entry of `cuGetProcAddress(symbol, pfn, …)` (and `_v2`): where its answer will be written,
+/// for [`procaddr_exit`]. Runs at library load (a runtime copy asks for a few hundred entry
+/// points once), never per launch.
+#[uprobe]
+pub fn procaddr_enter(ctx: ProbeContext) -> u32 {
+    bump(&STATS, Stat::CallEnter as u32);
+    let symbol: u64 = ctx.arg(0).unwrap_or(0);
+    let pfn: u64 = ctx.arg(1).unwrap_or(0);
+    let _ = PROCADDR.insert(&regs_sp(&ctx), &[symbol, pfn], 0);
+    0
+}
+
+/// Return of `cuGetProcAddress`: on success (`CUDA_SUCCESS`, 0) a [`EventKind::ProcAddress`]
+/// event with the pointer written to `*pfn` and the name asked for; it wakes userspace, which
+/// places the probe of that entry point on the pointer before the library uses it.
+#[uretprobe]
+pub fn procaddr_exit(ctx: RetProbeContext) -> u32 {
+    bump(&STATS, Stat::Exit as u32);
+    // SAFETY: saved registers of the returning thread.
+    let (sp, ret) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rax) };
+    let key = sp.wrapping_sub(8);
+    // SAFETY: a map value of this program's own map, copied out before removal.
+    let Some(&[symbol, pfn]) = (unsafe { PROCADDR.get(&key) }) else {
+        return 0;
+    };
+    let _ = PROCADDR.remove(&key);
+    if ret as u32 != 0 {
+        return 0;
+    }
+    // SAFETY: checked read of the target's memory.
+    let Ok(ptr) = (unsafe { bpf_probe_read_user(pfn as *const u64) }) else {
+        if let Some(n) = lose(LossReason::ReadFailed) {
+            let (pid, tid) = current();
+            debug!(
+                &ctx,
+                "procaddr_exit: cannot read the pointer written at {:x} (pid {} tid {}); failed reads on this CPU: {}",
+                pfn,
+                pid,
+                tid,
+                n
+            );
+        }
+        return 0;
+    };
+    emit_with(
+        EventKind::ProcAddress,
+        ProbeId::CuGetProcAddress as u32,
+        BPF_RB_FORCE_WAKEUP,
+        |e| {
+            let mut words = [0u64; 5];
+            // SAFETY: a byte view of the last four words (32 bytes), plus the spare fifth.
+            let buf =
+                unsafe { core::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), 33) };
+            // SAFETY: checked read of the target's memory into a local buffer.
+            let _ = unsafe { bpf_probe_read_user_str_bytes(symbol as *const u8, buf) };
+            e.args = [ptr, words[0], words[1], words[2], words[3]];
+        },
+    );
+    0
 }
 
 /// `c10::intrusive_ptr<PythonRecordFunction> record_function_enter_new(const std::string& name,

@@ -307,6 +307,15 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         count_mode_launches(&mut summary, items);
     }
     summary.data_quality.own_runtime_libraries = own_runtime_libraries(items);
+    summary.data_quality.driver_pointers_followed = items
+        .iter()
+        .filter_map(|i| match i {
+            StreamItem::Library(l) if l.role == crate::event::FOLLOWED_ROLE => Some(&l.probes),
+            _ => None,
+        })
+        .flatten()
+        .cloned()
+        .collect();
     add_top_functions(&mut summary, engine, items);
     add_worker_profile(&mut summary, engine, items, &samples);
     blocked_compute(&mut summary);

@@ -94,6 +94,7 @@ pub(super) fn data_quality(
         python_version: t.and_then(|t| t.python_version.clone()),
         cuda_libraries,
         own_runtime_libraries: Vec::new(),
+        driver_pointers_followed: Vec::new(),
         boundary: engine.boundary,
         unmatched_events: engine.unmatched_events,
         reordered_events: engine.reordered_events,

@@ -247,6 +247,20 @@ impl ElfFile {
         })
     }
 
+    /// Where a probe goes on a function known only by its file offset (a pointer followed):
+    /// past an `endbr64`, never on a LOCK-prefixed instruction, as [`Self::probe_site`].
+    pub fn site_at(&self, file_offset: u64) -> Result<u64, ElfError> {
+        let head = self.bytes_at(file_offset, 16);
+        let skipped = if head.starts_with(&ENDBR64) { 4 } else { 0 };
+        if head.is_empty() || has_lock_prefix(&head[skipped as usize..]) {
+            return Err(ElfError::LockPrefixed {
+                symbol: format!("+{file_offset:#x}"),
+                path: self.path.clone(),
+            });
+        }
+        Ok(file_offset + skipped)
+    }
+
     /// Reads `len` bytes at a virtual address from the file's initialised data (e.g. a constant
     /// such as `Py_Version`).
     pub fn read_at_vaddr(&self, addr: u64, len: usize) -> Option<&[u8]> {

@@ -6,6 +6,7 @@ pub mod btf;
 pub mod calibrate;
 pub mod callers;
 pub mod elf;
+pub mod follow;
 pub mod linetable;
 pub mod maps;
 pub mod memory;
@@ -124,6 +125,9 @@ pub struct Attacher {
     arm_python_at_attach: bool,
     /// The files looked at for the driver launches' caller ranges ([`callers`]).
     callers: callers::Callers,
+    /// Driver entry points reached through `cuGetProcAddress` pointers, looked at already
+    /// (file, file offset): [`follow`].
+    followed: std::collections::HashSet<(PathBuf, u64)>,
 }
 
 /// What happened when probing one file.
@@ -170,6 +174,7 @@ impl Attacher {
             python_links: Vec::new(),
             arm_python_at_attach: true,
             callers: callers::Callers::default(),
+            followed: Default::default(),
         };
         attacher.set_launch_events(cfg.launch_events)?;
         if let Err(e) = attacher.watch_exec() {
@@ -475,7 +480,7 @@ impl Attacher {
             };
             add((true, spec.entry));
             if spec.exit {
-                add((false, EXIT_PROGRAM));
+                add((false, spec.exit_program));
             }
         }
         let mut links = Vec::with_capacity(groups.len());
@@ -520,7 +525,8 @@ impl Attacher {
             // the exit link goes with `links`.
             let mut links = Vec::with_capacity(2);
             if spec.exit {
-                let exit = self.place_multi(EXIT_PROGRAM, host, &[file_offset], &cookie, true)?;
+                let exit =
+                    self.place_multi(spec.exit_program, host, &[file_offset], &cookie, true)?;
                 links.push(Placed::Multi(exit));
             }
             let entry = self.place_multi(spec.entry, host, &[file_offset], &cookie, false)?;
@@ -539,11 +545,11 @@ impl Attacher {
         // left open for the rest of the run takes every later forward with it.
         let mut links = Vec::with_capacity(2);
         if spec.exit {
-            let exit = self.program(EXIT_PROGRAM).map_err(|e| e.to_string())?;
+            let exit = self.program(spec.exit_program).map_err(|e| e.to_string())?;
             let l = exit
                 .attach(point(), host, UProbeScope::OneProcess(pid))
                 .map_err(|e| error_chain(&e))?;
-            links.push(Placed::Perf(EXIT_PROGRAM, l));
+            links.push(Placed::Perf(spec.exit_program, l));
         }
         let entry = self.program(spec.entry).map_err(|e| e.to_string())?;
         match entry.attach(point(), host, UProbeScope::OneProcess(pid)) {
@@ -639,9 +645,6 @@ pub use release::release;
 
 /// The file offsets of one `uprobe_multi` link and their cookies.
 type Offsets = (Vec<u64>, Vec<u64>);
-
-/// The program every return probe runs (the cookie says whose return it is).
-const EXIT_PROGRAM: &str = "any_exit";
 
 fn failure(spec: &ProbeSpec, path: &Path, reason: &str) -> ProbeFailure {
     ProbeFailure {

@@ -7,6 +7,9 @@ use super::python;
 use Matcher::{Contains, Exact};
 use ProbeId as P;
 
+/// The return program of most probes with a return probe.
+pub const EXIT_PROGRAM: &str = "any_exit";
+
 /// How a probe finds its function in a file.
 #[derive(Clone, Copy, Debug)]
 pub enum Matcher {
@@ -21,9 +24,11 @@ pub struct ProbeSpec {
     pub probe: ProbeId,
     /// eBPF program for the entry.
     pub entry: &'static str,
-    /// Also attach `any_exit` as a uretprobe. Never for C++ functions that can throw: unwinding
-    /// cannot cross the uretprobe trampoline.
+    /// Also attach [`ProbeSpec::exit_program`] as a uretprobe. Never for C++ functions that can
+    /// throw: unwinding cannot cross the uretprobe trampoline.
     pub exit: bool,
+    /// The return program: `any_exit`, but for `cuGetProcAddress`'s own.
+    pub exit_program: &'static str,
     pub matcher: Matcher,
     /// A missing symbol is a failure to report (otherwise the variant is just absent).
     pub required: bool,
@@ -38,6 +43,7 @@ const fn spec(probe: ProbeId, entry: &'static str, exit: bool, matcher: Matcher)
         probe,
         entry,
         exit,
+        exit_program: EXIT_PROGRAM,
         matcher,
         required: false,
         movable: false,
@@ -49,6 +55,7 @@ pub const PYTHON: &[ProbeSpec] = &[ProbeSpec {
     probe: P::PyEval,
     entry: "py_enter",
     exit: true,
+    exit_program: EXIT_PROGRAM,
     matcher: Exact(python::EVAL_SYMBOL),
     required: true,
     movable: false,
@@ -225,6 +232,26 @@ pub const CUDA_DRIVER: &[ProbeSpec] = &[
         true,
         Exact("cuMemcpyDtoHAsync_v2"),
     ),
+    // `cuGetProcAddress` (plain and `_v2`): the pointers it hands out, followed (`follow.rs`)
+    // where they are not the exported functions' addresses. At library load only.
+    ProbeSpec {
+        exit_program: "procaddr_exit",
+        ..spec(
+            P::CuGetProcAddress,
+            "procaddr_enter",
+            true,
+            Exact("cuGetProcAddress"),
+        )
+    },
+    ProbeSpec {
+        exit_program: "procaddr_exit",
+        ..spec(
+            P::CuGetProcAddress,
+            "procaddr_enter",
+            true,
+            Exact("cuGetProcAddress_v2"),
+        )
+    },
 ];
 
 /// torch's native entry points (checked in torch 2.15: `docs/torch-hooks.md`).
@@ -244,6 +271,7 @@ pub const TORCH: &[ProbeSpec] = &[
         probe: P::TorchRecordExit,
         entry: "record_exit",
         exit: false,
+        exit_program: EXIT_PROGRAM,
         matcher: Contains("record_function_exit_new"),
         required: false,
         movable: true,
@@ -362,6 +390,7 @@ const TORCH_CORE: &[ProbeSpec] = &[ProbeSpec {
     probe: P::TorchGradMode,
     entry: "grad_mode",
     exit: false,
+    exit_program: EXIT_PROGRAM,
     matcher: Exact("_ZN3c108GradMode11set_enabledEb"),
     required: false,
     movable: false,

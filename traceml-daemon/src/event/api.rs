@@ -139,6 +139,7 @@ impl Api {
             | P::TorchRecordExit
             | P::ProcessExec
             | P::SchedSwitch
+            | P::CuGetProcAddress
             | P::TorchGradMode => {
                 return None;
             }

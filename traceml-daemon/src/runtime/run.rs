@@ -13,8 +13,8 @@ use crate::attach::python::CodeReader;
 use crate::attach::{self, Attacher, maps};
 use crate::classify::{self, RecordClass};
 use crate::event::{
-    self, Api, Class, CodeInfo, EndReason, FuncInfo, Kind, LibraryInfo, Lost, OWN_RUNTIME_ROLE,
-    ProbeSet, StackSample, StreamItem, WorkerStackSample,
+    self, Api, Class, CodeInfo, EndReason, FOLLOWED_ROLE, FuncInfo, Kind, LibraryInfo, Lost,
+    OWN_RUNTIME_ROLE, ProbeSet, StackSample, StreamItem, WorkerStackSample,
 };
 use crate::host::ending;
 use crate::host::procinfo;
@@ -46,6 +46,9 @@ pub(super) struct Run<'a, F: FnMut(&StreamItem) -> Result<(), String>> {
     pub(super) last_seq: HashMap<u32, u64>,
     pub(super) seq_gaps: u64,
     pub(super) undecodable: u64,
+    /// Driver entry points `cuGetProcAddress` handed out since the last [`Run::follow`]: (name,
+    /// pointer).
+    pub(super) proc_addresses: Vec<(String, u64)>,
     /// Code classes written to the kernel again (a first write did not land).
     pub(super) reinserted: u64,
     /// Events of uninteresting code objects dropped before they reached the stream.
@@ -109,6 +112,8 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                 self.classify(k, &raw);
             } else if raw.kind == traceml_common::EventKind::Exec as u32 {
                 self.execed = true;
+            } else if let Some(p) = event::proc_address(&raw) {
+                self.proc_addresses.push(p);
             }
         }
         self.backlog.len() - first
@@ -152,6 +157,10 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
                 && raw.seq > last + 1
             {
                 self.seq_gaps += raw.seq - last - 1;
+            }
+            // Read when drained (`Run::follow`), no stream event.
+            if raw.kind == traceml_common::EventKind::ProcAddress as u32 {
+                continue;
             }
             match event::decode(&raw) {
                 Ok(ev) => {
@@ -414,6 +423,59 @@ impl<F: FnMut(&StreamItem) -> Result<(), String>> Run<'_, F> {
             Some(e) => Err(e.into()),
             None => Ok(()),
         }
+    }
+
+    /// [`Run::drain`], then [`Run::follow`]: how many events were drained.
+    pub(super) async fn drain_and_follow(&mut self, k: &mut Kernel) -> Result<usize, LiveError> {
+        let n = self.drain(k);
+        self.follow(k).await?;
+        Ok(n)
+    }
+
+    /// Follows the driver entry points `cuGetProcAddress` handed out since the last call (off
+    /// the loop's thread, which keeps draining): a probe on each that is not an exported
+    /// function's address, reported in the stream as a library item of role `followed` (one
+    /// probe each). The target's maps are read again first: the library that asked is often
+    /// mapped since the last rescan, and its caller range goes to the kernel at once too.
+    pub(super) async fn follow(&mut self, k: &mut Kernel) -> Result<(), LiveError> {
+        if self.proc_addresses.is_empty() {
+            return Ok(());
+        }
+        let asked = std::mem::take(&mut self.proc_addresses);
+        let Ok(mappings) = maps::read(self.opts.pid) else {
+            return Ok(());
+        };
+        self.rescan(k, &mappings).await?;
+        let followed = self
+            .with_attacher(k, move |a| {
+                asked
+                    .iter()
+                    .map(|(name, ptr)| a.follow(name, *ptr, &mappings))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+        for f in followed {
+            match f {
+                Ok(Some(f)) => {
+                    tracing::info!(
+                        "{} reached through a pointer that is not the exported function: probed at \
+                         {}+{:#x}",
+                        f.name,
+                        terminal(&f.path.display().to_string()),
+                        f.offset
+                    );
+                    self.emit(StreamItem::Library(Box::new(LibraryInfo {
+                        path: f.path.display().to_string(),
+                        role: FOLLOWED_ROLE.into(),
+                        probes: vec![format!("{}+{:#x}", f.name, f.offset)],
+                        ts: monotonic_ns(),
+                    })))?;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("driver pointer not followed: {}", terminal(&e)),
+            }
+        }
+        Ok(())
     }
 
     /// Puts the libraries found to carry their own CUDA runtime in the stream (role

@@ -219,6 +219,7 @@ pub async fn run(
         last_seq: HashMap::new(),
         seq_gaps: 0,
         undecodable: 0,
+        proc_addresses: Vec::new(),
         reinserted: 0,
         ignored_events: 0,
         backlog: std::collections::VecDeque::new(),
@@ -575,7 +576,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     loop {
         tokio::select! {
             _ = &mut poll => {
-                let n = run.drain(k);
+                let n = run.drain_and_follow(k).await?;
                 run.process(Some(Duration::from_millis(20)))?;
                 let every = if n > ring_events / 256 { poll_fast } else { poll_slow };
                 poll.as_mut().reset(tokio::time::Instant::now() + every);
@@ -584,7 +585,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
                 if let Ok(mut guard) = guard {
                     guard.clear_ready();
                 }
-                run.drain(k);
+                run.drain_and_follow(k).await?;
             }
             // The exec is in the stream (the engine ends the trace there): the run is over.
             _ = std::future::ready(()), if run.execed => {

@@ -574,6 +574,10 @@ pub struct DataQuality {
     /// `library`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub own_runtime_libraries: Vec<String>,
+    /// Driver entry points reached through a `cuGetProcAddress` pointer that is not the
+    /// exported function, each probed where it points (`cuLaunchKernel+0x1a2b0` in its file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub driver_pointers_followed: Vec<String>,
     pub boundary: Option<Boundary>,
     pub unmatched_events: u64,
     pub reordered_events: u64,
@@ -601,6 +605,7 @@ impl Default for DataQuality {
             python_version: None,
             cuda_libraries: Vec::new(),
             own_runtime_libraries: Vec::new(),
+            driver_pointers_followed: Vec::new(),
             boundary: None,
             unmatched_events: 0,
             reordered_events: 0,
