@@ -31,6 +31,18 @@ attach() { # name, python args...
   say "-- $name: daemon exit $? after $(echo "$(date +%s.%N) - $t0" | bc) s"
   wait "$tpid"
   grep -E "VERDICT|launches/step|step  |input_wait|gpu_wait|overhead|probe set" "$dir/card.txt" | tee -a "$R"
+  # How each launch reached the driver (issue 52): per path, the libraries with their own runtime
+  # copy, and the cuGetProcAddress pointers followed (none when the driver hands out its exports).
+  $PY - "$dir/out/final_summary.json" <<'PY' | tee -a "$R"
+import json, sys
+s = json.load(open(sys.argv[1]))
+dq = s["data_quality"]
+print("launches_by_path", json.dumps(s["cuda"].get("launches_by_path")))
+print("own_runtime_libraries", json.dumps(dq.get("own_runtime_libraries", [])))
+print("driver_pointers_followed", len(dq.get("driver_pointers_followed", [])),
+      json.dumps(dq.get("driver_pointers_followed", [])[:8]))
+print("cuda_libraries", json.dumps(dq.get("cuda_libraries")))
+PY
   cat "$dir/truth.json" >> "$R" 2>/dev/null; echo >> "$R"
 }
 attach cuda_input tests/gpu/cuda_loop.py --mode input --steps 150 --profile-steps 5

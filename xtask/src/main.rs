@@ -123,6 +123,11 @@ enum Cmd {
         /// context switches of the node, spliced into BENCHMARKS.md.
         #[arg(long)]
         sched_only: bool,
+        /// Only the driver-path probes' cost per hit (a vendor library's launches through its
+        /// own runtime copy, through followed `cuGetProcAddress` pointers, and
+        /// `cuGetProcAddress` itself), spliced into BENCHMARKS.md.
+        #[arg(long)]
+        driver_only: bool,
     },
 }
 
@@ -189,6 +194,7 @@ fn main() -> anyhow::Result<()> {
             bystander_only,
             ranks_only,
             sched_only,
+            driver_only,
         } => bench::bench(bench::Only {
             quick,
             inprocess_only,
@@ -199,6 +205,7 @@ fn main() -> anyhow::Result<()> {
             bystander_only,
             ranks_only,
             sched_only,
+            driver_only,
         }),
     }
 }

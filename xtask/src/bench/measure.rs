@@ -232,7 +232,7 @@ pub fn real_torch(ctx: &mut Ctx, plan: &Plan, m: &mut Measured) -> anyhow::Resul
 
 /// 1c. Storms: ns added per call of one kind of probe hit.
 pub fn storms(ctx: &mut Ctx, plan: &Plan, m: &mut Measured) -> anyhow::Result<()> {
-    let modes: [(&str, &'static str, &[&str], &'static str); 6] = [
+    let modes: [StormMode; 6] = [
         (
             "pyframe",
             "frame evaluator entered from C (uninteresting code: py_enter + return probe, no event)",
@@ -270,10 +270,49 @@ pub fn storms(ctx: &mut Ctx, plan: &Plan, m: &mut Measured) -> anyhow::Result<()
             "1 enter + 1 exit",
         ),
     ];
-    for (mode, what, extra, hits) in modes {
+    m.storms = storm_rows(ctx, plan, &modes)?;
+    Ok(())
+}
+
+/// A storm: (storm.py mode, what the row says, the daemon's extra flags, hits per call).
+pub type StormMode = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+);
+
+/// The driver-path storms (issue 52): a vendor library's launches through its own runtime
+/// copy (the driver's launch probe, its caller read), the same through pointers the daemon
+/// followed, and `cuGetProcAddress` itself (entry and return probe, an event, the daemon's look).
+pub const DRIVER_STORMS: [StormMode; 3] = [
+    (
+        "vendor",
+        "`cuLaunchKernel` from a library's own runtime copy (exported entry point)",
+        &[],
+        "1 launch",
+    ),
+    (
+        "vendor_internal",
+        "`cuLaunchKernel` through a followed `cuGetProcAddress` pointer (not the export)",
+        &[],
+        "1 launch",
+    ),
+    (
+        "procaddr",
+        "`cuGetProcAddress_v2` (enter + return, an event; at library load only)",
+        &[],
+        "1 enter + 1 return",
+    ),
+];
+
+/// Each storm of `modes` in `plan.pairs` ABBA pairs (without, then with the daemon).
+pub fn storm_rows(ctx: &mut Ctx, plan: &Plan, modes: &[StormMode]) -> anyhow::Result<Vec<Storm>> {
+    let mut rows = Vec::new();
+    for &(mode, what, extra, hits) in modes {
         // Each launch queues an operation on the stand-in's device thread, which drains slowly on
         // two busy cores: fewer launches keep the run short (the loop itself is timed alone).
-        let n = if mode == "launch" {
+        let n = if matches!(mode, "launch" | "vendor" | "vendor_internal") {
             plan.storm_n / 5
         } else {
             plan.storm_n
@@ -320,9 +359,9 @@ pub fn storms(ctx: &mut Ctx, plan: &Plan, m: &mut Measured) -> anyhow::Result<()
                 .push(f(&d.summary, "events").unwrap_or(0.0) / (n as f64 * plan.storm_reps as f64));
             s.lost.push(f(&d.summary, "lost_ratio").unwrap_or(0.0));
         }
-        m.storms.push(s);
+        rows.push(s);
     }
-    Ok(())
+    Ok(rows)
 }
 
 /// 2. Footprint: a long realistic run with recording.

@@ -117,6 +117,7 @@ pub struct Only {
     pub bystander_only: bool,
     pub ranks_only: bool,
     pub sched_only: bool,
+    pub driver_only: bool,
 }
 
 pub fn bench(only: Only) -> anyhow::Result<()> {
@@ -130,6 +131,7 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
         bystander_only,
         ranks_only,
         sched_only,
+        driver_only,
     } = only;
     let started = Instant::now();
     let path: PathBuf = root().join("BENCHMARKS.md");
@@ -141,6 +143,9 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
     }
     if sched_only {
         return sched_section(&path);
+    }
+    if driver_only {
+        return driver_section(&path, quick);
     }
     if sweep_only {
         return sweep_section(&path);
@@ -220,6 +225,7 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
     );
     section(bystander::HEADING, bystander_bench(&mut ctx));
     section(ranks::HEADING, ranks_bench(&ctx));
+    section(DRIVER_HEADING, driver_bench(&mut ctx, plan));
     section(
         sched::HEADING,
         sched::measure(&mut ctx).map(|s| {
@@ -352,6 +358,27 @@ fn sched_section(path: &std::path::Path) -> anyhow::Result<()> {
     let commit = sh("git -C . rev-parse --short HEAD");
     let section = sched::section(&s, "target/release/traceml-daemon", &load, &commit);
     write_section(path, sched::HEADING, &section)
+}
+
+/// The driver-path section's heading.
+const DRIVER_HEADING: &str = "## Driver paths: time added per probe hit";
+
+/// The driver-path probes' storms (release build), as [`report::driver_section`] writes them.
+fn driver_bench(ctx: &mut Ctx, plan: &Plan) -> anyhow::Result<String> {
+    let load = sh("cat /proc/loadavg");
+    let rows = measure::storm_rows(ctx, plan, &measure::DRIVER_STORMS)?;
+    Ok(report::driver_section(
+        &rows,
+        "target/release/traceml-daemon",
+        &load,
+    ))
+}
+
+/// `--driver-only`: the driver-path probes' cost per hit, spliced into BENCHMARKS.md.
+fn driver_section(path: &std::path::Path, quick: bool) -> anyhow::Result<()> {
+    let mut ctx = prepare(true, false)?;
+    let plan = if quick { &QUICK } else { &FULL };
+    write_section(path, DRIVER_HEADING, &driver_bench(&mut ctx, plan)?)
 }
 
 /// `--ranks-only`: attach and stop of 1, 2 and 4 ranks, `--pid` and `serve` (release build).

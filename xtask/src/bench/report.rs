@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::Plan;
 use super::inprocess::{InprocRun, Schedule};
-use super::measure::{Measured, Overhead, per_hit};
+use super::measure::{Measured, Overhead, Storm, per_hit};
 use super::runs::{Ctx, DaemonStats, TRACEML_PIN, sh};
 use super::stats::{
     Kv, Span, attach_cost_ms, compare_windows, cpu_ms_per_step, f, hits_by_probe, med, mmm,
@@ -220,12 +220,17 @@ fn overhead(md: &mut String, m: &Measured) {
         md,
         "Target: ≤ 1 µs (1,000 ns) per hit. \"events/call\" = probe events the daemon received per loop iteration; \"lost\" = its lost-event ratio.\n"
     );
+    storm_table(md, &m.storms);
+}
+
+/// The storms' table: added time per call and per hit, with the daemon's events and loss.
+fn storm_table(md: &mut String, storms: &[Storm]) {
     let _ = writeln!(
         md,
         "| storm | hits per call | A ns/call | added ns/call median | min | max | added ns per hit | events/call | lost | ≤ 1 µs per hit |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
-    for s in &m.storms {
+    for s in storms {
         let (mid, lo, hi) = mmm(&s.diffs);
         let ph = per_hit(s);
         // The spread per hit: the pairs' added ns per call, over the hits per call.
@@ -1058,4 +1063,21 @@ mod tests {
     fn a_placeholder_without_a_value_panics() {
         fill("{y}", &[]);
     }
+}
+
+/// `--driver-only`: the driver-path probes' cost per hit (issue 52), ABBA pairs as the stress
+/// table above.
+pub fn driver_section(storms: &[Storm], daemon: &str, load: &str) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## Driver paths: time added per probe hit
+"
+    );
+    let _ = writeln!(
+        md,
+        "Daemon: `{daemon}`; load at start: {load}. The stand-in vendor library (`libfakeblasLt`, the cuBLAS shape: its own runtime copy, `cuGetProcAddress`'d `cuLaunchKernel`) launching one 0 ns kernel a call, and `cuGetProcAddress_v2` called in a loop. A launch from a library's own runtime runs the `launch` program with one more user read (the return address) and a lookup in up to 32 caller ranges; a followed pointer runs the same program where the pointer points. `cuGetProcAddress` runs at library load: a runtime copy asks for its entry points once (the real CUDA 13 `libcudart` names 515 driver entry points in its read-only data, `libcublasLt` 505), never per launch. An eager launch through the runtime now hits two probes when the driver is mapped (the runtime's and its own driver call, counted once): the `cudaLaunchKernel` rows of the stress table above include both.\n"
+    );
+    storm_table(&mut md, storms);
+    md
 }
