@@ -254,6 +254,11 @@ pub async fn run(
     for p in probed {
         run.probed(p)?;
     }
+    // Libraries the target mapped while the probes went in (an attach takes about a second: a
+    // job still importing maps libcuda then) are probed now, with their caller ranges.
+    if let Ok(m) = maps::read(pid) {
+        run.rescan(&mut k, &m).await?;
+    }
     // Every probe is in from here: the attach's probe set is stamped now, before the ready file
     // lets a waiting workload start (the engine drops marks from before it as the attach's
     // fragment).
