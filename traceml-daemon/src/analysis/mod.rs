@@ -306,7 +306,8 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
     if target.is_some_and(|t| t.launch_count_only) || switched_to_count {
         count_mode_launches(&mut summary, items);
     }
-    summary.data_quality.own_runtime_libraries = own_runtime_libraries(items);
+    summary.data_quality.own_runtime_libraries =
+        samples::libraries_of(items, &[crate::event::OWN_RUNTIME_ROLE]);
     summary.data_quality.driver_pointers_followed = items
         .iter()
         .filter_map(|i| match i {
@@ -480,22 +481,6 @@ fn add_worker_profile(
     let handover = crate::profile::handover(&engine.samples, &funcs);
     summary.workers.profile =
         crate::pipeline::worker_profile(&engine.workers, &funcs, cpu_s, batches, &handover);
-}
-
-/// The libraries found to carry their own CUDA runtime, sorted, once each.
-fn own_runtime_libraries(items: &[StreamItem]) -> Vec<String> {
-    let mut libs: Vec<String> = items
-        .iter()
-        .filter_map(|i| match i {
-            StreamItem::Library(l) if l.role == crate::event::OWN_RUNTIME_ROLE => {
-                Some(l.path.clone())
-            }
-            _ => None,
-        })
-        .collect();
-    libs.sort();
-    libs.dedup();
-    libs
 }
 
 /// `--launch-mode count`: no launch events, only the kernel's whole-run counters. Launches per

@@ -241,12 +241,15 @@ pub(super) fn thirds(xs: &[u64]) -> Option<[u64; 3]> {
 }
 
 pub(super) fn cuda_libraries(items: &[StreamItem]) -> Vec<String> {
+    libraries_of(items, &["cudart", "cuda_driver"])
+}
+
+/// The paths of the library items with one of `roles`, sorted, once each.
+pub(super) fn libraries_of(items: &[StreamItem], roles: &[&str]) -> Vec<String> {
     let mut libs: Vec<String> = items
         .iter()
         .filter_map(|i| match i {
-            StreamItem::Library(l) if l.role == "cudart" || l.role == "cuda_driver" => {
-                Some(l.path.clone())
-            }
+            StreamItem::Library(l) if roles.contains(&l.role.as_str()) => Some(l.path.clone()),
             _ => None,
         })
         .collect();
