@@ -1003,6 +1003,23 @@ pub fn splice_inprocess(old: &str, section: &str) -> String {
     super::sweep::splice_at(old, INPROCESS_HEADING, section)
 }
 
+/// `--driver-only`: the driver-path probes' cost per hit (issue 52), ABBA pairs as the stress
+/// table above.
+pub fn driver_section(storms: &[Storm], daemon: &str, load: &str) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## Driver paths: time added per probe hit
+"
+    );
+    let _ = writeln!(
+        md,
+        "Daemon: `{daemon}`; load at start: {load}. The stand-in vendor library (`libfakeblasLt`, the cuBLAS shape: its own runtime copy, `cuGetProcAddress`'d `cuLaunchKernel`) launching one 0 ns kernel a call, and `cuGetProcAddress_v2` called in a loop. A launch from a library's own runtime runs the `launch` program with one more user read (the return address) and a lookup in up to 32 caller ranges; a followed pointer runs the same program where the pointer points. `cuGetProcAddress` runs at library load: a runtime copy asks for its entry points once (the real CUDA 13 `libcudart` names 515 driver entry points in its read-only data, `libcublasLt` 505), never per launch. An eager launch through the runtime hits two probes when the driver is mapped (the runtime's and the runtime's own driver call, counted as one launch): twice the cost of the stress table's `cudaLaunchKernel` rows, which were measured before the stand-in runtime called a driver (the commit each section names). A `cuGetProcAddress` call costs about 10 µs with the daemon attached, so a runtime copy's ~500 requests add about 5 ms once, at its load.\n"
+    );
+    storm_table(&mut md, storms);
+    md
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1063,21 +1080,4 @@ mod tests {
     fn a_placeholder_without_a_value_panics() {
         fill("{y}", &[]);
     }
-}
-
-/// `--driver-only`: the driver-path probes' cost per hit (issue 52), ABBA pairs as the stress
-/// table above.
-pub fn driver_section(storms: &[Storm], daemon: &str, load: &str) -> String {
-    let mut md = String::new();
-    let _ = writeln!(
-        md,
-        "## Driver paths: time added per probe hit
-"
-    );
-    let _ = writeln!(
-        md,
-        "Daemon: `{daemon}`; load at start: {load}. The stand-in vendor library (`libfakeblasLt`, the cuBLAS shape: its own runtime copy, `cuGetProcAddress`'d `cuLaunchKernel`) launching one 0 ns kernel a call, and `cuGetProcAddress_v2` called in a loop. A launch from a library's own runtime runs the `launch` program with one more user read (the return address) and a lookup in up to 32 caller ranges; a followed pointer runs the same program where the pointer points. `cuGetProcAddress` runs at library load: a runtime copy asks for its entry points once (the real CUDA 13 `libcudart` names 515 driver entry points in its read-only data, `libcublasLt` 505), never per launch. An eager launch through the runtime hits two probes when the driver is mapped (the runtime's and the runtime's own driver call, counted as one launch): twice the cost of the stress table's `cudaLaunchKernel` rows, which were measured before the stand-in runtime called a driver (the commit each section names). A `cuGetProcAddress` call costs about 10 µs with the daemon attached, so a runtime copy's ~500 requests add about 5 ms once, at its load.\n"
-    );
-    storm_table(&mut md, storms);
-    md
 }
