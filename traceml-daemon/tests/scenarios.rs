@@ -874,8 +874,9 @@ fn launch_count_mode() {
 
 /// Issue 52: every path to the GPU counted once. The workloads launch through the stand-in
 /// runtime (which reaches the stand-in driver through `cuGetProcAddress` pointers, as the real
-/// one does), through a vendor library with its own runtime copy (the cuBLAS/cuDNN/NCCL shape:
-/// no `cu*` import, its own `cuGetProcAddress`'d `cuLaunchKernel`) and through the Triton shape
+/// one does; `compute_bound` only so), through a vendor library with its own runtime copy (the
+/// cuBLAS/cuDNN/NCCL shape: no `cu*` import, its own `cuGetProcAddress`'d `cuLaunchKernel`) and
+/// through the Triton shape
 /// (`dlsym("cuLaunchKernelEx")`); each layer counts its own launches (the truth's per-step
 /// `launches_by_path`). The daemon's `cuda.launches_by_path` must equal them per step in event
 /// mode (0.5 %) and in count mode (10 %: a whole-run average, set-up included), and the
@@ -888,6 +889,7 @@ fn launches_by_path_match_the_workload_in_both_modes() {
     let _ = fake_cudart();
     let mut failures = Vec::new();
     for scenario in [
+        "compute_bound",
         "driver_paths_mixed",
         "driver_paths_vendor",
         "driver_paths_triton",

@@ -731,9 +731,9 @@ mod tests {
         .unwrap();
         assert_eq!((s.class, s.rank), (C::Transient, Some(1)));
         // On a noisy node (each rank's own work ±8 ms from step to step: 3σ ≈ 18 ms), the slow
-        // rank 14 ms over the others, moving every 5 steps: about half of the steps clear 3σ
-        // alone, the runs of one culprit make three quarters slow (the truth: every step).
-        // Rotating; and the same noise with no rank slowed is nothing.
+        // rank 9 ms over the others, moving every 10 steps: 9 steps clear 3σ alone (no class),
+        // the runs of one culprit make 45 slow. Rotating; and the same noise with no rank
+        // slowed is nothing.
         let noisy = |slowed: bool| -> Vec<RankRun> {
             let jitter = |k: usize, r: u32| ((k * 7 + r as usize * 13) % 17) as f64 - 8.0;
             (0..4u32)
@@ -742,8 +742,8 @@ mod tests {
                     run.summary.step_samples.step_ms = vec![50.0; 100];
                     run.summary.step_samples.phase_ms[Phase::CollectiveWait] = (0..100)
                         .map(|k| {
-                            let by = if slowed && (k / 5) as u32 % 4 == r {
-                                14.0
+                            let by = if slowed && (k / 10) as u32 % 4 == r {
+                                9.0
                             } else {
                                 0.0
                             };
@@ -754,9 +754,23 @@ mod tests {
                 })
                 .collect()
         };
+        // One such run alone (rank 1, steps 20–30): chance makes a run now and then (two ranks
+        // of an even job under load did in CI), so it makes no class.
+        let one_run: Vec<RankRun> = noisy(false)
+            .into_iter()
+            .map(|mut run| {
+                if run.rank == 1 {
+                    for k in 20..30 {
+                        run.summary.step_samples.phase_ms[Phase::CollectiveWait][k] -= 9.0;
+                    }
+                }
+                run
+            })
+            .collect();
+        assert_eq!(classify_stragglers(&one_run), None);
         let s = classify_stragglers(&noisy(true)).unwrap();
         assert_eq!((s.class, s.rank), (C::Rotating, None));
-        assert!(s.slow_share >= 0.7, "{s:?}");
+        assert!(s.slow_share >= 0.4, "{s:?}");
         assert_eq!(classify_stragglers(&noisy(false)), None);
         // Two ranks alternating every 4 steps (each about half of the slow steps): rotating.
         let s =

@@ -34,7 +34,6 @@ pub const STRAGGLER_DOMINANCE: f64 = 2.0 / 3.0;
 /// persistent or transient by how much of the run its slowness spans; rotating only when no
 /// rank holds most of them. `None` when too few steps are slow for any class.
 pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Stragglers> {
-    use crate::summary::{StragglerEpisode, Stragglers};
     if runs.len() < 2 {
         return None;
     }
@@ -66,63 +65,91 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
         .collect();
     let noise = own_work_noise(&steps, &top, runs.len());
     let floor = (STRAGGLER_WARNING * step_median).max(NOISE_SIGMAS * noise);
-    let mut slow: Vec<Option<(usize, f64)>> =
+    let slow: Vec<Option<(usize, f64)>> =
         top.iter().map(|t| t.filter(|&(_, x)| x >= floor)).collect();
-    // A rank the slowest by [`EPISODE_SIGMAS`] of the noise in an episode's worth of steps
-    // running is slow there too: on a busy node the noise hides each step, not the run.
-    let low = (STRAGGLER_WARNING * step_median).max(EPISODE_SIGMAS * noise);
-    let near: Vec<Option<(usize, f64)>> =
-        top.iter().map(|t| t.filter(|&(_, x)| x >= low)).collect();
-    for (r, from, to, _, _) in episodes(&near) {
-        for k in from..to {
-            if near[k].is_some_and(|n| n.0 == r) {
-                slow[k] = near[k];
+    let job = Job {
+        runs,
+        top: &top,
+        stride,
+    };
+    job.stragglers(&slow).or_else(|| {
+        // A slowness that moves between ranks on a busy node: the noise hides each step, not
+        // the runs of one culprit. In runs of an episode's length, the slowest rank is slow at
+        // [`EPISODE_SIGMAS`] of the noise; the steps so found decide a rotating class only (a
+        // single run happens by chance, many runs with different culprits do not).
+        let low = (STRAGGLER_WARNING * step_median).max(EPISODE_SIGMAS * noise);
+        let near: Vec<Option<(usize, f64)>> =
+            top.iter().map(|t| t.filter(|&(_, x)| x >= low)).collect();
+        let mut runs_slow = slow.clone();
+        for (r, from, to, _, _) in episodes(&near) {
+            for k in from..to {
+                if near[k].is_some_and(|n| n.0 == r) {
+                    runs_slow[k] = near[k];
+                }
             }
         }
-    }
-    let n_slow = slow.iter().flatten().count();
-    if n_slow == 0 {
-        return None;
-    }
-    let lost_ms = slow.iter().flatten().map(|s| s.1).sum::<f64>() * stride as f64;
-    let episodes = episodes(&slow);
-    let mut per_rank = vec![0usize; runs.len()];
-    for &(r, _) in slow.iter().flatten() {
-        per_rank[r] += 1;
-    }
-    let (culprit, culprit_n) = per_rank
-        .iter()
-        .enumerate()
-        .max_by_key(|&(_, n)| *n)
-        .map(|(r, &n)| (r, n))?;
-    // How much more often than chance (1 in as many ranks) the culprit was the slowest rank,
-    // above the floor or not: a persistent straggler whose excess dips under the noise floor
-    // is still the slowest in nearly every step; a transient one only in its episodes.
-    let led = top
-        .iter()
-        .filter(|t| t.is_some_and(|(r, x)| r == culprit && x > 0.0))
-        .count() as f64
-        / steps.len() as f64;
-    let chance = 1.0 / runs.len() as f64;
-    let lead = (led - chance) / (1.0 - chance);
-    let (class, culprit) = straggler_class(&slow, &episodes, (culprit, culprit_n), lead)?;
-    let rank = culprit.map(|r| runs[r].rank);
-    Some(Stragglers {
-        class,
-        rank,
-        steps: steps.len() as u64 * stride,
-        slow_share: n_slow as f64 / steps.len() as f64,
-        episodes: episodes
-            .iter()
-            .map(|&(r, from, to, _, lost)| StragglerEpisode {
-                rank: runs[r].rank,
-                from_step: from as u64 * stride,
-                to_step: to as u64 * stride,
-                lost_ms: lost * stride as f64,
-            })
-            .collect(),
-        lost_ms,
+        job.stragglers(&runs_slow)
+            .filter(|s| s.class == crate::summary::StragglerClass::Rotating)
     })
+}
+
+/// A job's aligned steps as [`classify_stragglers`] judges them: its ranks, each step's
+/// slowest rank and excess (`top`), the steps' stride.
+struct Job<'a> {
+    runs: &'a [RankRun],
+    top: &'a [Option<(usize, f64)>],
+    stride: u64,
+}
+
+impl Job<'_> {
+    /// The class and episodes `slow` (each aligned step's slow rank and excess) make.
+    fn stragglers(&self, slow: &[Option<(usize, f64)>]) -> Option<crate::summary::Stragglers> {
+        use crate::summary::{StragglerEpisode, Stragglers};
+        let (runs, top, stride) = (self.runs, self.top, self.stride);
+        let n_slow = slow.iter().flatten().count();
+        if n_slow == 0 {
+            return None;
+        }
+        let lost_ms = slow.iter().flatten().map(|s| s.1).sum::<f64>() * stride as f64;
+        let episodes = episodes(&slow);
+        let mut per_rank = vec![0usize; runs.len()];
+        for &(r, _) in slow.iter().flatten() {
+            per_rank[r] += 1;
+        }
+        let (culprit, culprit_n) = per_rank
+            .iter()
+            .enumerate()
+            .max_by_key(|&(_, n)| *n)
+            .map(|(r, &n)| (r, n))?;
+        // How much more often than chance (1 in as many ranks) the culprit was the slowest rank,
+        // above the floor or not: a persistent straggler whose excess dips under the noise floor
+        // is still the slowest in nearly every step; a transient one only in its episodes.
+        let led = top
+            .iter()
+            .filter(|t| t.is_some_and(|(r, x)| r == culprit && x > 0.0))
+            .count() as f64
+            / top.len() as f64;
+        let chance = 1.0 / runs.len() as f64;
+        let lead = (led - chance) / (1.0 - chance);
+        let (class, culprit) = straggler_class(&slow, &episodes, (culprit, culprit_n), lead)?;
+        let rank = culprit.map(|r| runs[r].rank);
+        Some(Stragglers {
+            class,
+            rank,
+            steps: top.len() as u64 * stride,
+            slow_share: n_slow as f64 / top.len() as f64,
+            episodes: episodes
+                .iter()
+                .map(|&(r, from, to, _, lost)| StragglerEpisode {
+                    rank: runs[r].rank,
+                    from_step: from as u64 * stride,
+                    to_step: to as u64 * stride,
+                    lost_ms: lost * stride as f64,
+                })
+                .collect(),
+            lost_ms,
+        })
+    }
 }
 
 /// The class of a job's straggling and the index of the rank it names, from `slow` (each
