@@ -111,7 +111,7 @@ impl Job<'_> {
             return None;
         }
         let lost_ms = slow.iter().flatten().map(|s| s.1).sum::<f64>() * stride as f64;
-        let episodes = episodes(&slow);
+        let episodes = episodes(slow);
         let mut per_rank = vec![0usize; runs.len()];
         for &(r, _) in slow.iter().flatten() {
             per_rank[r] += 1;
@@ -131,7 +131,7 @@ impl Job<'_> {
             / top.len() as f64;
         let chance = 1.0 / runs.len() as f64;
         let lead = (led - chance) / (1.0 - chance);
-        let (class, culprit) = straggler_class(&slow, &episodes, (culprit, culprit_n), lead)?;
+        let (class, culprit) = straggler_class(slow, &episodes, (culprit, culprit_n), lead)?;
         let rank = culprit.map(|r| runs[r].rank);
         Some(Stragglers {
             class,
