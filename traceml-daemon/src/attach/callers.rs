@@ -11,20 +11,35 @@
 //! `libcuda.so.1` and `cuGetProcAddress` (what the static runtime opens and asks for).
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, Sender};
 
 use traceml_common::{CALLER_RANGES, CallerRanges, LaunchPath};
 
 use super::maps::{self, Mapping, Role};
 use super::{AttachError, Attacher, ElfFile, python};
 
+/// A scanner's answer: the file, and whether it carries its own runtime.
+type Answer = (PathBuf, bool);
+
 /// What the attacher knows of the files it looked at for the caller ranges.
 #[derive(Default)]
 pub struct Callers {
     /// File → it carries its own runtime (a library the path `Library` names).
     own_runtime: HashMap<PathBuf, bool>,
+    /// Files a scanner thread is reading (a real torch process maps hundreds of megabytes of
+    /// CUDA libraries: seconds of reading, never on the attach's or the loop's path).
+    scanning: std::collections::HashSet<PathBuf>,
+    /// The scanners' answers.
+    answers: Option<(Sender<Answer>, Receiver<Answer>)>,
     /// The ranges last written to the kernel.
     written: Vec<(u64, u64, u32)>,
+    /// The attach's look waited for its scanner already (later looks take what has come).
+    waited: bool,
 }
+
+/// How long [`Attacher::update_callers`] waits for its scanner (the stand-ins' files take
+/// milliseconds; a real CUDA wheel's, seconds: those answers come at a later look).
+const SCAN_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Whether an ELF file carries its own copy of the CUDA runtime (see the module's text).
 pub fn carries_own_runtime(file: &ElfFile) -> bool {
@@ -64,33 +79,70 @@ pub fn ranges(mappings: &[Mapping], own: impl Fn(&Path) -> bool) -> Vec<(u64, u6
 impl Attacher {
     /// Whether `mappings` hold a file [`Attacher::update_callers`] has not looked at.
     pub fn callers_pending(&self, mappings: &[Mapping]) -> bool {
-        mappings
-            .iter()
-            .any(|m| m.perms.contains('x') && !self.callers.own_runtime.contains_key(&m.path))
+        !self.callers.scanning.is_empty()
+            || mappings
+                .iter()
+                .any(|m| m.perms.contains('x') && !self.callers.own_runtime.contains_key(&m.path))
     }
 
-    /// Looks at the executable files of `mappings` not seen before and writes the caller ranges
-    /// to the kernel when they changed; returns the libraries newly found to carry their own
-    /// runtime.
+    /// Looks at the executable files of `mappings` not seen before (their contents on a scanner
+    /// thread, waited for up to [`SCAN_WAIT`] at the first call, the attach's; later answers at
+    /// a later call) and writes the
+    /// caller ranges to the kernel when they changed; returns the libraries newly found to
+    /// carry their own runtime.
     pub fn update_callers(&mut self, mappings: &[Mapping]) -> Result<Vec<PathBuf>, AttachError> {
         let pid = self.pid.get();
-        let mut found = Vec::new();
+        let c = &mut self.callers;
+        let (tx, _) = c.answers.get_or_insert_with(std::sync::mpsc::channel);
+        let mut batch = Vec::new();
         for m in mappings.iter().filter(|m| m.perms.contains('x')) {
-            if self.callers.own_runtime.contains_key(&m.path) {
+            if c.own_runtime.contains_key(&m.path) || c.scanning.contains(&m.path) {
                 continue;
             }
             // Files with a role of their own are the runtime, the driver, torch or Python.
-            let own = maps::role_of(&m.path).is_none()
-                && ElfFile::open(&python::host_path(pid, &m.path))
-                    .is_ok_and(|f| carries_own_runtime(&f));
-            if own {
-                found.push(m.path.clone());
+            if maps::role_of(&m.path).is_some() {
+                c.own_runtime.insert(m.path.clone(), false);
+            } else {
+                c.scanning.insert(m.path.clone());
+                batch.push((m.path.clone(), python::host_path(pid, &m.path)));
             }
-            self.callers.own_runtime.insert(m.path.clone(), own);
         }
-        let known = &self.callers.own_runtime;
+        if !batch.is_empty() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for (path, host) in batch {
+                    let own = ElfFile::open(&host).is_ok_and(|f| carries_own_runtime(&f));
+                    if tx.send((path, own)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let mut found = Vec::new();
+        // Only the attach's look waits: the loop's never block on a scan.
+        let wait = if c.waited {
+            std::time::Duration::ZERO
+        } else {
+            SCAN_WAIT
+        };
+        c.waited = true;
+        let deadline = std::time::Instant::now() + wait;
+        if let Some((_, rx)) = &c.answers {
+            while !c.scanning.is_empty() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let Ok((path, own)) = rx.recv_timeout(left) else {
+                    break;
+                };
+                c.scanning.remove(&path);
+                if own {
+                    found.push(path.clone());
+                }
+                c.own_runtime.insert(path, own);
+            }
+        }
+        let known = &c.own_runtime;
         let ranges = ranges(mappings, |p| known.get(p).copied().unwrap_or(false));
-        if ranges != self.callers.written {
+        if ranges != c.written {
             self.write_callers(&ranges)?;
             self.callers.written = ranges;
         }
