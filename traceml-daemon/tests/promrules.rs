@@ -78,6 +78,7 @@ fn the_rules_read_only_exported_series() {
             slow_share: 0.2,
             episodes: Vec::new(),
             lost_ms: 5000.0,
+            from_runs: false,
         }),
     );
     // And one whose ranks' ledgers were joined.

@@ -69,6 +69,7 @@ fn every_series_carries_the_job_identity() {
             slow_share: 0.25,
             episodes: Vec::new(),
             lost_ms: 400.0,
+            from_runs: false,
         }),
     );
     e.set_collectives(

@@ -75,8 +75,8 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
     job.stragglers(&slow).or_else(|| {
         // A slowness that moves between ranks on a busy node: the noise hides each step, not
         // the runs of one culprit. In runs of an episode's length, the slowest rank is slow at
-        // [`EPISODE_SIGMAS`] of the noise; the steps so found decide a rotating class only (a
-        // single run happens by chance, many runs with different culprits do not).
+        // [`EPISODE_SIGMAS`] of the noise; the steps so found make a rotating or transient
+        // class, marked `from_runs` (a single run happens by chance: no finding from it).
         let low = (STRAGGLER_WARNING * step_median).max(EPISODE_SIGMAS * noise);
         let near: Vec<Option<(usize, f64)>> =
             top.iter().map(|t| t.filter(|&(_, x)| x >= low)).collect();
@@ -88,8 +88,14 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
                 }
             }
         }
+        // A transient class too (one rank's runs in one stretch), never a persistent one
+        // (a chance run far from the real stretch would make the span); no finding either way.
         job.stragglers(&runs_slow)
-            .filter(|s| s.class == crate::summary::StragglerClass::Rotating)
+            .filter(|s| s.class != crate::summary::StragglerClass::Persistent)
+            .map(|s| crate::summary::Stragglers {
+                from_runs: true,
+                ..s
+            })
     })
 }
 
@@ -148,6 +154,7 @@ impl Job<'_> {
                 })
                 .collect(),
             lost_ms,
+            from_runs: false,
         })
     }
 }
@@ -179,6 +186,12 @@ fn straggler_class(
         return Some((StragglerClass::Persistent, Some(top)));
     }
     if top_n as f64 >= STRAGGLER_DOMINANCE * n_slow as f64 {
+        // The slowest rank in nearly every step, over the floor or not, with an episode's
+        // worth of steps over it: slowed throughout, its excess mostly under a busy node's
+        // noise.
+        if lead >= STRAGGLER_PERSISTENCE && top_n >= MIN_EPISODE_STEPS {
+            return Some((StragglerClass::Persistent, Some(top)));
+        }
         // The stretch of the run the rank's slowness spans: its episodes', or its scattered
         // slow steps' when they are many but form no episode.
         let own: Vec<(usize, usize)> = episodes
@@ -268,6 +281,9 @@ fn episodes(slow: &[Option<(usize, f64)>]) -> Vec<(usize, usize, usize, usize, f
 /// step against the job's median step.
 pub fn episodes_finding(s: &crate::summary::Stragglers, step_median: f64) -> Option<Finding> {
     use crate::summary::StragglerClass;
+    if s.from_runs {
+        return None;
+    }
     let rank = s.rank?;
     let own: Vec<&crate::summary::StragglerEpisode> =
         s.episodes.iter().filter(|e| e.rank == rank).collect();

@@ -125,6 +125,10 @@ pub struct Stragglers {
     pub episodes: Vec<StragglerEpisode>,
     /// The others' wait the slow steps cost, in all: the sum of each slow step's excess, ms.
     pub lost_ms: f64,
+    /// The class came from runs of steps with one slowest rank at 1σ of the noise (the steps
+    /// over the 3σ floor made none): evidence for the class, too weak for a STRAGGLER finding.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_runs: bool,
 }
 
 /// Persistent (one rank most of the time), transient (an episode: one rank for a stretch), or
