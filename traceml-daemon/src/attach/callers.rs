@@ -41,6 +41,32 @@ pub struct Callers {
 /// milliseconds; a real CUDA wheel's, seconds: those answers come at a later look).
 const SCAN_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
+/// Files scanned by any attacher of this daemon, by identity (device, inode, size, mtime): the
+/// ranks of a job map the same libraries. Held while scanning, so parallel attaches read each
+/// file once.
+static SCANNED: std::sync::Mutex<Option<HashMap<FileId, bool>>> = std::sync::Mutex::new(None);
+
+/// A file's identity: device, inode, size, modification time.
+type FileId = (u64, u64, u64, i64);
+
+/// [`carries_own_runtime`] of the file at `host`, read once per daemon.
+fn scanned(host: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let key = std::fs::metadata(host)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.size(), m.mtime()));
+    let mut cache = SCANNED.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(own) = key.and_then(|k| cache.get(&k).copied()) {
+        return own;
+    }
+    let own = ElfFile::open(host).is_ok_and(|f| carries_own_runtime(&f));
+    if let Some(k) = key {
+        cache.insert(k, own);
+    }
+    own
+}
+
 /// Whether an ELF file carries its own copy of the CUDA runtime (see the module's text).
 pub fn carries_own_runtime(file: &ElfFile) -> bool {
     let cuda_import = |n: &str| {
@@ -111,8 +137,7 @@ impl Attacher {
             let tx = tx.clone();
             std::thread::spawn(move || {
                 for (path, host) in batch {
-                    let own = ElfFile::open(&host).is_ok_and(|f| carries_own_runtime(&f));
-                    if tx.send((path, own)).is_err() {
+                    if tx.send((path, scanned(&host))).is_err() {
                         return;
                     }
                 }
