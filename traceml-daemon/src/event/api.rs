@@ -391,15 +391,6 @@ impl LaunchPath {
     pub const COUNTED: [LaunchPath; 3] =
         [LaunchPath::Runtime, LaunchPath::Library, LaunchPath::Direct];
 
-    pub fn name(self) -> &'static str {
-        match self {
-            LaunchPath::Runtime => "runtime",
-            LaunchPath::Nested => "nested",
-            LaunchPath::Library => "library",
-            LaunchPath::Direct => "direct",
-        }
-    }
-
     /// Index in [`LaunchPath::COUNTED`]; `None` for a nested call.
     pub fn counted_index(self) -> Option<usize> {
         LaunchPath::COUNTED.iter().position(|&p| p == self)
