@@ -20,6 +20,10 @@ pub const EPISODE_GAP: usize = 2;
 pub const MIN_EPISODE_STEPS: usize = 5;
 /// Rotating: at least this share of the aligned steps slow, with no rank holding most of them.
 pub const ROTATING_SHARE: f64 = 0.2;
+/// A straggler's episodes make a finding when they cost the other ranks at least this share of
+/// the run's time: what a straggler just at the published lines costs (its excess
+/// [`STRAGGLER_WARNING`] of the step in [`STRAGGLER_PERSISTENCE`] of the steps).
+pub const EPISODE_FINDING_COST: f64 = STRAGGLER_WARNING * STRAGGLER_PERSISTENCE;
 /// One rank holds "most" of the slow steps when it holds at least this share of them: below it
 /// the culprit changes (two ranks alternating hold about half each, and noise moves a few
 /// steps either way).
@@ -67,7 +71,7 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
     let floor = (STRAGGLER_WARNING * step_median).max(NOISE_SIGMAS * noise);
     let slow: Vec<Option<(usize, f64)>> =
         top.iter().map(|t| t.filter(|&(_, x)| x >= floor)).collect();
-    let job = Job {
+    let job = AlignedSteps {
         runs,
         top: &top,
         stride,
@@ -101,13 +105,13 @@ pub fn classify_stragglers(runs: &[RankRun]) -> Option<crate::summary::Straggler
 
 /// A job's aligned steps as [`classify_stragglers`] judges them: its ranks, each step's
 /// slowest rank and excess (`top`), the steps' stride.
-struct Job<'a> {
+struct AlignedSteps<'a> {
     runs: &'a [RankRun],
     top: &'a [Option<(usize, f64)>],
     stride: u64,
 }
 
-impl Job<'_> {
+impl AlignedSteps<'_> {
     /// The class and episodes `slow` (each aligned step's slow rank and excess) make.
     fn stragglers(&self, slow: &[Option<(usize, f64)>]) -> Option<crate::summary::Stragglers> {
         use crate::summary::{StragglerEpisode, Stragglers};
@@ -278,7 +282,10 @@ fn episodes(slow: &[Option<(usize, f64)>]) -> Vec<(usize, usize, usize, usize, f
 /// show (rotating ones name no rank): a transient one (its episodes, one stretch of the run) or
 /// a persistent one whose slow steps come in several episodes across the run (a busy machine's
 /// noise cuts them). Warning, medium confidence, its share the named rank's lost time per slow
-/// step against the job's median step.
+/// step against the job's median step. Only when its episodes cost the others at least
+/// [`EPISODE_FINDING_COST`] of the run: below it the class and episodes are in the summary, and
+/// no finding (a noisy neighbour slowing one rank by a few milliseconds for a dozen steps is
+/// not worth the user's look).
 pub fn episodes_finding(s: &crate::summary::Stragglers, step_median: f64) -> Option<Finding> {
     use crate::summary::StragglerClass;
     if s.from_runs {
@@ -290,6 +297,9 @@ pub fn episodes_finding(s: &crate::summary::Stragglers, step_median: f64) -> Opt
     let (from, to) = (own.first()?.from_step, own.last()?.to_step);
     let n: u64 = own.iter().map(|e| (e.to_step - e.from_step).max(1)).sum();
     let lost: f64 = own.iter().map(|e| e.lost_ms).sum();
+    if lost < EPISODE_FINDING_COST * s.steps as f64 * step_median {
+        return None;
+    }
     let per_step = lost / n as f64;
     let stretches = if own.len() == 1 {
         format!("steps {from}–{to}")
