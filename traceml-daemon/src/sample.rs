@@ -12,6 +12,10 @@ pub struct Sample {
     pub workers: Vec<ProcessSample>,
     /// `None` when GPU metrics are unavailable (no NVML / no driver / no GPU).
     pub gpus: Option<Vec<GpuSample>>,
+    /// What went wrong reading the GPUs, when something did: NVML slow or not answering, a GPU
+    /// lost, a query the driver does not support (`sampler::gpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_note: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -43,8 +47,9 @@ pub struct GpuSample {
     pub temp_c: Option<f64>,
     pub power_w: Option<f64>,
     pub power_limit_w: Option<f64>,
-    /// GPU memory used by the target process on this GPU.
+    /// GPU memory used by the target process (and its DataLoader workers) on this GPU; 0 when
+    /// it is not among the GPU's processes.
     pub process_mem_bytes: Option<u64>,
-    /// Per-process SM utilization samples, where the driver supports it.
+    /// Their SM utilization on this GPU since the previous reading, where the driver supports it.
     pub process_util_pct: Option<f64>,
 }

@@ -287,7 +287,7 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         system: system_stats(&samples, target),
         process: process_stats(&samples, num_cpus),
         workers: worker_stats(&samples),
-        gpu: gpu_stats(&samples),
+        gpu: gpu_stats(&samples::while_training(&samples, steps)),
         memory: memory_stats(steps, &samples, target.map(|t| t.attach_ts_ns)),
         data_quality: data_quality(engine, items, target, cuda_libraries, samples.len()),
         daemon_overhead: daemon_overhead(steps, totals.count, items, target),
@@ -317,6 +317,10 @@ pub fn summarize(engine: &EngineOutput, items: &[StreamItem]) -> Summary {
         .flatten()
         .cloned()
         .collect();
+    summary
+        .data_quality
+        .notes
+        .extend(samples::gpu_notes(&samples));
     add_top_functions(&mut summary, engine, items);
     add_worker_profile(&mut summary, engine, items, &samples);
     blocked_compute(&mut summary);

@@ -90,6 +90,27 @@ pub(super) fn worker_stats(samples: &[&Sample]) -> WorkerStats {
     }
 }
 
+/// The samples of the training: from a second after the first kept step's start (NVML's
+/// utilization covers the period before its reading, which a sample takes up to a second
+/// late) to the last kept step's end. All of them when there are no steps or none falls inside:
+/// a GPU idle before the loop starts is not the loop's.
+pub(super) fn while_training<'a>(samples: &[&'a Sample], steps: &[Step]) -> Vec<&'a Sample> {
+    let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
+        return samples.to_vec();
+    };
+    let (from, to) = (first.start_ns + 1_000_000_000, last.end_ns);
+    let inside: Vec<&Sample> = samples
+        .iter()
+        .copied()
+        .filter(|s| (from..=to).contains(&s.ts))
+        .collect();
+    if inside.is_empty() {
+        samples.to_vec()
+    } else {
+        inside
+    }
+}
+
 pub(super) fn gpu_stats(samples: &[&Sample]) -> Option<GpuStats> {
     let mut by_index: BTreeMap<u32, Vec<&crate::sample::GpuSample>> = BTreeMap::new();
     for g in samples.iter().filter_map(|s| s.gpus.as_ref()).flatten() {
@@ -143,6 +164,25 @@ pub(super) fn gpu_stats(samples: &[&Sample]) -> Option<GpuStats> {
         util_pct_mean,
         devices,
     })
+}
+
+/// What went wrong reading the GPUs over the run (`Sample::gpu_note`), each trouble once: the
+/// last wording of each (a slow call's milliseconds grow while it lasts), in order of first
+/// appearance.
+pub(super) fn gpu_notes(samples: &[&Sample]) -> Vec<String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for part in samples
+        .iter()
+        .filter_map(|s| s.gpu_note.as_deref())
+        .flat_map(|n| n.split("; "))
+    {
+        let key: String = part.chars().filter(|c| !c.is_ascii_digit()).collect();
+        match out.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = part.to_owned(),
+            None => out.push((key, part.to_owned())),
+        }
+    }
+    out.into_iter().map(|(_, n)| format!("GPU: {n}")).collect()
 }
 
 /// GPU memory of the target summed over GPUs in one sample; `None` when no GPU reported it.

@@ -398,6 +398,14 @@ pub(super) fn cuda_and_cost_families(
     )?;
     family(
         enc,
+        "traceml_gpu_memory_used_bytes",
+        "Device memory of the rank (and its DataLoader workers) over its GPUs, at the latest \
+         NVML sample (absent without NVML).",
+        MetricType::Gauge,
+        gauges(e, |v| v.gpu_memory_bytes.map(|b| b as f64)),
+    )?;
+    family(
+        enc,
         "traceml_events_lost",
         "Probe events lost (ring buffer full, read failures, undecodable).",
         MetricType::Counter,

@@ -17,6 +17,7 @@
 //! | `traceml_phase_seconds_total` | counter | job, rank, phase |
 //! | `traceml_h2d_bytes_total`, `traceml_kernel_launches_total` | counter (absent without a CUDA library) | job, rank |
 //! | `traceml_gpu_utilization_ratio` | gauge (absent without NVML) | job, rank |
+//! | `traceml_gpu_memory_used_bytes` | gauge (absent without NVML) | job, rank |
 //! | `traceml_verdict` | gauge, 1 for the current primary verdict | job, kind, severity |
 //! | `traceml_events_lost_total`, `traceml_probe_failures_total` | counter | job, rank |
 //! | `traceml_daemon_overhead_ratio` | gauge | job, rank |
@@ -75,6 +76,8 @@ pub struct RankValues {
     pub kernel_launches: Option<u64>,
     /// `None` without NVML (or before its first sample).
     pub gpu_utilization: Option<f64>,
+    /// The rank's device memory over its GPUs at the latest sample; `None` without NVML.
+    pub gpu_memory_bytes: Option<u64>,
     /// `None` when the stream carried no loss counters.
     pub events_lost: Option<u64>,
     pub probe_failures: u64,
@@ -99,9 +102,9 @@ pub struct RankValues {
 
 impl RankValues {
     /// The values of a run's summary and the exact step sums behind it
-    /// ([`crate::analysis::Collector::snapshot_with_totals`]); `gpu_utilization` from the
-    /// latest sample ([`gpu_utilization`]).
-    pub fn from_summary(s: &Summary, t: &StepTotals, gpu_utilization: Option<f64>) -> RankValues {
+    /// ([`crate::analysis::Collector::snapshot_with_totals`]); the GPUs' from the latest sample
+    /// ([`GpuNow`]).
+    pub fn from_summary(s: &Summary, t: &StepTotals, gpu: GpuNow) -> RankValues {
         let cuda = s.cuda.measured;
         RankValues {
             steps: t.count,
@@ -119,7 +122,8 @@ impl RankValues {
                 .launches_per_step
                 .filter(|l| cuda && l.is_finite() && *l >= 0.0)
                 .map(|l| (l * f64::from(s.steps.count)).round() as u64),
-            gpu_utilization,
+            gpu_utilization: gpu.utilization,
+            gpu_memory_bytes: gpu.memory_bytes,
             events_lost: s.data_quality.events_lost.as_ref().map(|l| l.total),
             probe_failures: s.data_quality.probes_failed.len() as u64,
             overhead_ratio: s
@@ -173,6 +177,31 @@ impl RankValues {
         self.evaluation_batches = self.evaluation_batches.max(old.evaluation_batches);
         self.own_work_seconds = self.own_work_seconds.max(old.own_work_seconds);
         self
+    }
+}
+
+/// A rank's GPUs at its latest sample, as `/metrics` shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpuNow {
+    /// [`gpu_utilization`].
+    pub utilization: Option<f64>,
+    /// The target's device memory summed over the GPUs (0 on a GPU it does not use); `None`
+    /// without NVML's process list.
+    pub memory_bytes: Option<u64>,
+}
+
+impl GpuNow {
+    pub fn of(s: &Sample) -> GpuNow {
+        let mems: Vec<u64> = s
+            .gpus
+            .iter()
+            .flatten()
+            .filter_map(|g| g.process_mem_bytes)
+            .collect();
+        GpuNow {
+            utilization: gpu_utilization(s),
+            memory_bytes: (!mems.is_empty()).then(|| mems.iter().sum()),
+        }
     }
 }
 

@@ -185,7 +185,14 @@ fn exporter_with(sc: &testkit::Scenario) -> (Exporter, Summary, StepTotals) {
     e.update(
         "python-4242-20260101-000000",
         "0",
-        RankValues::from_summary(&s, &t, sc.gpu.then_some(0.85)),
+        RankValues::from_summary(
+            &s,
+            &t,
+            GpuNow {
+                utilization: sc.gpu.then_some(0.85),
+                memory_bytes: sc.gpu.then_some(3 << 30),
+            },
+        ),
     );
     e.set_verdict("python-4242-20260101-000000", Verdict::of(&s));
     (e, s, t)
@@ -239,6 +246,10 @@ fn exposition_holds_every_series_in_base_units() {
         (200 * 392) as f64
     );
     assert_eq!(v[&format!("traceml_gpu_utilization_ratio{{{l}}}")], 0.85);
+    assert_eq!(
+        v[&format!("traceml_gpu_memory_used_bytes{{{l}}}")],
+        (3u64 << 30) as f64
+    );
     assert_eq!(v[&format!("traceml_events_lost_total{{{l}}}")], 0.0);
     assert_eq!(v[&format!("traceml_probe_failures_total{{{l}}}")], 0.0);
     let kind = s.primary_diagnosis.kind.as_str();
@@ -281,6 +292,7 @@ fn never_measured_is_absent_not_zero() {
     let names = sample_names(&e.encode());
     for absent in [
         "traceml_gpu_utilization_ratio",
+        "traceml_gpu_memory_used_bytes",
         "traceml_h2d_bytes_total",
         "traceml_kernel_launches_total",
     ] {

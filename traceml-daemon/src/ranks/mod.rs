@@ -162,7 +162,7 @@ pub fn straggler(runs: &[RankRun]) -> Option<Finding> {
         phase_median(&c.summary, Phase::CollectiveWait),
         dominant.name(),
         by,
-    );
+    ) + &gpu_evidence(runs, culprit);
     let next = straggler_next(rank, dominant);
     Some(Finding {
         kind: DiagnosisKind::Straggler,
@@ -174,6 +174,47 @@ pub fn straggler(runs: &[RankRun]) -> Option<Finding> {
         confidence: Confidence::High,
         culprit_rank: Some(rank),
     })
+}
+
+/// The culprit's GPU beside the other ranks' (NVML's busy share on the GPUs each rank used):
+/// busier than theirs, the rank's device does more work (more or larger kernels); no busier,
+/// its host side is the slow part. Empty when a rank's GPU figures are missing.
+fn gpu_evidence(runs: &[RankRun], culprit: usize) -> String {
+    let gpus: Vec<Option<crate::summary::RankGpu>> = runs
+        .iter()
+        .map(|r| r.summary.gpu.as_ref().and_then(crate::summary::RankGpu::of))
+        .collect();
+    let busy = |g: &Option<crate::summary::RankGpu>| g.as_ref().and_then(|g| g.util_pct_mean);
+    let Some(mine) = busy(&gpus[culprit]) else {
+        return String::new();
+    };
+    let others: Option<Vec<f64>> = (0..runs.len())
+        .filter(|&r| r != culprit)
+        .map(|r| busy(&gpus[r]))
+        .collect();
+    let Some(others) = others.and_then(|o| median(&o)) else {
+        return String::new();
+    };
+    let devices = |g: &Option<crate::summary::RankGpu>| {
+        g.as_ref()
+            .map(|g| {
+                g.devices
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
+    };
+    let reading = if mine >= others + 10.0 {
+        "its device does more work"
+    } else {
+        "its device is no busier: the slow part is on the host"
+    };
+    format!(
+        "; its GPU {} was busy {mine:.0}% of the time against {others:.0}% for the other          ranks' GPUs ({reading})",
+        devices(&gpus[culprit])
+    )
 }
 
 /// The median over the ranks other than `culprit` of their median `p` time (0 without one).
@@ -473,6 +514,11 @@ pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Opt
             } else {
                 r.stack.clone()
             },
+            gpu: r
+                .summary
+                .gpu
+                .as_ref()
+                .and_then(crate::summary::RankGpu::of),
         })
         .collect();
     out.job = Some(JobInfo {

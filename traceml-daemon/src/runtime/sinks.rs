@@ -149,7 +149,7 @@ impl Sink for Metrics {
         self.last = Some(now);
         let last_step = folds.progress.last_step_unix();
         let (s, t) = tick.so_far();
-        let mut values = RankValues::from_summary(s, t, folds.gpu_utilization);
+        let mut values = RankValues::from_summary(s, t, folds.gpu);
         values.last_step_end_unix = last_step;
         let in_collective = folds.in_collective();
         if self.in_collective != Some(in_collective) {
@@ -179,7 +179,7 @@ impl Sink for Metrics {
             return Ok(());
         };
         // Ended: no liveness series (a finished rank never looks hung).
-        let values = RankValues::from_summary(end.summary, end.totals, end.folds.gpu_utilization);
+        let values = RankValues::from_summary(end.summary, end.totals, end.folds.gpu);
         let verdict = Verdict::of(end.folds.last_window.as_ref().unwrap_or(end.summary));
         self.update(end.summary, values, verdict);
         self.with(|e| e.ended(&self.job, &self.rank, Instant::now()));

@@ -346,9 +346,9 @@ fn start_governing<F: FnMut(&StreamItem) -> Result<(), String>>(
     let opts = run.opts;
     let pid = opts.pid;
     let mut sampler = Sampler::new(pid);
-    if let Some(why) = sampler.gpu_unavailable() {
-        tracing::info!("GPU metrics unavailable: {why}");
-    }
+    // NVML's init answers on its own thread (said there once per daemon); the attach waits a
+    // moment for it so the first sample has the GPUs.
+    let _ = sampler.gpu_unavailable(std::time::Duration::from_millis(200));
     let _ = sampler.tick(monotonic_ns());
     let python = Governor::initial(opts.policy, opts.watch_first);
     let governor = Governor::new(

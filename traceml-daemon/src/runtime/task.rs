@@ -26,8 +26,8 @@ pub const TICK: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub struct Folds {
     pub run: Collector,
-    /// Mean GPU utilization at the latest sample (`None` without NVML).
-    pub gpu_utilization: Option<f64>,
+    /// The target's GPUs at the latest sample (utilization, its device memory).
+    pub gpu: crate::metrics::GpuNow,
     /// The probes are attached (the first probe set was announced).
     pub attached: bool,
     /// The window being folded, where the run is summarised by windows (`serve`'s `--window`).
@@ -64,7 +64,7 @@ impl Folds {
 
     pub fn push(&mut self, item: &StreamItem) {
         match item {
-            StreamItem::Sample(s) => self.gpu_utilization = crate::metrics::gpu_utilization(s),
+            StreamItem::Sample(s) => self.gpu = crate::metrics::GpuNow::of(s),
             StreamItem::ProbeSet(_) => self.attached = true,
             _ => {}
         }

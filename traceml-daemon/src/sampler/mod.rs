@@ -14,7 +14,7 @@ use crate::sample::Sample;
 pub struct Sampler {
     pid: u32,
     prev: Option<proc::Snapshot>,
-    gpu: gpu::GpuSampler,
+    gpu: &'static gpu::GpuMonitor,
 }
 
 #[cfg(feature = "live")]
@@ -23,13 +23,13 @@ impl Sampler {
         Sampler {
             pid,
             prev: None,
-            gpu: gpu::GpuSampler::init(),
+            gpu: gpu::GpuMonitor::global(),
         }
     }
 
-    /// Why GPU metrics are unavailable, when they are.
-    pub fn gpu_unavailable(&self) -> Option<&str> {
-        self.gpu.unavailable()
+    /// Why GPU metrics are unavailable, when they are (NVML's init waited for up to `wait`).
+    pub fn gpu_unavailable(&self, wait: std::time::Duration) -> Option<String> {
+        self.gpu.unavailable(wait)
     }
 
     /// One sample; `None` for the first call (CPU percentages need two snapshots).
@@ -37,7 +37,11 @@ impl Sampler {
         let cur = proc::read_snapshot(self.pid, ts);
         let out = self.prev.as_ref().map(|prev| {
             let mut s = proc::to_sample(prev, &cur, proc::ticks_per_second(), proc::page_size());
-            s.gpus = self.gpu.sample(self.pid);
+            // The target's and its DataLoader workers' figures on each GPU (never waits on NVML).
+            let pids: Vec<u32> = std::iter::once(self.pid)
+                .chain(s.workers.iter().map(|w| w.pid))
+                .collect();
+            (s.gpus, s.gpu_note) = self.gpu.sample(&pids);
             s
         });
         self.prev = Some(cur);

@@ -204,4 +204,43 @@ pub struct RankSummary {
     /// Its Python stack when a HANG was found (outermost first), else empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stack: Vec<String>,
+    /// The GPUs this rank used, as NVML saw them; absent without GPU metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<RankGpu>,
+}
+
+/// A rank's GPUs: those it (or its DataLoader workers) had memory on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankGpu {
+    /// NVML's indices of the GPUs (physical, not `CUDA_VISIBLE_DEVICES` ordinals).
+    pub devices: Vec<u32>,
+    /// Their mean utilization (NVML's: the share of time a kernel ran), percent.
+    pub util_pct_mean: Option<f64>,
+    /// The rank's own SM utilization on them, where the driver reports it per process.
+    pub process_util_pct_mean: Option<f64>,
+    /// The rank's largest device memory, summed over its GPUs.
+    pub process_mem_bytes_max: Option<u64>,
+}
+
+impl RankGpu {
+    /// A rank's GPUs from its summary's GPU statistics; `None` without GPU metrics or when it
+    /// had memory on none.
+    pub fn of(g: &super::GpuStats) -> Option<RankGpu> {
+        let used: Vec<&super::GpuDeviceStats> =
+            g.devices.iter().filter(|d| d.used_by_target).collect();
+        if used.is_empty() {
+            return None;
+        }
+        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        Some(RankGpu {
+            devices: used.iter().map(|d| d.index).collect(),
+            util_pct_mean: mean(used.iter().filter_map(|d| d.util_pct_mean).collect()),
+            process_util_pct_mean: mean(
+                used.iter()
+                    .filter_map(|d| d.process_util_pct_mean)
+                    .collect(),
+            ),
+            process_mem_bytes_max: g.process_mem_bytes_max,
+        })
+    }
 }
