@@ -182,6 +182,7 @@ static int nvisible(void) {
     return g_nvisible;
 }
 
+/* ---------------------------------------------------------------- device --------------------- */
 
 enum op_type { OP_KERNEL = 1, OP_COPY = 2, OP_EVENT = 3 };
 struct op {
