@@ -16,6 +16,11 @@
 #   cet/libcudart.so.12  the same library built with -fcf-protection=full: every function starts
 #                     with endbr64 (what a CET-enabled distro build would look like); for tests of
 #                     probe placement past endbr64. Not what the PyPI wheels look like.
+#   libnvidia-ml.so.1 the stand-in NVML (fakenvml.c), SONAME libnvidia-ml.so.1 (+ libnvidia-ml.so):
+#                     answers from the driver's per-process records. Compiled against NVIDIA's own
+#                     nvml.h, from $NVML_INCLUDE_DIR, else the cache
+#                     ${XDG_CACHE_HOME:-$HOME/.cache}/traceml/nvml-dev/, else fetched there from
+#                     PyPI (nvidia-nvml-dev-cu12, pinned version and checksum) with pip.
 #
 # Flags. The real libcudart.so.12/.13 (PyPI) has no endbr64 and every exported function begins
 #   push %rbp; mov %rsp,%rbp
@@ -123,4 +128,52 @@ $CC $BASE -fcf-protection=none "$DRV_FALLBACK" -Wl,-soname,libfaketriton_launche
 check "$OUT/libfaketriton_launcher.so.tmp" plain 2
 no_cuda_link "$OUT/libfaketriton_launcher.so.tmp"
 mv -f "$OUT/libfaketriton_launcher.so.tmp" "$OUT/libfaketriton_launcher.so"
-echo "fakecuda: built $OUT/libcuda.so.1 $OUT/libcudart.so.12 $OUT/libcudart.so.13 $OUT/cet/libcudart.so.12 $OUT/libfakeblasLt.so.13 $OUT/libfaketriton_launcher.so"
+
+# NVIDIA's nvml.h: the stand-in NVML is compiled against it, so every exported function has the
+# real prototype and name. The header is in PyPI's nvidia-nvml-dev-cu12 wheel (no GPU, no CUDA
+# toolkit needed); a fetched copy is checked against the pinned checksum.
+NVML_DEV_VERSION=12.9.79
+NVML_H_SHA256=5a9ed049520b02354b74280f3a1e83b27292cf9f7958beb227461c0bc8676b99
+nvml_include() {
+    if [ -n "${NVML_INCLUDE_DIR:-}" ]; then
+        [ -f "$NVML_INCLUDE_DIR/nvml.h" ] || { echo "build.sh: FATAL: NVML_INCLUDE_DIR=$NVML_INCLUDE_DIR has no nvml.h" >&2; exit 1; }
+        echo "$NVML_INCLUDE_DIR"; return
+    fi
+    cache=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/traceml/nvml-dev
+    if [ -f "$cache/nvml.h" ]; then echo "$cache"; return; fi
+    mkdir -p "$cache"
+    tmp=$(mktemp -d)
+    if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+        "nvidia-nvml-dev-cu12==$NVML_DEV_VERSION" -d "$tmp" >"$tmp/pip.log" 2>&1; then
+        cat "$tmp/pip.log" >&2; rm -rf "$tmp"
+        echo "build.sh: FATAL: cannot get NVIDIA's nvml.h for the stand-in NVML: no \$NVML_INCLUDE_DIR, nothing in $cache, and 'python3 -m pip download nvidia-nvml-dev-cu12==$NVML_DEV_VERSION' failed (no PyPI?). Put nvml.h in $cache or point NVML_INCLUDE_DIR at a directory holding it." >&2
+        exit 1
+    fi
+    python3 - "$tmp" "$cache/nvml.h.tmp" <<'PY' || { rm -rf "$tmp"; exit 1; }
+import glob, sys, zipfile
+whl = glob.glob(sys.argv[1] + "/*.whl")
+if len(whl) != 1:
+    sys.exit(f"build.sh: FATAL: expected one nvidia-nvml-dev-cu12 wheel, got {whl}")
+with zipfile.ZipFile(whl[0]) as z, open(sys.argv[2], "wb") as out:
+    out.write(z.read("nvidia/nvml_dev/include/nvml.h"))
+PY
+    rm -rf "$tmp"
+    sum=$(sha256sum "$cache/nvml.h.tmp" | awk '{print $1}')
+    if [ "$sum" != "$NVML_H_SHA256" ]; then
+        rm -f "$cache/nvml.h.tmp"
+        echo "build.sh: FATAL: nvml.h from nvidia-nvml-dev-cu12==$NVML_DEV_VERSION has sha256 $sum, expected $NVML_H_SHA256" >&2; exit 1
+    fi
+    mv -f "$cache/nvml.h.tmp" "$cache/nvml.h"
+    echo "$cache"
+}
+NVML_INC=$(nvml_include)
+# -Wmissing-prototypes: a function nvml.h does not declare (a misspelt name) is an error.
+# shellcheck disable=SC2086
+$CC $BASE -fcf-protection=none -Wmissing-prototypes -I"$NVML_INC" -I"$HERE" -Wl,-soname,libnvidia-ml.so.1 \
+    -o "$OUT/libnvidia-ml.so.1.tmp" "$HERE/fakenvml.c"
+if readelf -d "$OUT/libnvidia-ml.so.1.tmp" | grep NEEDED | grep -Eq 'libcuda|libcudart'; then
+    echo "build.sh: FATAL: libnvidia-ml.so.1 has DT_NEEDED on libcuda/libcudart" >&2; exit 1
+fi
+mv -f "$OUT/libnvidia-ml.so.1.tmp" "$OUT/libnvidia-ml.so.1"
+ln -sf libnvidia-ml.so.1 "$OUT/libnvidia-ml.so"
+echo "fakecuda: built $OUT/libcuda.so.1 $OUT/libcudart.so.12 $OUT/libcudart.so.13 $OUT/cet/libcudart.so.12 $OUT/libfakeblasLt.so.13 $OUT/libfaketriton_launcher.so $OUT/libnvidia-ml.so.1"

@@ -22,6 +22,18 @@
  *     enqueues a marker, cuEventSynchronize waits for it; cuMemFree / cuMemFreeHost synchronise.
  *   - a process forked after the device started gets CUDA_ERROR_NOT_INITIALIZED (3) everywhere.
  *
+ * Devices: with FAKECUDA_DEVICES=N set the node has N physical devices and CUDA_VISIBLE_DEVICES (a
+ * comma list of indices or UUIDs, read once) picks the visible ones, which CUDA ordinals index;
+ * without it there is one device and CUDA_VISIBLE_DEVICES is ignored (a GPU runner's own setting
+ * must not hide the stand-in's only device). Contexts are the primary contexts, one per ordinal;
+ * the current one is per thread. The process still has ONE queue: its physical device is the one
+ * last made current (cuCtxSetCurrent, from any thread) when the device started, or before the
+ * first operation was enqueued; later changes move nothing.
+ *
+ * NVML record: when the device starts the driver makes $FAKECUDA_NVML_DIR/proc-<pid> (struct
+ * fakecuda_nvml_proc, fakecuda_nvml.h) and keeps it current: device memory in use, busy time of
+ * kernels and copies. The stand-in NVML (fakenvml.c) reads these; the file goes at normal exit.
+ *
  * cuGetProcAddress(_v2) hands out the exported function (default) or, with
  * FAKECUDA_PROCADDR=internal in the environment (read at cuInit or the first cuGetProcAddress),
  * a different, non-exported implementation of the same entry point (fcd_<name>, static). Flag
@@ -31,16 +43,22 @@
  * does the work. Both start with push %rbp (checked by build.sh).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "fakecuda_nvml.h"
 #include "fakecuda_stats.h"
 
 #define API __attribute__((visibility("default"), noinline))
@@ -52,7 +70,9 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
@@ -95,6 +115,73 @@ static void (*volatile g_api_hook)(void) = api_hook;
 static struct { int path; const volatile uint64_t *p; } g_counters[MAX_COUNTERS];
 static int g_ncounters;
 
+/* ---------------------------------------------------------------- devices, contexts ---------- */
+
+static int g_visible[FAKECUDA_NVML_MAX_DEVICES]; /* CUDA ordinal -> physical index */
+static int g_nvisible = 1;
+static pthread_once_t g_topo_once = PTHREAD_ONCE_INIT;
+static uint64_t g_ctx_objects[FAKECUDA_NVML_MAX_DEVICES][4]; /* primary context of each ordinal */
+static __thread int t_ctx_ordinal = -1; /* the thread's current context; -1: none (ordinal 0's) */
+static int g_cur_ordinal;               /* last made current by any thread (g_mu) */
+
+/* One CUDA_VISIBLE_DEVICES entry -> physical index, or -1: an index below n, or a UUID (or unique
+ * prefix of one, at least "GPU-" and one more character) as real CUDA accepts. */
+static int visible_entry(const char *tok, int n) {
+    if (strncmp(tok, "GPU-", 4) == 0) {
+        int found = -1;
+        size_t len = strlen(tok);
+        if (len < 5) return -1;
+        for (int i = 0; i < n; i++) {
+            char uuid[64];
+            fakecuda_uuid((unsigned)i, uuid, sizeof uuid);
+            if (strncmp(uuid, tok, len) == 0) {
+                if (found >= 0) return -1; /* ambiguous */
+                found = i;
+            }
+        }
+        return found;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(tok, &end, 10);
+    if (end == tok || *end || errno || v < 0 || v >= n) return -1;
+    return (int)v;
+}
+
+static void read_topology(void) {
+    const char *d = getenv("FAKECUDA_DEVICES");
+    g_visible[0] = 0;
+    g_nvisible = 1;
+    if (!d || !*d) return;
+    long n = strtol(d, NULL, 10);
+    if (n < 1) n = 1;
+    if (n > FAKECUDA_NVML_MAX_DEVICES) n = FAKECUDA_NVML_MAX_DEVICES;
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v) {
+        for (int i = 0; i < n; i++) g_visible[i] = i;
+        g_nvisible = (int)n;
+        return;
+    }
+    /* Like real CUDA, the list ends at its first entry that names no device (or repeats one). */
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", v);
+    g_nvisible = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        for (char *e = tok + strlen(tok); e > tok && e[-1] == ' ';) *--e = 0;
+        int phys = visible_entry(tok, (int)n), dup = 0;
+        for (int i = 0; i < g_nvisible; i++) dup |= g_visible[i] == phys;
+        if (phys < 0 || dup) break;
+        g_visible[g_nvisible++] = phys;
+    }
+}
+
+static int nvisible(void) {
+    pthread_once(&g_topo_once, read_topology);
+    return g_nvisible;
+}
+
 /* ---------------------------------------------------------------- device --------------------- */
 
 enum op_type { OP_KERNEL = 1, OP_COPY = 2, OP_EVENT = 3 };
@@ -127,7 +214,6 @@ static pid_t g_owner_pid;
 static volatile uint64_t g_bandwidth = 10000000000ull;
 static __thread uint64_t t_kernel_ns = 10000;
 static int g_procaddr_internal = -1; /* -1: not read yet */
-static uint64_t g_ctx_object[4];
 
 struct region { uintptr_t base; size_t len; int device; struct region *next; };
 static struct region *g_regions;
@@ -136,6 +222,103 @@ static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- NVML record ---------------- */
+
+static struct fakecuda_nvml_proc *g_rec; /* NULL until the device starts, or when it could not be made */
+static char g_rec_path[1024];
+
+static void rec_unlink(void) {
+    /* atexit handlers survive fork: a child must not remove its parent's record */
+    if (g_rec && getpid() == g_owner_pid) unlink(g_rec_path);
+}
+
+/* Records of processes that died without exiting normally (SIGKILL) stay behind; the next process
+ * to start a device removes those whose pid is gone, so the directory does not grow. */
+static void rec_sweep(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid;
+        char tail;
+        if (sscanf(e->d_name, "proc-%d%c", &pid, &tail) != 1 || pid <= 0) continue;
+        if (kill(pid, 0) == -1 && errno == ESRCH) {
+            char p[1200];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    }
+    closedir(d);
+}
+
+/* Makes this process's record (g_mu held, before the device thread starts). Written under a
+ * temporary name and renamed, so a reader never maps a half-made file. Any failure leaves g_rec
+ * NULL: the device works without it. */
+static void rec_make(int phys) {
+    const char *dir = getenv("FAKECUDA_NVML_DIR");
+    if (!dir || !*dir) dir = FAKECUDA_NVML_DIR_DEFAULT;
+    if (mkdir(dir, 0777) == 0) chmod(dir, 0777); /* every user's processes write here; umask would narrow it */
+    rec_sweep(dir);
+    pid_t me = getpid();
+    char tmp[1200];
+    snprintf(g_rec_path, sizeof g_rec_path, "%s/proc-%d", dir, (int)me);
+    snprintf(tmp, sizeof tmp, "%s/.proc-%d.tmp", dir, (int)me);
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    struct fakecuda_nvml_proc *r = MAP_FAILED;
+    if (fchmod(fd, 0644) == 0 && ftruncate(fd, sizeof *r) == 0)
+        r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (r == MAP_FAILED) {
+        unlink(tmp);
+        return;
+    }
+    uint64_t ticks = 0;
+    fakecuda_proc_stat(me, NULL, &ticks);
+    r->version = FAKECUDA_NVML_VERSION;
+    r->pid = (uint64_t)me;
+    r->device = (uint64_t)phys;
+    r->started_ns = now_ns();
+    r->start_ticks = ticks;
+    __atomic_store_n(&r->magic, FAKECUDA_NVML_MAGIC, __ATOMIC_RELEASE);
+    if (rename(tmp, g_rec_path) != 0) {
+        unlink(tmp);
+        munmap(r, sizeof *r);
+        return;
+    }
+    g_rec = r;
+    atexit(rec_unlink);
+}
+
+/* The device thread (the only writer of the busy fields) publishes an operation's start or end
+ * under the record's sequence count. */
+static void rec_busy(int type, uint64_t done_ns, uint64_t start, uint64_t end) {
+    struct fakecuda_nvml_proc *r = g_rec;
+    if (!r || (type != OP_KERNEL && type != OP_COPY)) return;
+    uint64_t s = __atomic_load_n(&r->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, s + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    uint64_t *busy = type == OP_KERNEL ? &r->kernel_busy_ns : &r->copy_busy_ns;
+    uint64_t *b0 = type == OP_KERNEL ? &r->busy_start_ns : &r->copy_start_ns;
+    uint64_t *b1 = type == OP_KERNEL ? &r->busy_end_ns : &r->copy_end_ns;
+    __atomic_store_n(busy, __atomic_load_n(busy, __ATOMIC_RELAXED) + done_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(b0, start, __ATOMIC_RELAXED);
+    __atomic_store_n(b1, end, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, s + 2, __ATOMIC_RELEASE);
+}
+
+static void rec_mem(int64_t delta) {
+    if (g_rec) __atomic_add_fetch(&g_rec->mem_used_bytes, (uint64_t)delta, __ATOMIC_RELAXED);
+}
+
+/* The device of the process's queue follows the current device until the first operation. */
+static void set_process_device(int ordinal) {
+    pthread_mutex_lock(&g_mu);
+    g_cur_ordinal = ordinal;
+    if (g_rec && g_enqueued == 0) __atomic_store_n(&g_rec->device, (uint64_t)g_visible[ordinal], __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g_mu);
 }
 
 static void sleep_until(uint64_t t) {
@@ -161,8 +344,10 @@ static void *device_main(void *arg) {
         uint64_t end = start + o->dur_ns;
         g_device_free_at = end;
         pthread_mutex_unlock(&g_mu);
+        rec_busy(o->type, 0, start, end);
         if (o->type == OP_COPY && o->dst && o->src && o->bytes) memmove(o->dst, o->src, o->bytes);
         sleep_until(end);
+        rec_busy(o->type, o->dur_ns, 0, 0);
         pthread_mutex_lock(&g_mu);
         g_head = o->next;
         if (!g_head) g_tail = NULL;
@@ -192,19 +377,21 @@ static void after_fork_child(void) {
 static int device_ready(void) {
     pid_t me = getpid();
     if (__atomic_load_n(&g_started, __ATOMIC_ACQUIRE)) return g_owner_pid == me ? 0 : CUDA_ERROR_NOT_INITIALIZED;
+    if (nvisible() == 0) return CUDA_ERROR_NO_DEVICE;
     pthread_mutex_lock(&g_mu);
     if (!g_started) {
         pthread_t th;
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        g_owner_pid = me; /* before the record: its exit handler checks it */
+        if (!g_rec) rec_make(g_visible[g_cur_ordinal]);
         if (pthread_create(&th, &at, device_main, NULL) != 0) {
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_NOT_INITIALIZED;
         }
         pthread_setname_np(th, "fakecuda-dev");
         pthread_atfork(NULL, NULL, after_fork_child);
-        g_owner_pid = me;
         __atomic_store_n(&g_started, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_mu);
@@ -256,13 +443,14 @@ static void add_region(void *p, size_t len, int device) {
     pthread_mutex_unlock(&g_mu);
 }
 
-static int remove_region(void *p, int device) {
+static int remove_region(void *p, int device, size_t *len) {
     pthread_mutex_lock(&g_mu);
     for (struct region **pp = &g_regions; *pp; pp = &(*pp)->next) {
         if ((*pp)->base == (uintptr_t)p && (*pp)->device == device) {
             struct region *r = *pp;
             *pp = r->next;
             pthread_mutex_unlock(&g_mu);
+            if (len) *len = r->len;
             free(r);
             return 1;
         }
@@ -359,7 +547,7 @@ INTERNAL CUresult fcd_cuInit(unsigned int flags) {
     API_ENTER();
     (void)flags;
     read_procaddr_env();
-    return CUDA_SUCCESS;
+    return nvisible() ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 
 INTERNAL CUresult fcd_cuDriverGetVersion(int *v) {
@@ -372,36 +560,48 @@ INTERNAL CUresult fcd_cuDriverGetVersion(int *v) {
 INTERNAL CUresult fcd_cuDeviceGetCount(int *count) {
     API_ENTER();
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = nvisible();
     return CUDA_SUCCESS;
 }
 
+/* A CUdevice is its ordinal, as in real CUDA. */
 INTERNAL CUresult fcd_cuDeviceGet(CUdevice *dev, int ordinal) {
     API_ENTER();
     if (!dev) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *dev = 0;
+    if (ordinal < 0 || ordinal >= nvisible()) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
     return CUDA_SUCCESS;
 }
 
 INTERNAL CUresult fcd_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     API_ENTER();
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *ctx = (CUcontext)g_ctx_object;
+    if (dev < 0 || dev >= nvisible()) return CUDA_ERROR_INVALID_DEVICE;
+    *ctx = (CUcontext)g_ctx_objects[dev];
     return CUDA_SUCCESS;
 }
 
+/* A thread that made no context current sees ordinal 0's (what the runtime would make current
+ * at its first call there). */
 INTERNAL CUresult fcd_cuCtxGetCurrent(CUcontext *ctx) {
     API_ENTER();
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-    *ctx = (CUcontext)g_ctx_object;
+    *ctx = (CUcontext)g_ctx_objects[t_ctx_ordinal < 0 ? 0 : t_ctx_ordinal];
     return CUDA_SUCCESS;
 }
 
 INTERNAL CUresult fcd_cuCtxSetCurrent(CUcontext ctx) {
     API_ENTER();
-    (void)ctx;
+    if (!ctx) {
+        t_ctx_ordinal = -1;
+        return CUDA_SUCCESS;
+    }
+    uintptr_t off = (uintptr_t)ctx - (uintptr_t)g_ctx_objects;
+    if ((uintptr_t)ctx < (uintptr_t)g_ctx_objects || off % sizeof g_ctx_objects[0] ||
+        off / sizeof g_ctx_objects[0] >= (uintptr_t)nvisible())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    t_ctx_ordinal = (int)(off / sizeof g_ctx_objects[0]);
+    set_process_device(t_ctx_ordinal);
     return CUDA_SUCCESS;
 }
 
@@ -700,6 +900,7 @@ INTERNAL CUresult fcd_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     void *p = malloc(size ? size : 1);
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     add_region(p, size, 1);
+    rec_mem((int64_t)size);
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
@@ -717,7 +918,9 @@ INTERNAL CUresult fcd_cuMemFree_v2(CUdeviceptr dptr) {
     int e = device_ready(); /* the real one synchronises the device */
     if (e) return e;
     sync_all();
-    if (!remove_region(P(dptr), 1)) return CUDA_ERROR_INVALID_VALUE;
+    size_t len = 0;
+    if (!remove_region(P(dptr), 1, &len)) return CUDA_ERROR_INVALID_VALUE;
+    rec_mem(-(int64_t)len);
     free(P(dptr));
     return CUDA_SUCCESS;
 }
@@ -746,7 +949,7 @@ INTERNAL CUresult fcd_cuMemFreeHost(void *p) {
     if (!p) return CUDA_SUCCESS;
     COUNT(free_host_calls);
     if (device_ready() == 0) sync_all(); /* the real one synchronises */
-    if (!remove_region(p, 0)) return CUDA_ERROR_INVALID_VALUE;
+    if (!remove_region(p, 0, NULL)) return CUDA_ERROR_INVALID_VALUE;
     free(p);
     return CUDA_SUCCESS;
 }

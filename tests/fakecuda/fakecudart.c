@@ -15,6 +15,7 @@
  *   cudaMemcpyAsync H2D/D2H/D2D -> cuMemcpy{HtoD,DtoH,DtoD}Async_v2, H2H/default -> cuMemcpyAsync
  *   cudaMemcpyPeerAsync -> cuMemcpyPeerAsync   cudaStreamSynchronize -> cuStreamSynchronize
  *   cudaDeviceSynchronize -> cuCtxSynchronize  cudaEvent* -> cuEvent*   cudaMalloc -> cuMemAlloc_v2 ...
+ *   cudaSetDevice -> cuDeviceGet + cuDevicePrimaryCtxRetain + cuCtxSetCurrent
  *
  * The simulated device (timeline, copy model, fork detection, counters) lives in the driver; the
  * fakecuda_* controls here forward to the driver's. The runtime counts its own API calls (the
@@ -45,6 +46,7 @@ enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInitializationError = 3,
+    cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
@@ -105,6 +107,9 @@ static struct {
     CUresult (*cuInit)(unsigned);
     CUresult (*cuDriverGetVersion)(int *);
     CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(int *, int);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, int);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                cudaStream_t, void **, void **);
     CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
@@ -152,7 +157,8 @@ static int g_init_error = cudaErrorInitializationError;
 /* The driver names this runtime asks cuGetProcAddress for (the unversioned names, as the real
  * runtime does), in the order of the pointers in D. */
 static const char *const g_names[] = {
-    "cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent", "cuLaunchKernel", "cuLaunchKernelEx",
     "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemcpy", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyDtoD",
     "cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync", "cuMemcpyPeerAsync",
     "cuStreamSynchronize", "cuStreamQuery", "cuStreamCreate", "cuStreamDestroy", "cuCtxSynchronize",
@@ -198,8 +204,8 @@ static void init_driver(void) {
     int (*reg)(int, const volatile uint64_t *) =
         (int (*)(int, const volatile uint64_t *))dlsym(h, "fakecuda_register_launch_counter");
     if (reg) reg(FAKECUDA_PATH_RUNTIME, &g_rt.launches_runtime);
-    if (D.cuInit(0) != 0) return;
-    g_init_error = 0;
+    int e = D.cuInit(0);
+    g_init_error = e == cudaErrorNoDevice ? e : e ? cudaErrorInitializationError : 0; /* 100: none visible */
 }
 
 /* 0 once the driver is loaded and initialised, else cudaErrorInitializationError. */
@@ -492,16 +498,27 @@ API cudaError_t cudaGetDeviceCount(int *count) {
     return set_err(e);
 }
 
+/* The current device is per thread, as in the real runtime (default 0). */
+static __thread int t_device;
+
 API cudaError_t cudaGetDevice(int *device) {
     API_ENTER();
     if (!device) return set_err(cudaErrorInvalidValue);
-    *device = 0;
+    *device = t_device;
     return cudaSuccess;
 }
 
+/* Like the real runtime: the device's primary context becomes the thread's current context. */
 API cudaError_t cudaSetDevice(int device) {
     API_ENTER();
-    return device == 0 ? cudaSuccess : set_err(cudaErrorInvalidDevice);
+    INIT_OR_FAIL();
+    int dev = 0;
+    CUcontext ctx = NULL;
+    int e = D.cuDeviceGet(&dev, device);
+    if (!e) e = D.cuDevicePrimaryCtxRetain(&ctx, dev);
+    if (!e) e = D.cuCtxSetCurrent(ctx);
+    if (!e) t_device = device;
+    return set_err(e);
 }
 
 API cudaError_t cudaGetLastError(void) {
@@ -523,6 +540,7 @@ API const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInitializationError: return "cudaErrorInitializationError";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";

@@ -11,12 +11,24 @@
    faketriton_launch_static); the driver's launches_driver equals the layers' own counts summed,
    each per-path counter equals its layer's count, procaddr_internal is 0 (default) or > 0
    (internal), cuGetProcAddress honours the per-thread flag (_ptsz), and kernel time adds up.
+4. Stand-in NVML (libnvidia-ml.so.1): SONAME, no libcuda link, exports the versioned names nvml.h
+   declares (nm -D; each also declared in the nvml.h it was built against, when that is found);
+   then, with FAKECUDA_DEVICES=2 and a temporary FAKECUDA_NVML_DIR, a child with
+   CUDA_VISIBLE_DEVICES=1 (cudaSetDevice(0) -> physical 1) holding known cudaMalloc bytes and
+   busy with kernels for 250 ms of a ~500 ms window, read through NVML in this process: device
+   count, the process on the right device, exact memory, device and process utilization against
+   the truth, the size protocols, every failure switch, and the record gone after a normal exit
+   and ignored (then removed) after SIGKILL.
 Exit status 1 on any failure."""
 import ctypes
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else \
@@ -190,9 +202,321 @@ def dynamic(mode):
           f"{blas_own} + direct {tri_own}; procaddr {drv['procaddr_calls']} calls, {drv['procaddr_internal']} internal")
 
 
-static_checks()
-real_names()
-dynamic("default")
-dynamic("internal")
+# ---------------------------------------------------------------- stand-in NVML ----------------
+
+# The names the stand-in must export, as nvml.h declares them (versioned where the header is).
+NVML_NAMES = [
+    "nvmlInit_v2", "nvmlInit", "nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString",
+    "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetIndex",
+    "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+]
+NVML_SUCCESS, NVML_ERROR_UNINITIALIZED, NVML_ERROR_NOT_SUPPORTED = 0, 1, 3
+NVML_ERROR_NOT_FOUND, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_GPU_IS_LOST = 6, 7, 15
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+GIB = 1 << 30
+
+
+def nvml_header():
+    d = os.environ.get("NVML_INCLUDE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "traceml", "nvml-dev")
+    p = os.path.join(d, "nvml.h")
+    return p if os.path.exists(p) else None
+
+
+def nvml_static():
+    lib = os.path.join(BUILD, "libnvidia-ml.so.1")
+    dyn = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True).stdout
+    if "Library soname: [libnvidia-ml.so.1]" not in dyn:
+        fail("libnvidia-ml.so.1: SONAME is not libnvidia-ml.so.1")
+    if re.search(r"NEEDED.*\[libcuda(rt)?\.so", dyn):
+        fail("libnvidia-ml.so.1: DT_NEEDED on libcuda/libcudart")
+    if os.readlink(os.path.join(BUILD, "libnvidia-ml.so")) != "libnvidia-ml.so.1":
+        fail("libnvidia-ml.so does not point at libnvidia-ml.so.1")
+    exported = {ln.split()[-1] for ln in subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True,
+                                                         text=True).stdout.splitlines() if " T " in ln}
+    missing = [n for n in NVML_NAMES if n not in exported]
+    if missing:
+        fail(f"libnvidia-ml.so.1 does not export {missing}")
+    hdr = nvml_header()
+    if hdr:
+        text = open(hdr, errors="replace").read()
+        undeclared = [n for n in sorted(exported) if n.startswith("nvml") and
+                      not re.search(r"DECLDIR[\s\w*]*\b" + re.escape(n) + r"\s*\(", text)]
+        if undeclared:
+            fail(f"libnvidia-ml.so.1 exports names {os.path.basename(hdr)} does not declare: {undeclared}")
+        extra = sorted(n for n in exported if not n.startswith("nvml"))
+        if extra:
+            fail(f"libnvidia-ml.so.1 exports non-NVML names {extra}")
+    print(f"nvml static: {len(exported)} exports, the {len(NVML_NAMES)} expected names present"
+          + (f", each declared in {hdr}" if hdr else " (nvml.h not found: declarations not checked)"))
+
+
+NVML_CHILD = r'''
+import ctypes, os, sys, time
+rt = ctypes.CDLL(os.path.join(sys.argv[1], "libcudart.so.12"))
+vp = ctypes.c_void_p
+class dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+rt.cudaLaunchKernel.argtypes = [vp, dim3, dim3, vp, ctypes.c_size_t, vp]
+rt.fakecuda_set_kernel_ns.argtypes = [ctypes.c_uint64]
+rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t]
+rt.cudaFree.argtypes = [vp]
+n, d = ctypes.c_int(-1), ctypes.c_int(-1)
+rc = [rt.cudaGetDeviceCount(ctypes.byref(n)), rt.cudaSetDevice(1), rt.cudaSetDevice(0), rt.cudaGetDevice(ctypes.byref(d))]
+ptrs = []
+for size in (1000003, 4096, 777):
+    p = vp()
+    assert rt.cudaMalloc(ctypes.byref(p), size) == 0
+    ptrs.append(p)
+assert rt.cudaFree(ptrs[1]) == 0
+print("ready", os.getpid(), n.value, d.value, *rc, flush=True)
+if sys.stdin.readline().strip() == "go":
+    rt.fakecuda_set_kernel_ns(50_000_000)
+    for _ in range(5):  # 250 ms of kernels, back to back on the device timeline
+        assert rt.cudaLaunchKernel(vp(0x1234), dim3(1, 1, 1), dim3(32, 1, 1), None, 0, None) == 0
+    assert rt.cudaDeviceSynchronize() == 0
+    print("done", time.monotonic_ns(), flush=True)
+    sys.stdin.readline()
+'''
+
+
+class NvmlUtil(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class NvmlMem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class NvmlMemV2(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class NvmlProc(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
+                ("computeInstanceId", ctypes.c_uint)]
+
+
+class NvmlProcUtil(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong), ("smUtil", ctypes.c_uint),
+                ("memUtil", ctypes.c_uint), ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint)]
+
+
+class NvmlPci(ctypes.Structure):
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                ("busId", ctypes.c_char * 32)]
+
+
+def nvml_dynamic(nvdir):
+    nv = ctypes.CDLL(os.path.join(BUILD, "libnvidia-ml.so.1"))
+    nv.nvmlErrorString.restype = ctypes.c_char_p
+    nv.nvmlDeviceGetProcessUtilization.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint),
+                                                   ctypes.c_ulonglong]
+    by = ctypes.byref
+    switches = ("FAKENVML_SLOW_MS", "FAKENVML_LOST_AFTER_MS", "FAKENVML_INIT", "FAKENVML_PROCESS_UTIL")
+    for k in switches:
+        os.environ.pop(k, None)
+    os.environ.update(FAKECUDA_NVML_DIR=nvdir, FAKECUDA_DEVICES="2")
+
+    def init(**switch):
+        for k in switches:
+            os.environ.pop(k, None)
+        os.environ.update(switch)
+        return nv.nvmlInit_v2()
+
+    def handle(i):
+        h = ctypes.c_void_p()
+        rc = nv.nvmlDeviceGetHandleByIndex_v2(i, by(h))
+        return h if rc == 0 else rc
+
+    def procs(h):
+        cnt = ctypes.c_uint(0)
+        rc = nv.nvmlDeviceGetComputeRunningProcesses_v3(h, by(cnt), None)
+        if rc == NVML_SUCCESS:
+            return []
+        if rc != NVML_ERROR_INSUFFICIENT_SIZE:
+            return rc
+        arr = (NvmlProc * cnt.value)()
+        rc = nv.nvmlDeviceGetComputeRunningProcesses_v3(h, by(cnt), arr)
+        return [(p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId) for p in arr[:cnt.value]] if rc == 0 else rc
+
+    def used(h):
+        m = NvmlMem()
+        rc = nv.nvmlDeviceGetMemoryInfo(h, by(m))
+        return m.used if rc == 0 else ("rc", rc)
+
+    def start_child():
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="1")
+        env.pop("FAKECUDA_DRIVER", None)
+        c = subprocess.Popen([sys.executable, "-c", NVML_CHILD, BUILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)
+        line = c.stdout.readline().split()
+        if not line or line[0] != "ready":
+            fail(f"nvml: child did not start: {line}")
+            c.kill()
+            return c, None
+        return c, [int(x) for x in line[1:]]
+
+    # -- before init, and an init that fails
+    cnt = ctypes.c_uint(0)
+    if nv.nvmlDeviceGetCount_v2(by(cnt)) != NVML_ERROR_UNINITIALIZED:
+        fail("nvml: a call before nvmlInit did not return NVML_ERROR_UNINITIALIZED")
+    rc = init(FAKENVML_INIT="mismatch"), nv.nvmlInitWithFlags(0), nv.nvmlDeviceGetCount_v2(by(cnt))
+    if rc != (NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_UNINITIALIZED):
+        fail(f"nvml: FAKENVML_INIT=mismatch: init/initWithFlags/count {rc}")
+    if init() != 0 or nv.nvmlDeviceGetCount_v2(by(cnt)) != 0 or cnt.value != 2:
+        fail(f"nvml: FAKECUDA_DEVICES=2: count {cnt.value}")
+        return
+    h0, h1 = handle(0), handle(1)
+    if handle(2) != 2:
+        fail("nvml: handle of index 2 with 2 devices is not NVML_ERROR_INVALID_ARGUMENT")
+
+    # -- a process on physical device 1 (CUDA_VISIBLE_DEVICES=1, ordinal 0)
+    c, info = start_child()
+    if not info:
+        return
+    pid, vis_count, cur_dev, rc_count, rc_set1, rc_set0, rc_get = info
+    if (vis_count, cur_dev, rc_count, rc_set1, rc_set0, rc_get) != (1, 0, 0, 101, 0, 0):
+        fail(f"nvml: child saw count {vis_count} device {cur_dev}, rc count/set(1)/set(0)/get "
+             f"{rc_count}/{rc_set1}/{rc_set0}/{rc_get}; want 1 0, 0/101/0/0")
+    want_mem = 1000003 + 777
+    if procs(h1) != [(pid, want_mem, 0xFFFFFFFF, 0xFFFFFFFF)] or procs(h0) != []:
+        fail(f"nvml: processes: device 1 {procs(h1)} device 0 {procs(h0)}; want pid {pid} with {want_mem} on device 1 only")
+    m2 = NvmlMemV2(version=ctypes.sizeof(NvmlMemV2) | (2 << 24))
+    rc2 = nv.nvmlDeviceGetMemoryInfo_v2(h1, by(m2))
+    if used(h1) != want_mem or used(h0) != 0 or rc2 != 0 or (m2.used, m2.reserved, m2.total, m2.free) != (
+            want_mem, 0, 80 * GIB, 80 * GIB - want_mem):
+        fail(f"nvml: memory used device 1 {used(h1)} (v2 rc {rc2}: {m2.used}/{m2.reserved}/{m2.total}/{m2.free}) "
+             f"device 0 {used(h0)}; want exactly {want_mem} and 0")
+    if nv.nvmlDeviceGetMemoryInfo_v2(h1, by(NvmlMemV2(version=1))) != 25:
+        fail("nvml: nvmlDeviceGetMemoryInfo_v2 with a wrong struct version did not return 25")
+    names = []
+    for h in (h0, h1):
+        name, uuid, pci, idx = ctypes.create_string_buffer(96), ctypes.create_string_buffer(96), NvmlPci(), ctypes.c_uint()
+        rc = (nv.nvmlDeviceGetName(h, name, 96), nv.nvmlDeviceGetUUID(h, uuid, 96), nv.nvmlDeviceGetPciInfo_v3(h, by(pci)),
+              nv.nvmlDeviceGetIndex(h, by(idx)))
+        names.append((rc, name.value, uuid.value, pci.busId, idx.value))
+    if any(n[0] != (0, 0, 0, 0) for n in names) or names[0][1] != b"TraceML stand-in GPU" or \
+            names[0][2] == names[1][2] or not names[1][2].startswith(b"GPU-") or names[1][4] != 1 or \
+            names[0][3] == names[1][3]:
+        fail(f"nvml: name/uuid/pci/index {names}")
+    if nv.nvmlDeviceGetName(h0, ctypes.create_string_buffer(4), 4) != NVML_ERROR_INSUFFICIENT_SIZE:
+        fail("nvml: nvmlDeviceGetName into 4 bytes is not NVML_ERROR_INSUFFICIENT_SIZE")
+
+    # -- utilization: kernels for 250 ms of a ~500 ms window
+    u = NvmlUtil()
+    nv.nvmlDeviceGetUtilizationRates(h1, by(u))
+    nv.nvmlDeviceGetUtilizationRates(h0, by(u))
+    t0, ts0 = time.monotonic_ns(), time.time_ns() // 1000
+    c.stdin.write("go\n")
+    c.stdin.flush()
+    time.sleep(0.5)
+    u1, u0 = NvmlUtil(), NvmlUtil()
+    rc = nv.nvmlDeviceGetUtilizationRates(h1, by(u1)), nv.nvmlDeviceGetUtilizationRates(h0, by(u0))
+    t1 = time.monotonic_ns()
+    pcnt = ctypes.c_uint(0)
+    prc1 = nv.nvmlDeviceGetProcessUtilization(h1, None, by(pcnt), ts0)
+    samples = (NvmlProcUtil * max(pcnt.value, 1))()
+    prc2 = nv.nvmlDeviceGetProcessUtilization(h1, samples, by(pcnt), ts0)
+    temp, power, limit = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
+    rc_tp = (nv.nvmlDeviceGetTemperature(h1, 0, by(temp)), nv.nvmlDeviceGetPowerUsage(h1, by(power)),
+             nv.nvmlDeviceGetEnforcedPowerLimit(h1, by(limit)))
+    done = c.stdout.readline().split()
+    end = int(done[1]) if len(done) == 2 else t1
+    # truth: the 250 ms of kernels ran back to back ending at `end`; what of it fell in [t0, t1]
+    truth = 100.0 * (250e6 - max(0, end - t1)) / (t1 - t0)
+    if rc != (0, 0) or abs(u1.gpu - truth) > 10 or u0.gpu != 0:
+        fail(f"nvml: utilization device 1 {u1.gpu} % (truth {truth:.1f} %), device 0 {u0.gpu} % (truth 0), rc {rc}")
+    sm = samples[0].smUtil if prc2 == 0 and pcnt.value >= 1 else None
+    now_us = time.time_ns() // 1000
+    if prc1 != NVML_ERROR_INSUFFICIENT_SIZE or prc2 != 0 or pcnt.value != 1 or samples[0].pid != pid or \
+            sm is None or abs(sm - truth) > 10 or not (ts0 < samples[0].timeStamp <= now_us):
+        fail(f"nvml: process utilization: size call {prc1}, call {prc2}, count {pcnt.value}, "
+             f"pid {samples[0].pid} (want {pid}), smUtil {sm} (truth {truth:.1f})")
+    if rc_tp != (0, 0, 0) or not (40 <= temp.value <= 80) or not (100000 <= power.value <= 700000) or limit.value != 700000:
+        fail(f"nvml: temperature {temp.value} power {power.value} limit {limit.value} rc {rc_tp}")
+    print(f"nvml: device count 2; pid {pid} on physical 1 (CUDA_VISIBLE_DEVICES=1, ordinal 0) with {want_mem} B; "
+          f"utilization {u1.gpu} % and process smUtil {sm} % against truth {truth:.1f} % "
+          f"(250 ms of kernels in a {(t1 - t0) / 1e6:.0f} ms window); temperature {temp.value} C, power {power.value} mW")
+
+    # -- normal exit: the record goes with it
+    c.stdin.write("\n")
+    c.stdin.flush()
+    c.wait()
+    if os.listdir(nvdir) or procs(h1) != [] or used(h1) != 0:
+        fail(f"nvml: after a normal exit: files {os.listdir(nvdir)}, processes {procs(h1)}, memory {used(h1)}")
+
+    # -- SIGKILL: the record stays behind; NVML ignores it (the zombie first) and removes it
+    c, info = start_child()
+    if info:
+        if [p[0] for p in procs(h1)] != [info[0]]:
+            fail(f"nvml: second child {info[0]} not listed: {procs(h1)}")
+        os.kill(info[0], signal.SIGKILL)
+        deadline = time.monotonic() + 2
+        while procs(h1) != [] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        zombie = procs(h1)
+        c.wait()
+        if zombie != [] or used(h1) != 0 or os.listdir(nvdir):
+            fail(f"nvml: killed process: listed {zombie}, memory {used(h1)}, files left {os.listdir(nvdir)}")
+
+    # -- failure switches (each read at the first nvmlInit)
+    def reinit(**switch):
+        while nv.nvmlShutdown() == 0:
+            pass
+        return init(**switch)
+
+    reinit(FAKENVML_PROCESS_UTIL="unsupported")
+    pcnt = ctypes.c_uint(0)
+    if nv.nvmlDeviceGetProcessUtilization(handle(0), None, by(pcnt), 0) != NVML_ERROR_NOT_SUPPORTED:
+        fail("nvml: FAKENVML_PROCESS_UTIL=unsupported did not give NVML_ERROR_NOT_SUPPORTED")
+    reinit(FAKENVML_SLOW_MS="100")
+    t = time.monotonic()
+    slow_rc = used(handle(0))
+    slow = time.monotonic() - t
+    if slow_rc != 0 or slow < 0.19:  # the handle and the query: 100 ms each
+        fail(f"nvml: FAKENVML_SLOW_MS=100: two device calls took {slow * 1000:.0f} ms (rc {slow_rc})")
+    reinit(FAKENVML_LOST_AFTER_MS="150")
+    h = handle(0)
+    before = used(h)
+    time.sleep(0.2)
+    cnt = ctypes.c_uint(0)
+    after = used(h), handle(0), nv.nvmlDeviceGetCount_v2(by(cnt)), nv.nvmlErrorString(NVML_ERROR_GPU_IS_LOST)
+    if before != 0 or after != (("rc", NVML_ERROR_GPU_IS_LOST), NVML_ERROR_GPU_IS_LOST, 0, b"GPU is lost"):
+        fail(f"nvml: FAKENVML_LOST_AFTER_MS=150: before {before}, after 200 ms {after}")
+    while nv.nvmlShutdown() == 0:
+        pass
+    if nv.nvmlShutdown() != NVML_ERROR_UNINITIALIZED or nv.nvmlDeviceGetCount_v2(by(cnt)) != NVML_ERROR_UNINITIALIZED:
+        fail("nvml: after the last nvmlShutdown calls did not return NVML_ERROR_UNINITIALIZED")
+    for k in switches:
+        os.environ.pop(k, None)
+    print(f"nvml: switches checked (mismatch, process util unsupported, slow {slow * 1000:.0f} ms for 2 calls, "
+          "lost after 150 ms); records: removed at exit, ignored and removed after SIGKILL")
+
+
+# Every child's driver writes its record here, not in the machine's default directory.
+_nvdir = tempfile.mkdtemp(prefix="fakecuda-nvml-selfcheck-")
+os.environ["FAKECUDA_NVML_DIR"] = _nvdir
+try:
+    static_checks()
+    real_names()
+    dynamic("default")
+    dynamic("internal")
+    if os.listdir(_nvdir):
+        fail(f"records left after the children exited: {os.listdir(_nvdir)}")
+    nvml_static()
+    nvml_dynamic(_nvdir)
+finally:
+    shutil.rmtree(_nvdir, ignore_errors=True)
 print("selfcheck:", "FAILED" if fails else "OK")
 sys.exit(1 if fails else 0)

@@ -11,11 +11,16 @@ from . import _C
 
 
 class device:
-    def __init__(self, spec):
-        self.type = str(spec).split(":")[0]
+    def __init__(self, spec, index=None):
+        if isinstance(spec, device):
+            spec, index = spec.type, spec.index if index is None else index
+        t, _, i = str(spec).partition(":")
+        self.type = t
+        self.index = int(i) if i else (None if index is None else int(index))
 
     def __repr__(self):
-        return f"device(type='{self.type}')"
+        return f"device(type='{self.type}')" if self.index is None else \
+            f"device(type='{self.type}', index={self.index})"
 
 
 def _dev(d):
@@ -23,6 +28,8 @@ def _dev(d):
 
 
 _POOL = {}  # (kind, nbytes) -> free pointers: a caching allocator like torch's (no cudaFree per step)
+# Device bytes held by live tensors, and cudaMalloc'd in all (torch.cuda.memory_allocated/_reserved).
+DEVICE_BYTES = {"allocated": 0, "reserved": 0}
 
 
 class _Buffer:
@@ -39,16 +46,22 @@ class _Buffer:
         free = _POOL.get((kind, nbytes))
         if free:
             self.ptr = free.pop()
-            return
-        p = ctypes.c_void_p()
-        lib = _C.cudart()
-        fn = lib.cudaMalloc if kind == "device" else lib.cudaMallocHost
-        _C.check(fn(ctypes.byref(p), max(nbytes, 1)), fn.__name__)
-        self.ptr = p.value
+        else:
+            p = ctypes.c_void_p()
+            lib = _C.cudart()
+            fn = lib.cudaMalloc if kind == "device" else lib.cudaMallocHost
+            _C.check(fn(ctypes.byref(p), max(nbytes, 1)), fn.__name__)
+            self.ptr = p.value
+            if kind == "device":
+                DEVICE_BYTES["reserved"] += max(nbytes, 1)
+        if kind == "device":
+            DEVICE_BYTES["allocated"] += nbytes
 
     def __del__(self):
         if self.kind != "pageable" and self.ptr is not None:
             _POOL.setdefault((self.kind, self.nbytes), []).append(self.ptr)
+            if self.kind == "device":
+                DEVICE_BYTES["allocated"] -= self.nbytes
 
 
 class Tensor:
