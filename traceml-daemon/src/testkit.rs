@@ -281,6 +281,7 @@ fn sample(sc: &Scenario, rng: &mut Lcg, ts: u64, k: u64, steps_done: u64) -> Sam
                 process_util_pct: None,
             }]
         }),
+        gpu_note: None,
     }
 }
 

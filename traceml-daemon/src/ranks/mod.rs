@@ -514,11 +514,7 @@ pub fn combine(mut runs: Vec<RankRun>, mut job: JobInfo, stuck: &[Stuck]) -> Opt
             } else {
                 r.stack.clone()
             },
-            gpu: r
-                .summary
-                .gpu
-                .as_ref()
-                .and_then(crate::summary::RankGpu::of),
+            gpu: r.summary.gpu.as_ref().and_then(crate::summary::RankGpu::of),
         })
         .collect();
     out.job = Some(JobInfo {

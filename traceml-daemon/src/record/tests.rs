@@ -183,6 +183,9 @@ fn every_item() -> Vec<StreamItem> {
                 util_pct: Some(50.0),
                 ..Default::default()
             }]),
+            gpu_note: Some(
+                "NVML calls took up to 210 ms (nvmlDeviceGetName), read off the event loop".into(),
+            ),
         })),
         StreamItem::ProbeStats(ProbeStats {
             ts: 1_450,

@@ -310,8 +310,7 @@ impl Reader<'_> {
                     self.per_process_util = false;
                     trouble(
                         shared,
-                        "per-process GPU utilization is not supported by this GPU or driver"
-                            .into(),
+                        "per-process GPU utilization is not supported by this GPU or driver".into(),
                     );
                 }
                 Err(_) => {}

@@ -103,6 +103,7 @@ pub fn to_sample(prev: &Snapshot, cur: &Snapshot, tps: u64, page: u64) -> Sample
         process,
         workers,
         gpus: None,
+        gpu_note: None,
     }
 }
 
