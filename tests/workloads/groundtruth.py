@@ -56,6 +56,8 @@ DEFAULTS = dict(
                                 # triton (through the Triton launcher: dlsym'd cuLaunchKernelEx),
                                 # mixed (Linear forwards via the vendor GEMM, one torch.compile'd
                                 # elementwise module via Triton, the rest via the runtime)
+    grow_bytes=0,               # device memory allocated and kept each step (a leak: the GPU
+                                # memory of the process grows; truth: device_reserved_bytes)
     verdict="balanced",         # what the daemon's verdict must be
 )
 
@@ -256,6 +258,9 @@ def run(name, overrides, argv_args=None):
     cfg.update(overrides)
     a = argv_args or parse(name, cfg)
     cfg["steps"] = a.steps
+    if a.truth and "{rank}" in a.truth:
+        # One truth file per rank of a job (torchrun gives every rank the same arguments).
+        a.truth = a.truth.replace("{rank}", os.environ.get("RANK", "0"))
     if a.truth:
         cfg["items_log"] = a.truth + ".items"
     import torch
@@ -268,8 +273,12 @@ def run(name, overrides, argv_args=None):
         # the daemon attaches to while it runs: cuBLAS and Triton's launcher are mapped then.
         torch._C.blas().fakeblas_init()
         torch._C.triton()
+    if "LOCAL_RANK" in os.environ:
+        # A rank of a job uses the device of its local rank (as DDP scripts do).
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_bandwidth(cfg["bandwidth"])
     model = make_model(cfg).cuda()
+    kept = []  # grow_bytes' leak
     lossf = torch.nn.MSELoss(kernel_ns=cfg["kernel_ns"])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, cpu_ns=cfg["opt_cpu_ns"],
                           launches=cfg["opt_launches"], kernel_ns=cfg["kernel_ns"])
@@ -303,6 +312,7 @@ def run(name, overrides, argv_args=None):
     gc.collect()
     gc.disable()
     s_prev = stats()
+    s_prev["device_reserved_bytes"] = torch.cuda.memory_reserved()
     rebuilt = []  # REBUILT_NS after each step's next(it)
     rebuilt_start = REBUILT_NS[0]
     switches_start = thread_switches()
@@ -334,6 +344,10 @@ def run(name, overrides, argv_args=None):
         loss.backward()
         t6 = now()
         opt.step()
+        if cfg["grow_bytes"]:
+            leak = torch.empty(cfg["grow_bytes"], device="cuda", nbytes=cfg["grow_bytes"])
+            leak._ensure_buffer()
+            kept.append(leak)
         t7 = now()
         if cfg["sync_per_step"]:
             w0 = now()
@@ -355,6 +369,7 @@ def run(name, overrides, argv_args=None):
         del batch, xd, yd, out, loss
         gc.collect(0)
         s = stats()
+        s["device_reserved_bytes"] = torch.cuda.memory_reserved()
         t10 = now()
         raw.append((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, s_prev, s))
         s_prev = s
@@ -404,6 +419,10 @@ def run(name, overrides, argv_args=None):
             "launches_by_path": {"runtime": d["launches_runtime"], "library": d["launches_library"],
                                  "direct": d["launches_direct"]},
             "kernel_ns": d["kernel_ns_enqueued"],
+            # simulated kernel time the device finished in this step (its busy time: what
+            # NVML's utilization measures), and the device memory the process holds at its end
+            "device_busy_ns": d["kernel_ns_executed"],
+            "device_reserved_bytes": sb["device_reserved_bytes"],
             "syncs": d["stream_sync"] + d["device_sync"] + d["event_sync"],
             "memcpy_async_calls": d["memcpy_async_calls"],
         })

@@ -166,17 +166,23 @@ pub(super) fn gpu_stats(samples: &[&Sample]) -> Option<GpuStats> {
     })
 }
 
-/// What went wrong reading the GPUs over the run (`Sample::gpu_note`), each trouble once: the
-/// last wording of each (a slow call's milliseconds grow while it lasts), in order of first
+/// What went wrong reading the GPUs over the run (`Sample::gpu_note`), each trouble once (a
+/// slow call's milliseconds grow while it lasts: its last wording), in order of first
 /// appearance.
 pub(super) fn gpu_notes(samples: &[&Sample]) -> Vec<String> {
+    // Notes whose numbers grow while the trouble lasts: one each, its last wording.
+    const GROWING: [&str; 3] = ["NVML calls took up to ", "NVML's ", "no NVML reading for "];
     let mut out: Vec<(String, String)> = Vec::new();
     for part in samples
         .iter()
         .filter_map(|s| s.gpu_note.as_deref())
         .flat_map(|n| n.split("; "))
     {
-        let key: String = part.chars().filter(|c| !c.is_ascii_digit()).collect();
+        let key = GROWING
+            .iter()
+            .find(|g| part.starts_with(*g))
+            .map_or(part, |g| g)
+            .to_owned();
         match out.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = part.to_owned(),
             None => out.push((key, part.to_owned())),

@@ -23,10 +23,14 @@ use crate::sample::GpuSample;
 
 /// How often the NVML thread reads every GPU (the live loop samples at most twice a second).
 pub const POLL: Duration = Duration::from_millis(500);
-/// A reading older than this is not used: the sample has no GPU figures and says why.
+/// A reading older than this beyond the time the last one took is not used: the sample has no
+/// GPU figures and says why (a slow NVML's readings are late by their own length; one that stops
+/// answering, later and later).
 pub const STALE: Duration = Duration::from_secs(3);
 /// An NVML call slower than this is said in data quality (sampling goes on).
 pub const SLOW_CALL: Duration = Duration::from_millis(100);
+/// A call running this long is said as not answering.
+pub const STUCK_CALL: Duration = Duration::from_secs(1);
 
 /// One GPU as the NVML thread last read it.
 #[derive(Clone, Debug, Default)]
@@ -50,8 +54,13 @@ struct DeviceReading {
 struct NvmlShared {
     /// Why NVML cannot be read at all (init failed), once known.
     unavailable: Option<String>,
-    /// The latest reading and when it was complete.
+    /// NVML's library is there and its init failed (a driver/library mismatch, no permission):
+    /// said in data quality. Without the library (a machine with no NVIDIA driver) the card's
+    /// "GPU metrics unavailable" says it.
+    init_failed: bool,
+    /// The latest reading, when it was complete and how long it took.
     reading: Option<(Instant, Vec<DeviceReading>)>,
+    reading_took: Duration,
     /// The call now running and since when.
     in_call: Option<(&'static str, Instant)>,
     /// The slowest call so far and its name.
@@ -105,8 +114,13 @@ impl GpuMonitor {
         let s = lock(&self.shared);
         let now = Instant::now();
         let mut notes: Vec<String> = s.troubles.iter().cloned().collect();
+        if s.init_failed
+            && let Some(why) = &s.unavailable
+        {
+            notes.push(why.clone());
+        }
         if let Some((call, since)) = s.in_call
-            && now.duration_since(since) >= SLOW_CALL
+            && now.duration_since(since) >= STUCK_CALL
         {
             notes.push(format!(
                 "NVML's {call} has not answered for {} ms",
@@ -121,7 +135,7 @@ impl GpuMonitor {
             ));
         }
         let gpus = match &s.reading {
-            Some((at, devices)) if now.duration_since(*at) < STALE => {
+            Some((at, devices)) if now.duration_since(*at) < STALE + s.reading_took => {
                 Some(devices.iter().map(|d| for_pids(d, pids)).collect())
             }
             Some((at, _)) => {
@@ -196,13 +210,15 @@ fn poll_forever(shared: &Mutex<NvmlShared>) {
         Err(e) => {
             let why = format!("NVML unavailable: {e}");
             tracing::info!("GPU metrics unavailable: {why}");
-            lock(shared).unavailable = Some(why);
+            let mut s = lock(shared);
+            s.init_failed = !matches!(e, NvmlError::LibloadingError(_));
+            s.unavailable = Some(why);
             return;
         }
     };
     // Init is slow on many nodes (hundreds of ms, once): only the readings' calls count.
     lock(shared).slowest = None;
-    let mut reader = Reader {
+    let mut reader = NvmlReader {
         nvml: &nvml,
         shared,
         started: Instant::now(),
@@ -223,13 +239,16 @@ fn poll_forever(shared: &Mutex<NvmlShared>) {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
-        lock(shared).reading = Some((Instant::now(), devices));
+        let mut s = lock(shared);
+        s.reading = Some((Instant::now(), devices));
+        s.reading_took = t.elapsed();
+        drop(s);
         std::thread::sleep(POLL.saturating_sub(t.elapsed()));
     }
 }
 
 /// What the NVML thread keeps between readings.
-struct Reader<'a> {
+struct NvmlReader<'a> {
     nvml: &'a Nvml,
     shared: &'a Mutex<NvmlShared>,
     started: Instant,
@@ -239,7 +258,7 @@ struct Reader<'a> {
     last_seen_us: u64,
 }
 
-impl Reader<'_> {
+impl NvmlReader<'_> {
     /// GPU `i` now; `None` when it cannot be read (lost: said once in the notes).
     fn device(&mut self, i: u32) -> Option<DeviceReading> {
         let (nvml, shared) = (self.nvml, self.shared);

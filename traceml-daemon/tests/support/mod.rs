@@ -210,10 +210,34 @@ pub fn run_daemon_at(
     extra: &[&str],
     timeout: Duration,
 ) -> Outcome {
+    run_daemon_with(daemon, target, dir, extra, &[], timeout)
+}
+
+/// [`run_daemon`] with variables in the daemon's environment (the stand-in NVML's library path
+/// and switches, `tests/gpu.rs`).
+pub fn run_daemon_env(
+    target: &mut Target,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(String, std::ffi::OsString)],
+    timeout: Duration,
+) -> Outcome {
+    run_daemon_with(&daemon(), target, dir, extra, env, timeout)
+}
+
+fn run_daemon_with(
+    daemon: &Path,
+    target: &mut Target,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(String, std::ffi::OsString)],
+    timeout: Duration,
+) -> Outcome {
     let out_dir = dir.join("out");
     let recording = dir.join("rec.jsonl");
     let child = daemon_command(daemon, target, &recording, &out_dir)
         .args(extra)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("TRACEML_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
