@@ -219,11 +219,13 @@ fn a_slow_nvml_delays_no_event() {
     }
     let lost = &s["data_quality"]["events_lost"];
     assert_eq!(lost["total"].as_u64(), Some(0), "{lost:#}");
+    // A wrapper call can be two NVML calls (the size query of a list, then the list).
     let notes = s["data_quality"]["notes"].to_string();
-    assert!(
-        notes.contains("NVML calls took up to 2") || notes.contains("has not answered"),
-        "{notes}"
-    );
+    let slowest: Option<u64> = notes
+        .split("NVML calls took up to ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next()?.parse().ok());
+    assert!(slowest.is_some_and(|ms| ms >= 200), "{notes}");
     // The figures still come (a reading takes seconds: each is late by its own length).
     let (_, reserved) = device_truth(&truth);
     assert_eq!(
