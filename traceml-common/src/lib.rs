@@ -1,7 +1,7 @@
 //! Plain data shared by the eBPF programs and the daemon: the fixed-size event that crosses the
 //! ring buffer, its kinds, the probe identifiers and the loss counters.
 //!
-//! Layout rules (see `../shared/STYLE.md`): `#[repr(C)]`, only `u32`/`u64`, no `bool`, no implicit
+//! Layout rules: `#[repr(C)]`, only `u32`/`u64`, no `bool`, no implicit
 //! padding, a size assertion beside each struct, kinds with explicit values that are never reused.
 #![no_std]
 

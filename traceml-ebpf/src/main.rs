@@ -1,7 +1,7 @@
 //! The kernel side of traceml-daemon: uprobes on CPython's frame evaluator, torch's native entry
 //! points and the CUDA runtime/driver, writing fixed-size [`RawEvent`]s into one ring buffer.
 //!
-//! Per-hit work is kept tiny (see `../shared/TOOLCHAIN.md` for the measured costs): one map lookup,
+//! Per-hit work is kept tiny (the measured costs: docs/overhead.md, BENCHMARKS.md): one map lookup,
 //! at most one user-memory read, one ring-buffer reservation submitted without wakeup (userspace
 //! polls). Every failure is counted in `LOSS` so the summary can say what was lost, and the rare
 //! ones (a failed read, a full state map or stack, a full ring buffer) are also logged through

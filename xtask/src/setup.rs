@@ -1,5 +1,5 @@
 //! `cargo xtask setup`: installs what a fresh machine lacks, each step idempotent and named in
-//! its error. The eBPF toolchain recipe is the verified one in `../shared/TOOLCHAIN.md`.
+//! its error. The eBPF toolchain recipe is README.md's (the pinned toolchains, under its first commands).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
