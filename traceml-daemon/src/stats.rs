@@ -103,6 +103,43 @@ fn erfc(x: f64) -> f64 {
     if x >= 0.0 { r } else { 2.0 - r }
 }
 
+/// Steps in a group: at least this many and [`GROUP_MIN_SHARE`] of them.
+pub const GROUP_MIN_STEPS: usize = 3;
+pub const GROUP_MIN_SHARE: f64 = 0.05;
+/// The gap between two groups: the slower group's fastest step at least this many times the
+/// faster group's slowest ...
+pub const GROUP_GAP_RATIO: f64 = 1.5;
+/// ... and the gap at least this many times the wider group's interquartile range.
+pub const GROUP_GAP_SPREADS: f64 = 3.0;
+
+/// Whether values (step times) fall into two separate groups: split at the widest gap between
+/// consecutive sorted values (as a ratio), kept when each side holds [`GROUP_MIN_STEPS`] and
+/// [`GROUP_MIN_SHARE`] of the values, the upper side's smallest is [`GROUP_GAP_RATIO`] times the
+/// lower side's largest, and the gap is [`GROUP_GAP_SPREADS`] times the wider side's
+/// interquartile range (no value near it). The two sides sorted, lower first; `None` when the
+/// values form one group.
+pub fn two_groups(xs: &[f64]) -> Option<(Vec<f64>, Vec<f64>)> {
+    let mut v: Vec<f64> = xs
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let min_side = GROUP_MIN_STEPS.max((GROUP_MIN_SHARE * n as f64).ceil() as usize);
+    if n < 2 * min_side {
+        return None;
+    }
+    // The widest gap with enough values on each side: v[k - 1] | v[k].
+    let k = (min_side..=n - min_side)
+        .max_by(|&a, &b| (v[a] / v[a - 1]).total_cmp(&(v[b] / v[b - 1])))?;
+    let (lo, hi) = v.split_at(k);
+    let iqr = |g: &[f64]| quantile(g, 0.75).unwrap_or(0.0) - quantile(g, 0.25).unwrap_or(0.0);
+    let (top, bottom) = (lo[lo.len() - 1], hi[0]);
+    (bottom >= GROUP_GAP_RATIO * top && bottom - top >= GROUP_GAP_SPREADS * iqr(lo).max(iqr(hi)))
+        .then(|| (lo.to_vec(), hi.to_vec()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +165,51 @@ mod tests {
         assert_eq!(mann_whitney_p(&[1.0; 20], &[1.0; 20]), Some(1.0));
         assert_eq!(mann_whitney_p(&[], &[1.0]), None);
         assert_eq!(mann_whitney_p(&[f64::NAN], &[1.0]), None);
+    }
+
+    /// Issue 56's boundaries: workers delivering in pairs make two groups; one noisy group, a
+    /// couple of slow learning steps and a smooth spread make none; a periodic checkpoint step
+    /// in 1 of 10 makes a small group.
+    #[test]
+    fn values_in_two_separate_groups() {
+        // 2 workers, batches in pairs: ~110 ms and ~20 ms alternating, none between.
+        let pairs: Vec<f64> = (0..40)
+            .map(|i| {
+                let j = (i * 7 % 5) as f64;
+                if i % 2 == 0 {
+                    108.0 + j
+                } else {
+                    19.0 + j / 2.0
+                }
+            })
+            .collect();
+        let (lo, hi) = two_groups(&pairs).unwrap();
+        assert_eq!((lo.len(), hi.len()), (20, 20));
+        assert!((median(&hi).unwrap() - 110.0).abs() < 2.0);
+        assert!((median(&lo).unwrap() - 20.0).abs() < 1.0);
+        // One group with noise (±20 %): none.
+        let noisy: Vec<f64> = (0..60)
+            .map(|i| 50.0 + ((i * 13) % 21) as f64 - 10.0)
+            .collect();
+        assert_eq!(two_groups(&noisy), None);
+        // Two slow learning steps among 60: too few for a group.
+        let mut learning = vec![20.0; 58];
+        learning.extend([200.0, 180.0]);
+        assert_eq!(two_groups(&learning), None);
+        // A smooth spread from 10 to 100 ms: no gap.
+        let smooth: Vec<f64> = (0..60).map(|i| 10.0 + 1.5 * i as f64).collect();
+        assert_eq!(two_groups(&smooth), None);
+        // A checkpoint step every 10th: 6 of 60 at ~500 ms.
+        let ckpt: Vec<f64> = (0..60)
+            .map(|i| {
+                if i % 10 == 9 {
+                    500.0
+                } else {
+                    40.0 + (i % 3) as f64
+                }
+            })
+            .collect();
+        let (lo, hi) = two_groups(&ckpt).unwrap();
+        assert_eq!((lo.len(), hi.len()), (54, 6));
     }
 }

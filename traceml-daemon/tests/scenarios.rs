@@ -206,11 +206,63 @@ fn run_scenario_env(
         check_handover(label, s, &truth, &mut failures);
         check_switches(label, s, &truth, &mut failures);
         check_workers(label, s, &truth, &mut failures);
+        check_step_groups(label, s, &truth, &mut failures);
     }
     Checked {
         failures,
         summary: out.summary,
         truth,
+    }
+}
+
+/// Where the loop's own step times fall into two groups (the published rule,
+/// `stats::two_groups`, on the truth's wall times: 2 workers delivering in pairs), the summary
+/// names two groups whose counts and typical times are within 10 % of the truth's groups'.
+fn check_step_groups(
+    label: &str,
+    s: &serde_json::Value,
+    truth: &serde_json::Value,
+    failures: &mut Vec<String>,
+) {
+    let walls: Vec<f64> = truth["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|st| st["wall_ns"].as_f64().unwrap() / 1e6)
+        .collect();
+    let Some((lo, hi)) = traceml_daemon::stats::two_groups(&walls) else {
+        return;
+    };
+    let groups = s["step_ms"]["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let want = [
+        (hi.len(), median(hi.clone())),
+        (lo.len(), median(lo.clone())),
+    ];
+    let got: Vec<(u64, f64)> = groups
+        .iter()
+        .map(|g| {
+            (
+                g["count"].as_u64().unwrap_or(0),
+                g["typical_ms"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    let close = |a: f64, b: f64| (a - b).abs() <= 0.10 * b;
+    let ok = got.len() == 2
+        && got
+            .iter()
+            .zip(want)
+            .all(|(&(n, t), (wn, wt))| close(n as f64, wn as f64) && close(t, wt));
+    note(format!(
+        "{label}: step groups {got:?}, truth (count, typical ms) {want:?}"
+    ));
+    if !ok {
+        failures.push(format!(
+            "{label}: step groups {got:?}, truth (count, typical ms) {want:?}"
+        ));
     }
 }
 

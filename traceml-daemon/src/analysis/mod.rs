@@ -637,7 +637,26 @@ fn step_ms(steps: &[Step], totals: &StepTotals) -> StepMs {
         mean: totals.per_step(totals.duration_ns).map(|ns| ns / 1e6),
         min: quantile(&ms, 0.0),
         max: quantile(&ms, 1.0),
+        groups: step_groups_of(&ms, totals.count),
     }
+}
+
+/// The step times' groups ([`crate::stats::two_groups`]) of the kept steps `ms` of a run of
+/// `total` steps, slowest first, their counts scaled to the run.
+pub fn step_groups_of(ms: &[f64], total: u64) -> Vec<crate::summary::StepGroup> {
+    let Some((lo, hi)) = crate::stats::two_groups(ms) else {
+        return Vec::new();
+    };
+    let n = (lo.len() + hi.len()) as f64;
+    let total = total.max(n as u64) as f64;
+    let group = |g: &[f64]| crate::summary::StepGroup {
+        count: (g.len() as f64 / n * total).round() as u64,
+        share: g.len() as f64 / n,
+        typical_ms: median(g).unwrap_or(0.0),
+        min_ms: g[0],
+        max_ms: g[g.len() - 1],
+    };
+    vec![group(&hi), group(&lo)]
 }
 
 fn phase_stats(

@@ -360,6 +360,18 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
             "—"
         }
     ));
+    // Step times in separate groups: the median describes no step; each group does.
+    if let [slow, fast] = s.step_ms.groups.as_slice() {
+        out.push(format!(
+            "  in 2 groups: {} × {} and {} × {} (no step between {} and {})",
+            slow.count,
+            ms(Some(slow.typical_ms)),
+            fast.count,
+            ms(Some(fast.typical_ms)),
+            ms(Some(fast.max_ms)),
+            ms(Some(slow.min_ms)),
+        ));
+    }
     let d = &s.primary_diagnosis;
     let shown = s.shown_phases();
     for (i, &phase) in shown.iter().enumerate() {
@@ -869,6 +881,33 @@ mod tests {
             ..Scenario::default()
         };
         insta::assert_snapshot!("card_insufficient_data", scenario_card("insufficient", &sc));
+    }
+
+    /// Steps delivered in pairs (20 of ~110 ms, 20 of ~20 ms): the card names both groups and
+    /// the gap the median falls in.
+    #[test]
+    fn card_names_the_groups_of_step_times() {
+        let mut s = testkit::summary(&testkit::input_bound());
+        let ms: Vec<f64> = (0..40)
+            .map(|i| {
+                if i % 2 == 0 {
+                    108.0 + (i % 5) as f64
+                } else {
+                    20.0
+                }
+            })
+            .collect();
+        s.step_ms.groups = crate::analysis::step_groups_of(&ms, 40);
+        let text = card(&s, false);
+        check_width(&text);
+        assert!(
+            text.contains(
+                "  in 2 groups: 20 × 110 ms and 20 × 20.0 ms (no step between 20.0 ms and 108 ms)"
+            ),
+            "{text}"
+        );
+        s.step_ms.groups.clear();
+        assert!(!card(&s, false).contains("in 2 groups"));
     }
 
     #[test]

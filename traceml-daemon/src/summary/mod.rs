@@ -416,6 +416,24 @@ pub struct StepMs {
     pub mean: Option<f64>,
     pub min: Option<f64>,
     pub max: Option<f64>,
+    /// When the steps' times fall into separate groups with a gap no step took (DataLoader
+    /// workers delivering in pairs, a periodic checkpoint step): each group, slowest first. The
+    /// median then describes no step. Empty when the times form one group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<StepGroup>,
+}
+
+/// One group of step times ([`StepMs::groups`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepGroup {
+    /// Steps in the group (of the kept steps, scaled to every step of the run).
+    pub count: u64,
+    /// Its share of the steps (0–1).
+    pub share: f64,
+    /// Its median step time, ms.
+    pub typical_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
 }
 
 /// One value per phase, with the phase names of the report as field names.
