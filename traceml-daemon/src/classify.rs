@@ -125,7 +125,7 @@ mod tests {
     use super::*;
 
     const SITE: &str = "/usr/lib/python3.11/site-packages/";
-    const FAKE: &str = "/work/main/tests/fake_torch/";
+    const FAKE: &str = "/home/user/traceml-daemon/tests/fake_torch/";
 
     fn both(rel: &str) -> [String; 2] {
         [format!("{SITE}{rel}"), format!("{FAKE}{rel}")]

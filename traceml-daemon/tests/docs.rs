@@ -1,6 +1,7 @@
 //! The documentation says what the code does: every option the binary's `--help` lists and every
 //! environment variable the code reads is in docs/cli.md, and the README names the verdicts as
-//! the card prints them. No root, no eBPF: built with or without the `live` feature.
+//! the card prints them; nothing points outside the repository. No root, no eBPF: built with or
+//! without the `live` feature.
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -219,4 +220,80 @@ fn the_parsers_see_what_they_should() {
         ),
         ["B", "A", "C", "TRACEML_X_1", "TRACEML_P_"]
     );
+}
+
+/// The repository stands alone: no tracked text file names a folder beside it or a path of a
+/// build machine, and every relative markdown link resolves to a file inside the repository.
+/// (Recorded data — fuzz seeds, fixtures, snapshots — keeps the paths it was recorded with.)
+#[test]
+fn nothing_points_outside_the_repository() {
+    let root = workspace();
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z"])
+        .output()
+        .expect("git ls-files");
+    assert!(out.status.success());
+    let files: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .split('\0')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(files.len() > 100, "{} tracked files", files.len());
+    let text_ext = [
+        ".md", ".rs", ".toml", ".sh", ".py", ".c", ".h", ".yml", ".yaml",
+    ];
+    let data = [
+        "fuzz/seeds/",
+        "tests/fixtures/",
+        "/snapshots/",
+        "vendor/aya/aya",
+    ];
+    let outside = ["../shared", "/work/shared", "/work/main", "/check/work"];
+    let mut bad = Vec::new();
+    let mut links = 0;
+    for f in &files {
+        if !text_ext.iter().any(|e| f.ends_with(e)) || data.iter().any(|d| f.contains(d)) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join(f)) else {
+            continue;
+        };
+        // This test names them to look for them.
+        if !f.ends_with("tests/docs.rs") {
+            for o in outside {
+                if text.contains(o) {
+                    bad.push(format!("{f}: names {o}"));
+                }
+            }
+        }
+        // Vendored upstream files keep their own links (to their repository's files).
+        if !f.ends_with(".md") || f.starts_with("vendor/") {
+            continue;
+        }
+        for (i, _) in text.match_indices("](") {
+            let rest = &text[i + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let target = rest[..end].split('#').next().unwrap_or("").trim();
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            links += 1;
+            let dir = Path::new(f).parent().unwrap_or(Path::new(""));
+            let path = root.join(dir).join(target);
+            match path.canonicalize() {
+                Ok(p) if p.starts_with(root.canonicalize().unwrap()) => {}
+                _ => bad.push(format!(
+                    "{f}: link ({target}) does not resolve in the repository"
+                )),
+            }
+        }
+    }
+    assert!(
+        links > 10,
+        "{links} relative links seen: the parser sees none"
+    );
+    assert!(bad.is_empty(), "{bad:#?}");
 }
