@@ -233,6 +233,21 @@ fn check_step_groups(
     let Some((lo, hi)) = traceml_daemon::stats::two_groups(&walls) else {
         return;
     };
+    // Held only where the truth's groups are clear of the rule's lines (twice its gap ratio and
+    // spread): near them the daemon's own measure of the steps may fall either way.
+    let iqr = |g: &[f64]| {
+        let q = |p: f64| g[((g.len() - 1) as f64 * p).round() as usize];
+        q(0.75) - q(0.25)
+    };
+    let (top, bottom) = (lo[lo.len() - 1], hi[0]);
+    let clear = bottom >= 2.0 * traceml_daemon::stats::GROUP_GAP_RATIO * top
+        && bottom - top >= 2.0 * traceml_daemon::stats::GROUP_GAP_SPREADS * iqr(&lo).max(iqr(&hi));
+    if !clear {
+        note(format!(
+            "{label}: the loop's steps form two groups near the rule's lines: not held"
+        ));
+        return;
+    }
     let groups = s["step_ms"]["groups"]
         .as_array()
         .cloned()
