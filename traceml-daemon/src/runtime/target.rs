@@ -563,7 +563,9 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let mut rescan = interval(run.opts.rescan_interval);
     let rescan_started = tokio::time::Instant::now();
     let mut rescan_slow = false;
-    let mut sample = interval(run.opts.sample_interval);
+    // The first sample a period after the attach's snapshot (CPU shares over a moment are noise,
+    // and workers are told over a period: `sampler::proc::to_sample`).
+    let mut sample = every(run.opts.sample_interval);
     let mut govern_stage = governor.stage();
     let mut govern = interval(govern_every(govern_stage));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));

@@ -59,6 +59,9 @@ fn process_sample(
     }
 }
 
+/// Two snapshots closer than this (seconds) tell no worker: see [`to_sample`].
+pub const WORKER_MIN_GAP_S: f64 = 0.2;
+
 /// Turns two snapshots into a sample (pure).
 pub fn to_sample(prev: &Snapshot, cur: &Snapshot, tps: u64, page: u64) -> Sample {
     let dt_s = cur.ts.saturating_sub(prev.ts) as f64 / 1e9;
@@ -83,12 +86,14 @@ pub fn to_sample(prev: &Snapshot, cur: &Snapshot, tps: u64, page: u64) -> Sample
             .filter(|p| p.pid == t.pid && p.starttime == t.starttime);
         process_sample(p, t, dt_s, tps, page)
     });
-    // A worker is one seen as such in two snapshots in a row: a child the target forks to run
-    // another program (`subprocess`, inductor's g++) is a copy of it until it execs, and one
-    // snapshot may catch it then.
+    // A worker is one seen as such in two snapshots in a row, at least [`WORKER_MIN_GAP_S`]
+    // apart: a child the target forks to run another program (`subprocess`, inductor's g++) is a
+    // copy of it until it execs, and one snapshot — or two taken a moment apart, on a busy
+    // machine where the child waits for a CPU before its exec — may catch it then.
     let workers = cur
         .children
         .iter()
+        .filter(|_| dt_s >= WORKER_MIN_GAP_S)
         .filter_map(|c| {
             let p = prev
                 .children
@@ -157,5 +162,12 @@ mod tests {
         assert_eq!(s.workers[0].pid, 43);
         assert_eq!(s.workers[0].cpu_pct_one_core, Some(50.0));
         assert_eq!(s.gpus, None);
+        // Two snapshots 5 ms apart (a child forked to exec another program, caught twice
+        // before its exec on a busy machine): no worker from them.
+        let soon = Snapshot {
+            ts: prev.ts + 5_000_000,
+            ..cur.clone()
+        };
+        assert!(to_sample(&prev, &soon, 100, 4096).workers.is_empty());
     }
 }
