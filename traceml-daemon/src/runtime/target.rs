@@ -531,7 +531,9 @@ fn govern_every(stage: Stage) -> Duration {
     })
 }
 
-/// A timer ticking every `period` from one period on; a late tick delays the next ones.
+/// A timer ticking every `period` from one period on; a late tick delays the next ones. The
+/// samples use it: the attach took the first snapshot, and two snapshots a moment apart tell no
+/// DataLoader worker (`sampler::proc::to_sample`).
 fn every(period: Duration) -> tokio::time::Interval {
     let mut i = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -563,9 +565,7 @@ async fn event_loop<F: FnMut(&StreamItem) -> Result<(), String>>(
     let mut rescan = interval(run.opts.rescan_interval);
     let rescan_started = tokio::time::Instant::now();
     let mut rescan_slow = false;
-    // The first sample a period after the attach's snapshot (CPU shares over a moment are noise,
-    // and workers are told over a period: `sampler::proc::to_sample`).
-    let mut sample = every(run.opts.sample_interval);
+    let mut sample = every(run.opts.sample_interval); // not at once: see `proc::to_sample`
     let mut govern_stage = governor.stage();
     let mut govern = interval(govern_every(govern_stage));
     let mut stack = interval(Duration::from_secs(1) / run.opts.stack_rate.max(1));
