@@ -52,7 +52,8 @@ fn gpu_env(dir: &Path, devices: u32, extra: &[(&str, &str)]) -> Vec<(String, OsS
     env
 }
 
-/// One ground-truth scenario under the daemon with the stand-in GPUs: the outcome and the truth.
+/// One ground-truth scenario under the daemon with the stand-in GPUs (2, unless `env` sets
+/// `FAKECUDA_DEVICES`: the later value wins): the outcome and the truth.
 fn run(
     label: &str,
     script: &str,
@@ -192,11 +193,13 @@ fn nvml_figures_are_the_simulated_devices() {
 /// tolerance), no event is lost, the GPU figures still come, and data quality says it.
 #[test]
 fn a_slow_nvml_delays_no_event() {
+    // One GPU and 120 steps (~10 s): a reading of 12 calls takes ~2.4 s, and several must land
+    // inside the loop.
     let Some((out, truth)) = run(
         "gpu-slow",
         "compute_bound.py",
-        60,
-        &[("FAKENVML_SLOW_MS", "200")],
+        120,
+        &[("FAKENVML_SLOW_MS", "200"), ("FAKECUDA_DEVICES", "1")],
         &[],
     ) else {
         return;
