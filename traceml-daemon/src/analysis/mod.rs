@@ -757,6 +757,35 @@ mod tests {
     use crate::summary::DiagnosisKind;
     use crate::testkit::*;
 
+    /// What went wrong reading the GPUs is said once per trouble: a slow call's growing
+    /// milliseconds by their last wording, each lost GPU apart, in order of first appearance.
+    #[test]
+    fn gpu_notes_say_each_trouble_once() {
+        let at = |note: &str| Sample {
+            gpu_note: Some(note.to_owned()),
+            ..Sample::default()
+        };
+        let samples = [
+            at("NVML calls took up to 120 ms (nvmlDeviceGetName), read off the event loop"),
+            Sample::default(),
+            at("GPU 0 lost (NVML_ERROR_GPU_IS_LOST) 2 s into sampling; \
+                NVML calls took up to 410 ms (nvmlDeviceGetComputeRunningProcesses), read off the \
+                event loop"),
+            at("GPU 0 lost (NVML_ERROR_GPU_IS_LOST) 2 s into sampling; \
+                GPU 1 lost (NVML_ERROR_GPU_IS_LOST) 3 s into sampling"),
+        ];
+        let refs: Vec<&Sample> = samples.iter().collect();
+        assert_eq!(
+            samples::gpu_notes(&refs),
+            [
+                "GPU: NVML calls took up to 410 ms (nvmlDeviceGetComputeRunningProcesses), read \
+                 off the event loop",
+                "GPU: GPU 0 lost (NVML_ERROR_GPU_IS_LOST) 2 s into sampling",
+                "GPU: GPU 1 lost (NVML_ERROR_GPU_IS_LOST) 3 s into sampling",
+            ]
+        );
+    }
+
     #[test]
     fn empty_stream_gives_nulls_not_zeros() {
         let s = summarize(&EngineOutput::default(), &[]);
