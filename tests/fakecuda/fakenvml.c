@@ -286,9 +286,13 @@ static void device_util_locked(unsigned dev, uint64_t t0, uint64_t now, unsigned
 }
 
 /* What temperature and power follow: the kernel utilization of the last second (no state). */
-static unsigned recent_util_locked(unsigned dev, uint64_t now) {
+static unsigned recent_util(unsigned dev) {
     unsigned gpu, mem;
+    pthread_mutex_lock(&g_mu);
+    uint64_t now = mono_ns();
+    scan_locked(now);
     device_util_locked(dev, now > 1000000000ull ? now - 1000000000ull : 0, now, &gpu, &mem);
+    pthread_mutex_unlock(&g_mu);
     return gpu;
 }
 
@@ -651,24 +655,14 @@ API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSe
                                           unsigned int *temp) {
     DEV_ENTER(device);
     if (!temp || sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&g_mu);
-    uint64_t now = mono_ns();
-    scan_locked(now);
-    unsigned u = recent_util_locked(device->index, now);
-    pthread_mutex_unlock(&g_mu);
-    *temp = 40 + 40 * u / 100;
+    *temp = 40 + 40 * recent_util(device->index) / 100;
     return NVML_SUCCESS;
 }
 
 API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     DEV_ENTER(device);
     if (!power) return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&g_mu);
-    uint64_t now = mono_ns();
-    scan_locked(now);
-    unsigned u = recent_util_locked(device->index, now);
-    pthread_mutex_unlock(&g_mu);
-    *power = 100000 + 600000 * u / 100;
+    *power = 100000 + 600000 * recent_util(device->index) / 100;
     return NVML_SUCCESS;
 }
 

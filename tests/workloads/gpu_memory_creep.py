@@ -4,19 +4,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compute_bound  # noqa: E402
 import groundtruth  # noqa: E402
 
-CONFIG = dict(
-    steps=60,
-    batch_size=2,
-    getitem_ns=200000,
-    kernel_ns=4000000,
-    layer_launches=2,
-    bwd_launches=4,
-    opt_launches=2,
-    grow_bytes=4 << 20,
-    verdict='gpu_bound',
-)
+CONFIG = dict(compute_bound.CONFIG, steps=60, grow_bytes=4 << 20)
 
 if __name__ == "__main__":
     groundtruth.run("gpu_memory_creep", CONFIG)

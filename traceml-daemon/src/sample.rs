@@ -18,6 +18,19 @@ pub struct Sample {
     pub gpu_note: Option<String>,
 }
 
+impl Sample {
+    /// The target's GPU memory summed over the GPUs; `None` when no GPU reported it.
+    pub fn gpu_process_mem(&self) -> Option<u64> {
+        let mems: Vec<u64> = self
+            .gpus
+            .iter()
+            .flatten()
+            .filter_map(|g| g.process_mem_bytes)
+            .collect();
+        (!mems.is_empty()).then(|| mems.iter().sum())
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SystemSample {
     /// Busy share of all CPUs since the previous sample, 0–100.

@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::*;
+use traceml_daemon::stats::median_u64;
 
 /// The published lines (docs/summary-schema.md): LOW-GPU-UTILIZATION-UNEXPLAINED under 50 %
 /// busy with input, copies and residual each under 10 % of the step; MEMORY_CREEP from a
@@ -327,9 +328,9 @@ fn gpu_verdicts_follow_the_devices_truth() {
         .collect();
     let n = reserved.len();
     let truth_thirds = [
-        median_u64(&reserved[..n / 3]),
-        median_u64(&reserved[n / 3..2 * n / 3]),
-        median_u64(&reserved[2 * n / 3..]),
+        median_u64(&reserved[..n / 3]).unwrap(),
+        median_u64(&reserved[n / 3..2 * n / 3]).unwrap(),
+        median_u64(&reserved[2 * n / 3..]).unwrap(),
     ];
     // The samples' thirds are NVML's readings, each up to a second behind the step it is
     // paired with (a reading every 500 ms, taken by a sample up to 500 ms later): within one
@@ -347,12 +348,6 @@ fn gpu_verdicts_follow_the_devices_truth() {
         got.abs_diff(want) <= tol,
         "rise {got} vs the truth's {want} (± {tol})"
     );
-}
-
-fn median_u64(v: &[u64]) -> u64 {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v[v.len() / 2]
 }
 
 /// Two ranks under torchrun, each on the GPU of its `LOCAL_RANK` (the stand-in torch's

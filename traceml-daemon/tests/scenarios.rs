@@ -235,10 +235,8 @@ fn check_step_groups(
     };
     // Held only where the truth's groups are clear of the rule's lines (twice its gap ratio and
     // spread): near them the daemon's own measure of the steps may fall either way.
-    let iqr = |g: &[f64]| {
-        let q = |p: f64| g[((g.len() - 1) as f64 * p).round() as usize];
-        q(0.75) - q(0.25)
-    };
+    use traceml_daemon::stats::quantile;
+    let iqr = |g: &[f64]| quantile(g, 0.75).unwrap_or(0.0) - quantile(g, 0.25).unwrap_or(0.0);
     let (top, bottom) = (lo[lo.len() - 1], hi[0]);
     let clear = bottom >= 2.0 * traceml_daemon::stats::GROUP_GAP_RATIO * top
         && bottom - top >= 2.0 * traceml_daemon::stats::GROUP_GAP_SPREADS * iqr(&lo).max(iqr(&hi));

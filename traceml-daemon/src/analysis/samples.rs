@@ -160,7 +160,7 @@ pub(super) fn gpu_stats(samples: &[&Sample]) -> Option<GpuStats> {
             .filter_map(|d| d.util_pct_mean),
     );
     Some(GpuStats {
-        process_mem_bytes_max: samples.iter().filter_map(|s| gpu_process_mem(s)).max(),
+        process_mem_bytes_max: samples.iter().filter_map(|s| s.gpu_process_mem()).max(),
         util_pct_mean,
         devices,
     })
@@ -191,13 +191,6 @@ pub(super) fn gpu_notes(samples: &[&Sample]) -> Vec<String> {
     out.into_iter().map(|(_, n)| format!("GPU: {n}")).collect()
 }
 
-/// GPU memory of the target summed over GPUs in one sample; `None` when no GPU reported it.
-pub(super) fn gpu_process_mem(s: &Sample) -> Option<u64> {
-    let gpus = s.gpus.as_ref()?;
-    let mems: Vec<u64> = gpus.iter().filter_map(|g| g.process_mem_bytes).collect();
-    (!mems.is_empty()).then(|| mems.iter().sum())
-}
-
 pub(super) fn memory_stats(
     steps: &[Step],
     samples: &[&Sample],
@@ -220,7 +213,7 @@ pub(super) fn memory_stats(
         .iter()
         .filter_map(|s| s.process.as_ref().and_then(|p| p.rss_bytes))
         .collect();
-    let gpu: Vec<u64> = paired.iter().filter_map(|s| gpu_process_mem(s)).collect();
+    let gpu: Vec<u64> = paired.iter().filter_map(|s| s.gpu_process_mem()).collect();
     let gpu_total = samples.iter().rev().find_map(|s| {
         let gpus = s.gpus.as_ref()?;
         let used: Vec<&crate::sample::GpuSample> = gpus
@@ -267,7 +260,7 @@ pub(super) fn memory_series(
                 .max(),
         );
         out.gpu_process_mem_bytes
-            .push(chunk.iter().filter_map(|s| gpu_process_mem(s)).max());
+            .push(chunk.iter().filter_map(|s| s.gpu_process_mem()).max());
     }
     Some(out)
 }

@@ -192,15 +192,9 @@ pub struct GpuNow {
 
 impl GpuNow {
     pub fn of(s: &Sample) -> GpuNow {
-        let mems: Vec<u64> = s
-            .gpus
-            .iter()
-            .flatten()
-            .filter_map(|g| g.process_mem_bytes)
-            .collect();
         GpuNow {
             utilization: gpu_utilization(s),
-            memory_bytes: (!mems.is_empty()).then(|| mems.iter().sum()),
+            memory_bytes: s.gpu_process_mem(),
         }
     }
 }

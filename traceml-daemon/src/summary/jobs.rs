@@ -231,15 +231,11 @@ impl RankGpu {
         if used.is_empty() {
             return None;
         }
-        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        use crate::stats::mean;
         Some(RankGpu {
             devices: used.iter().map(|d| d.index).collect(),
-            util_pct_mean: mean(used.iter().filter_map(|d| d.util_pct_mean).collect()),
-            process_util_pct_mean: mean(
-                used.iter()
-                    .filter_map(|d| d.process_util_pct_mean)
-                    .collect(),
-            ),
+            util_pct_mean: mean(used.iter().filter_map(|d| d.util_pct_mean)),
+            process_util_pct_mean: mean(used.iter().filter_map(|d| d.process_util_pct_mean)),
             process_mem_bytes_max: g.process_mem_bytes_max,
         })
     }
