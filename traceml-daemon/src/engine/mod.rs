@@ -209,6 +209,8 @@ pub struct Engine {
     armed_ts: Option<u64>,
     /// What each sampled function is (the model's, a library's, the user's): see [`prep`].
     func_kinds: HashMap<u32, prep::FuncKind>,
+    /// The input preparation's samples pooled over the harvests (see [`prep`]).
+    prep_pool: prep::Pool,
     /// Python events are folded (false from a detach to a re-arm: frames entered while the
     /// kernel was still detaching would never report an exit).
     python_on: bool,
@@ -262,6 +264,7 @@ impl Engine {
             python_marks: Default::default(),
             armed_ts: None,
             func_kinds: HashMap::new(),
+            prep_pool: prep::Pool::default(),
             python_on: true,
             folds: HashMap::new(),
             execs: HashMap::new(),
@@ -302,7 +305,6 @@ impl Engine {
         }
     }
 
-    /// Steps harvested so far and their total duration (ns).
     /// Whether a thread of the target waits for a collective now (a wait entered and not yet
     /// returned, in the events folded so far): what tells the ranks that wait in a hang from
     /// the one they wait for.
@@ -315,15 +317,18 @@ impl Engine {
         &self.ledger
     }
 
+    /// Steps harvested so far and their total duration (ns).
     pub fn steps_so_far(&self) -> (u64, u64) {
         (self.totals.count, self.totals.duration_ns)
     }
 
-    /// A new engine that knows `other`'s code classes (a window of a run in progress).
+    /// A new engine that knows `other`'s code classes and input preparation so far (a window of
+    /// a run in progress).
     pub fn with_codes_of(other: &Engine) -> Engine {
         Engine {
             codes: other.codes.clone(),
             func_kinds: other.func_kinds.clone(),
+            prep_pool: other.prep_pool.clone(),
             workers: other.workers.with_funcs(),
             ..Engine::new()
         }
@@ -537,7 +542,12 @@ impl Engine {
         let (placed, later): (Vec<_>, Vec<_>) = stacks.into_iter().partition(|s| s.ts < last_end);
         let mut placed = place_samples(&placed, tid, &steps, &timeline);
         mark_samples(&mut placed, t);
-        prep::apply(&mut steps, &mut placed, &self.func_kinds);
+        prep::apply(
+            &mut steps,
+            &mut placed,
+            &self.func_kinds,
+            &mut self.prep_pool,
+        );
         for p in placed {
             self.samples.push(p);
         }

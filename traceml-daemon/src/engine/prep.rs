@@ -11,14 +11,17 @@
 //! preparation nor counts as one, and nothing moves where no sample ever shows the model (a model of raw tensor ops has no frame
 //! that says where preparation ends). A framework's loop is left as it was.
 //!
-//! The share moved is pooled over the steps harvested together: each step moves the share of
-//! its forward span that prep samples are of all forward samples of those steps (with the
-//! off-CPU time in the same proportion of off-CPU samples). Not each step's own share: the
-//! sampler is periodic, and a step's count of samples in its span is larger exactly when one
-//! lands in the model's short tail, so the per-step ratio under-counts the model (measured: a
-//! 3.9 ms forward after 33 ms of augmentation, sampled every 10 ms, came out 0.3 ms short a
-//! step). The pooled ratio is the sampled share of all the steps' forward spans: its error
-//! falls with the number of steps, not with the rate.
+//! The share moved is pooled over the run's steps: each step moves the share of its forward
+//! span that prep samples are of all forward samples of the steps harvested so far under the
+//! same loop frames ([`Pool`], kept across harvests; with the off-CPU time in the same
+//! proportion of off-CPU samples). Not each step's own share: the sampler is periodic, and a
+//! step's count of samples in its span is larger exactly when one lands in the model's short
+//! tail, so the per-step ratio under-counts the model (measured: a 3.9 ms forward after 33 ms
+//! of augmentation, sampled every 10 ms, came out 0.3 ms short a step). Nor each harvest's
+//! own: the last harvest of a run may hold a few steps, too few samples to find the loop or
+//! see the model (measured: a nanoGPT loop's last 6 steps kept their 61 ms of `get_batch` in
+//! forward, 3.5 % of the run's input share). The pooled ratio is the sampled share of all the
+//! steps' forward spans: its error falls with the number of steps, not with the rate.
 
 use std::collections::HashMap;
 
@@ -108,12 +111,78 @@ fn in_steps(samples: &[PhaseSample], first: u32, n: usize) -> (Vec<Vec<usize>>, 
     (forward, inside)
 }
 
+/// What the run's harvests have seen of its input preparation so far: the loop's frames and
+/// the forward samples counted under them. A harvest whose samples find other loop frames (the
+/// loop changed: another training function) starts it afresh; one with too few samples to find
+/// any uses the frames found before.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Pool {
+    prefix: Vec<u32>,
+    /// A forward sample was inside the model (a `torch/nn` frame).
+    model_seen: bool,
+    /// Prep samples, forward samples, and the off-CPU ones of each.
+    prep: u64,
+    all: u64,
+    prep_off: u64,
+    all_off: u64,
+}
+
+impl Pool {
+    /// The loop frames to use for a harvest whose samples' own prefix is `found`: the pool's
+    /// when one of the two extends the other (a torn harvest finds a shorter prefix; one whose
+    /// samples nearly all sit in one function below the loop, a long `get_batch()`, a longer
+    /// one), `found` with the counts reset when they differ (another loop), `found` when the pool
+    /// has none yet.
+    fn adopt(&mut self, found: Vec<u32>) {
+        if found.is_empty() {
+            return;
+        }
+        if self.prefix.is_empty() {
+            self.prefix = found;
+        } else if !self.prefix.starts_with(&found) && !found.starts_with(&self.prefix) {
+            *self = Pool {
+                prefix: found,
+                ..Pool::default()
+            };
+        }
+    }
+}
+
+/// The loop's frames in a harvest: the prefix `LOOP_QUORUM` of its samples hold, cut to the one
+/// that many of the samples outside forward (backward, optimizer, the loop's own statements)
+/// hold too when there are enough of them. A loop that spends more than the quorum of its time
+/// in one function of its own (`get_batch()` sleeping on storage) would otherwise take that
+/// function for the loop.
+fn harvest_prefix(samples: &[PhaseSample], inside: &[usize]) -> Vec<u32> {
+    let mut prefix = loop_prefix(
+        inside.iter().map(|&i| samples[i].frames.as_slice()),
+        LOOP_QUORUM,
+    );
+    let outside: Vec<&[u32]> = inside
+        .iter()
+        .filter(|&&i| samples[i].phase != Phase::Forward)
+        .map(|&i| samples[i].frames.as_slice())
+        .collect();
+    if outside.len() >= MIN_SAMPLES {
+        let theirs = loop_prefix(outside.into_iter(), LOOP_QUORUM);
+        let same = prefix
+            .iter()
+            .zip(&theirs)
+            .take_while(|(a, b)| a == b)
+            .count();
+        prefix.truncate(same);
+    }
+    prefix
+}
+
 /// Moves each step's input preparation found in `samples` from forward to input_wait (the
-/// samples too), and the off-CPU time the samples saw (`PhaseSample::off_cpu`).
+/// samples too), and the off-CPU time the samples saw (`PhaseSample::off_cpu`), at the share
+/// pooled in `pool` over this harvest and the earlier ones.
 pub(crate) fn apply(
     steps: &mut [Step],
     samples: &mut [PhaseSample],
     kinds: &HashMap<u32, FuncKind>,
+    pool: &mut Pool,
 ) {
     let kind = |f: &u32| kinds.get(f).copied().unwrap_or(FuncKind::Library);
     let Some(first) = steps.first().map(|s| s.index) else {
@@ -122,17 +191,17 @@ pub(crate) fn apply(
     let (mut forward, inside) = in_steps(samples, first, steps.len());
     // The loop frame: the deepest frame held by nearly every sample of the steps (a torn read
     // or an empty stack, the sampler reading while the interpreter switches frames, is no vote).
-    if inside.len() < MIN_SAMPLES {
-        return;
+    if inside.len() >= MIN_SAMPLES {
+        pool.adopt(harvest_prefix(samples, &inside));
     }
-    let prefix = loop_prefix(
-        inside.iter().map(|&i| samples[i].frames.as_slice()),
-        LOOP_QUORUM,
-    );
+    let prefix = pool.prefix.clone();
     let common = prefix.len();
     let Some(&loop_frame) = prefix.last() else {
         return;
     };
+    if kind(&loop_frame) != FuncKind::User {
+        return;
+    }
     // Forward samples without the loop's frames are left out of the counts.
     for v in &mut forward {
         v.retain(|&i| samples[i].frames.starts_with(&prefix));
@@ -140,11 +209,7 @@ pub(crate) fn apply(
     let in_model = |s: &PhaseSample| s.frames.iter().any(|f| kind(f) == FuncKind::Model);
     // The model must be seen at all: a model of raw tensor ops in the user's file (no
     // `torch/nn` frame ever) gives no point where input preparation ends.
-    if kind(&loop_frame) != FuncKind::User
-        || !forward.iter().flatten().any(|&i| in_model(&samples[i]))
-    {
-        return;
-    }
+    pool.model_seen |= forward.iter().flatten().any(|&i| in_model(&samples[i]));
     // Per step: its forward samples, how many lead as preparation, and the off-CPU ones of each.
     // A sample in the loop's own frame (between its statements: `for` taking the batch,
     // tensor ops written in the loop) is neither: it does not end the preparation and stays
@@ -168,12 +233,13 @@ pub(crate) fn apply(
     let off = |v: &[usize]| v.iter().filter(|&&i| samples[i].off_cpu.is_some()).count() as u64;
     let all: Vec<usize> = forward.iter().flatten().copied().collect();
     let prep: Vec<usize> = prep_samples.iter().flatten().copied().collect();
-    // (prep, of all) forward samples, and (prep, of all) off-CPU forward samples.
-    let ((p, n), (op, oall)) = (
-        (prep.len() as u64, all.len() as u64),
-        (off(&prep), off(&all)),
-    );
-    if p == 0 {
+    pool.prep += prep.len() as u64;
+    pool.all += all.len() as u64;
+    pool.prep_off += off(&prep);
+    pool.all_off += off(&all);
+    // (prep, of all) forward samples, and (prep, of all) off-CPU forward samples, pooled.
+    let ((p, n), (op, oall)) = ((pool.prep, pool.all), (pool.prep_off, pool.all_off));
+    if p == 0 || !pool.model_seen {
         return;
     }
     let (fw, iw) = (Phase::Forward.index(), Phase::InputWait.index());

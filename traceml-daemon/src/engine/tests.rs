@@ -2015,3 +2015,55 @@ fn a_periodic_sampler_moves_augmentation_without_bias() {
         "input {input:.1} ns a step, truth 630"
     );
 }
+
+/// 26 steps of 100 ms, so three harvests (the engine harvests every 2 s of stream time and at
+/// the end): a fetch (5 ms), the user's augmentation (75 ms), the model (8 ms), backward,
+/// optimizer. The sampler (every 10 ms) lands once a step in the model until 2 s, never after:
+/// the last harvest's steps alone would find no model and move nothing. They move the share
+/// pooled over the run, as the earlier steps do.
+#[test]
+fn the_last_harvest_moves_the_share_pooled_over_the_run() {
+    const MS: u64 = 1_000_000;
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    let site = "/venv/lib/python3.11/site-packages";
+    let mut t = Trace::new();
+    t.detach(0)
+        .func(0, "<module>", "/home/u/train.py")
+        .func(1, "train", "/home/u/train.py")
+        .func(2, "augment", "/home/u/train.py")
+        .func(
+            3,
+            "Module._call_impl",
+            &format!("{site}/torch/nn/modules/module.py"),
+        );
+    const STEPS: u64 = 26;
+    for k in 1..=STEPS {
+        let b = k * 100 * MS;
+        t.rec(b, PID, dl).rec_end(b + 5 * MS, PID);
+        for s in 1..=7 {
+            t.stack(b + s * 10 * MS, &[0, 1, 2]);
+        }
+        if b < 2_000 * MS {
+            t.stack(b + 85 * MS, &[0, 1, 3]);
+        }
+        t.call(b + 88 * MS, PID, Api::TorchBackward)
+            .ret(b + 95 * MS, PID, Api::TorchBackward);
+        t.rec(b + 96 * MS, PID, OPT_REC).rec_end(b + 99 * MS, PID);
+    }
+    let end = (STEPS + 1) * 100 * MS;
+    t.rec(end, PID, dl).rec_end(end + 5 * MS, PID);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len() as u64, STEPS, "{:?}", out.steps);
+    // Pooled: 7 of each step's 8 forward samples until 2 s, 7 of 7 after: 7/8 of the 83 ms
+    // forward span moves in the steps before (10.4 ms left), 182/201 in the last harvest's
+    // (7.9 ms left; truth: 8 ms). Each harvest's own share would leave all 83 ms there.
+    for s in &out.steps {
+        let fwd = s.phase(Phase::Forward) as f64 / MS as f64;
+        assert!(
+            (7.0..=11.0).contains(&fwd),
+            "step {} at {} ms: forward {fwd:.1} ms, truth 8 (the pooled share leaves 7.9-10.4)",
+            s.index,
+            s.start_ns / MS
+        );
+    }
+}
