@@ -3,7 +3,11 @@
 //! summary's per-phase means (exclusive times that sum to the step), writes [`WhatIf`]s.
 //!
 //! Floors, by phase (the mean step minus what falls):
-//! - `input_wait` → the DataLoader's own work on the training thread: its share of the phase's
+//! - `input_wait` → measured where the run has the answer: when at least [`READY_MIN_STEPS`]
+//!   and [`READY_MIN_SHARE`] of the kept steps found their batch ready (an input wait at most
+//!   [`READY_WAIT_SHARE`] of the mean wait: workers delivering in bursts), the median of those
+//!   steps is the step (compute after a long wait can run colder than compute back to back: a
+//!   floor taken from the waiting steps' compute would be too high). Else the DataLoader's own work on the training thread: its share of the phase's
 //!   stack samples in `torch/utils/data` (collate), at most the phase's on-CPU time, plus the
 //!   hand-over (`workers.profile.ipc`: reading and unpickling the workers' batches), which stays
 //!   when the batch is ready; without samples → 0, an upper bound. Where the hand-over limits the
@@ -31,6 +35,13 @@ pub const MAX_WHAT_IFS: usize = 3;
 pub const BLOCKED_SHARE: f64 = 0.5;
 /// Gains below this throughput factor are not worth a line (a 10 % gain).
 pub const MIN_FACTOR: f64 = 1.1;
+/// A step found its batch ready when its input wait was at most this share of the run's mean
+/// input wait per step.
+pub const READY_WAIT_SHARE: f64 = 0.1;
+/// Fewest kept steps, and least share of them, that found their batch ready for the input
+/// what-if to be measured on them rather than modelled.
+pub const READY_MIN_STEPS: usize = 8;
+pub const READY_MIN_SHARE: f64 = 0.1;
 
 /// The what-ifs of `s`: the cause's first, then the largest gains.
 pub fn what_if(s: &Summary) -> Vec<WhatIf> {
@@ -63,6 +74,12 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
     } else {
         None
     };
+    if p == Phase::InputWait
+        && handover.is_none()
+        && let Some(w) = ready_steps(s, step, mean)
+    {
+        return Some(w);
+    }
     let (to, left, assumption) = match p {
         Phase::InputWait => input_floor(s, st, step, mean, handover),
         Phase::H2d => (
@@ -96,6 +113,47 @@ fn floor(s: &Summary, p: Phase, step: f64) -> Option<WhatIf> {
         step_ms_if: step_if,
         throughput_factor: step / step_if,
         assumption,
+        measured: None,
+    })
+}
+
+/// The input what-if measured on the run's own steps that found their batch ready (see the
+/// module's doc), `None` where too few did.
+fn ready_steps(s: &Summary, step: f64, mean: f64) -> Option<WhatIf> {
+    let ss = &s.step_samples;
+    let waits = &ss.phase_ms[Phase::InputWait];
+    let limit = mean * READY_WAIT_SHARE;
+    let ready: Vec<f64> = ss
+        .step_ms
+        .iter()
+        .zip(waits)
+        .filter(|&(_, &w)| w <= limit)
+        .map(|(&t, _)| t)
+        .collect();
+    let of = ss.step_ms.len().min(waits.len());
+    let need = READY_MIN_STEPS.max((of as f64 * READY_MIN_SHARE).ceil() as usize);
+    if ready.len() < need {
+        return None;
+    }
+    let step_if = crate::stats::median(&ready)?.max(step * 1e-3);
+    let sampled = if ss.stride > 1 { " sampled" } else { "" };
+    Some(WhatIf {
+        phase: Phase::InputWait,
+        change: "input_wait → a ready batch".to_owned(),
+        step_ms: step,
+        step_ms_if: step_if,
+        throughput_factor: step / step_if,
+        assumption: format!(
+            "measured: the median of the {} of {of}{sampled} steps whose batch was ready, \
+             input wait ≤ {}",
+            ready.len(),
+            crate::units::ms(Some(limit))
+        ),
+        measured: Some(crate::summary::MeasuredSteps {
+            steps: ready.len() as u64,
+            of: of as u64,
+            input_wait_max_ms: limit,
+        }),
     })
 }
 
@@ -320,6 +378,48 @@ mod tests {
         // The floor is never more than the phase's time on a CPU.
         s.phases.input_wait.cpu_ms = Some(input * 0.02);
         approx(what_if(&s)[0].step_ms_if, step - input + input * 0.02, 1e-6);
+    }
+
+    /// Workers delivering in pairs: every other step waits 78 ms, the next finds its batch
+    /// ready and takes 1.8 ms. The what-if is those steps' median, not the waiting steps'
+    /// compute; with too few ready steps it is modelled again.
+    #[test]
+    fn steps_that_found_their_batch_ready_measure_the_input_what_if() {
+        let mut s = testkit::summary(&testkit::input_bound());
+        let pairs = |s: &mut Summary, n: usize, ready: &dyn Fn(usize) -> bool| {
+            let ss = &mut s.step_samples;
+            ss.stride = 1;
+            ss.step_ms = (0..n)
+                .map(|k| {
+                    if ready(k) {
+                        1.8 + (k % 3) as f64 * 0.01
+                    } else {
+                        80.0
+                    }
+                })
+                .collect();
+            ss.phase_ms[Phase::InputWait] =
+                (0..n).map(|k| if ready(k) { 0.05 } else { 78.0 }).collect();
+        };
+        pairs(&mut s, 100, &|k| k % 2 == 1);
+        s.phases.input_wait.mean_ms = Some(39.0);
+        s.step_ms.mean = Some(40.9);
+        let w = what_if(&s);
+        assert_eq!(w[0].phase, Phase::InputWait, "{w:?}");
+        approx(w[0].step_ms_if, 1.81, 1e-9);
+        let m = w[0].measured.as_ref().expect("measured");
+        assert_eq!((m.steps, m.of), (50, 100));
+        approx(m.input_wait_max_ms, 3.9, 1e-9);
+        assert!(
+            w[0].assumption.contains("50 of 100 steps") && !w[0].assumption.contains("upper"),
+            "{w:?}"
+        );
+        // 7 ready steps of 100 (under READY_MIN_STEPS): the modelled floor.
+        pairs(&mut s, 100, &|k| k % 14 == 1);
+        let w = what_if(&s);
+        assert_eq!(w[0].phase, Phase::InputWait, "{w:?}");
+        assert!(w[0].measured.is_none(), "{w:?}");
+        approx(w[0].step_ms_if, 40.9 - 39.0, 1e-9);
     }
 
     fn with_handover(s: &mut Summary, ipc: f64, bound: crate::summary::PipelineBound) {

@@ -361,6 +361,10 @@ fn steps_info(
                 fetch_ms: ns_to_ms(f.fetch_ns),
             })
             .collect(),
+        framework: crate::summary::LoopFramework::of(items.iter().filter_map(|i| match i {
+            StreamItem::Func(f) => Some((f.function.as_str(), f.file.as_str())),
+            _ => None,
+        })),
     }
 }
 

@@ -4,6 +4,7 @@ use super::*;
 
 pub(super) fn input_next(s: &Summary, why: &mut String) -> String {
     let w = &s.workers;
+    let knobs = super::knobs::Knobs::of(s);
     let cores = s
         .system
         .num_cpus
@@ -17,7 +18,7 @@ pub(super) fn input_next(s: &Summary, why: &mut String) -> String {
     if let (Some(k), Some(p)) = (w.count.filter(|&k| k > 0), &w.profile)
         && (p.busy > 0.0 || p.bound == crate::summary::PipelineBound::Ipc)
     {
-        return pipeline_next(s, p, k, why);
+        return pipeline_next(s, p, k, why) + knobs.shards();
     }
     match (w.count, w.cpu_pct_one_core_mean, w.state) {
         (Some(0), _, _) => {
@@ -25,14 +26,15 @@ pub(super) fn input_next(s: &Summary, why: &mut String) -> String {
                 "; no DataLoader worker processes were seen: loading runs on the training thread",
             );
             let mut next = format!(
-                "set DataLoader(num_workers=N) so batches are prepared in parallel ({cores}, system CPU {})",
+                "set {} so batches are prepared in parallel ({cores}, system CPU {})",
+                knobs.workers("N"),
                 opt_pct(sys)
             );
             // Pinning only helps host-to-device copies: say it when there were some.
             if s.cuda.h2d_copies_per_step.is_some_and(|n| n > 0.0) {
-                next.push_str("; add pin_memory=True for the copies");
+                next.push_str(&format!("; add {} for the copies", knobs.pin()));
             }
-            next
+            next + knobs.shards()
         }
         (Some(k), Some(c), Some(WorkerState::Busy)) => {
             why.push_str(&format!(
@@ -47,31 +49,42 @@ pub(super) fn input_next(s: &Summary, why: &mut String) -> String {
                 )
             } else {
                 format!(
-                    "the {k} workers are CPU-bound: add workers ({cores}, system CPU {}) or move decoding \
-                     and augmentation off the CPU (GPU decoding, pre-processed data)",
+                    "the {k} workers are CPU-bound: more workers, {} ({cores}, system CPU {}), or \
+                     move decoding and augmentation off the CPU (GPU decoding, pre-processed data)",
+                    knobs.workers("N"),
                     opt_pct(sys)
-                )
+                ) + knobs.shards()
             }
         }
         (Some(k), Some(c), Some(WorkerState::Idle)) => {
             why.push_str(&format!(
                 "; {k} DataLoader workers were mostly idle ({c:.0}% of one core each)"
             ));
-            "the workers wait rather than compute: check storage read throughput (local disk, \
-             larger files/shards), raise prefetch_factor, use persistent_workers=True; large samples \
-             cost in IPC (return compact dtypes such as uint8)"
-                .to_owned()
+            format!(
+                "the workers wait rather than compute: check storage read throughput (local disk, \
+                 larger files/shards), raise {}, use {}; large samples cost in IPC (return \
+                 compact dtypes such as uint8)",
+                knobs.prefetch(),
+                knobs.persistent()
+            )
         }
         (Some(k), Some(c), _) => {
             why.push_str(&format!(
                 "; {k} DataLoader workers were {c:.0}% busy (of one core each)"
             ));
             format!(
-                "add workers ({cores}) and raise prefetch_factor; check storage read throughput"
-            )
+                "more workers, {} ({cores}), and a higher {}; check storage read throughput",
+                knobs.workers("N"),
+                knobs.prefetch()
+            ) + knobs.shards()
         }
-        _ => "increase DataLoader num_workers and prefetch_factor (worker CPU was not sampled)"
-            .to_owned(),
+        _ => {
+            format!(
+                "more workers, {}, and a higher {} (worker CPU was not sampled)",
+                knobs.workers("N"),
+                knobs.prefetch()
+            ) + knobs.shards()
+        }
     }
 }
 
@@ -251,6 +264,7 @@ fn cpu_next(
     f: Option<String>,
 ) -> String {
     let f = f.unwrap_or_else(|| "the dataset's code".into());
+    let knobs = super::knobs::Knobs::of(s);
     let (cores, sys) = (s.system.num_cpus, s.system.cpu_pct_mean);
     let saturated = sys.is_some_and(|c| c >= 85.0);
     let need = p
@@ -267,8 +281,9 @@ fn cpu_next(
         Some((b, c, (n, headroom))) if cores.is_none_or(|cores| headroom < cores) => {
             format!(
                 "the workers are CPU-bound in {f}: one batch takes {b:.0} ms of one core \
-                 and a step's own work is {c:.0} ms: num_workers ≥ {n}, {headroom} with \
-                 headroom (now {k}, {} cores)",
+                 and a step's own work is {c:.0} ms: {} keeps pace, {headroom} with headroom \
+                 (now {k}, {} cores)",
+                knobs.workers(&n.to_string()),
                 cores.map_or("?".into(), |c| c.to_string())
             )
         }
@@ -297,6 +312,7 @@ fn wait_next(
 ) -> String {
     use crate::summary::PipelineBound;
     let f = f.unwrap_or_else(|| "the dataset's code".into());
+    let knobs = super::knobs::Knobs::of(s);
     let read = p.reads_from.first().filter(|r| r.share >= READ_SHARE);
     let what = match read {
         Some(r) => reading_next(r),
@@ -322,8 +338,9 @@ fn wait_next(
         .and_then(|(b, c)| crate::pipeline::workers_needed(b, c).map(|n| (b, c, n)))
         .map(|(b, c, (n, headroom))| {
             format!(
-                "; a batch keeps a worker {b:.0} ms and a step's own work is {c:.0} ms: \
-                 num_workers ≥ {n}, {headroom} with headroom overlaps the waits (now {k})"
+                "; a batch keeps a worker {b:.0} ms and a step's own work is {c:.0} ms: {} \
+                 overlaps the waits, {headroom} with headroom (now {k})",
+                knobs.workers(&n.to_string())
             )
         })
         .unwrap_or_default();
@@ -357,12 +374,11 @@ fn input_off_loader(s: &Summary, why: &mut String) -> Option<String> {
              (thread {}: {} batches{each}){blocked}",
             f.tid, f.fetches
         ));
-        return Some(
-            "the feeder thread loads batches one at a time: give its DataLoader worker processes \
-             (num_workers=N) or feed the queue from several threads; the queue only hides the \
-             loading while it stays ahead"
-                .to_owned(),
-        );
+        return Some(format!(
+            "the feeder thread loads batches one at a time: give its DataLoader worker processes, \
+             {}, or feed the queue from several threads",
+            super::knobs::Knobs::of(s).workers("N")
+        ));
     }
     if s.steps.boundary == Some(Boundary::OptimizerStep) {
         why.push_str(&format!(
@@ -370,9 +386,9 @@ fn input_off_loader(s: &Summary, why: &mut String) -> Option<String> {
              DataLoader{place}{blocked}"
         ));
         return Some(
-            "prepare batches ahead: a Dataset whose __getitem__ builds one batch, in a DataLoader \
-             with num_workers=N (pin_memory for GPU copies), or a background thread that \
-             prefetches the next batch while this step computes"
+            "prepare the next batch while this step computes: a background thread or a \
+             DataLoader(num_workers=N) over a Dataset that builds one batch; keep the data \
+             in a memory-mapped array opened once"
                 .to_owned(),
         );
     }

@@ -24,6 +24,7 @@ use crate::summary::{Confidence, DiagnosisKind, Finding, Severity, Summary, Work
 use crate::units::{bytes_bin, bytes_dec, ms, pct};
 
 mod input;
+mod knobs;
 use input::input_next;
 pub use input::{READ_SHARE, pipeline_line, reading_said};
 
@@ -870,7 +871,12 @@ mod tests {
             "{}",
             f.why
         );
-        assert!(f.next.contains("add workers (16 cores"), "{}", f.next);
+        assert!(
+            f.next
+                .contains("more workers, DataLoader(num_workers=N) (16 cores"),
+            "{}",
+            f.next
+        );
         let mut idle = s.clone();
         idle.workers.state = Some(WorkerState::Idle);
         idle.workers.cpu_pct_one_core_mean = Some(12.0);

@@ -380,6 +380,7 @@ pub fn straggler_what_if(runs: &[RankRun], culprit: u32) -> Option<crate::summar
         step_ms_if: then,
         throughput_factor: now / then,
         assumption: "the others' wait for it goes; the job's communication itself stays".into(),
+        measured: None,
     })
 }
 

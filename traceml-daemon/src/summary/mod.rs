@@ -12,8 +12,10 @@ use crate::engine::Boundary;
 use crate::event::EndReason;
 use crate::phase::Phase;
 
+mod framework;
 mod jobs;
 mod system;
+pub use framework::*;
 pub use jobs::*;
 pub use system::*;
 
@@ -97,6 +99,20 @@ pub struct WhatIf {
     pub throughput_factor: f64,
     /// Why the figure is a bound: what it assumes.
     pub assumption: String,
+    /// Measured, not modelled: the run's own steps the figure is the median of (the steps that
+    /// found their batch ready, for `input_wait`). Absent for a modelled floor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<MeasuredSteps>,
+}
+
+/// The run's steps a what-if was measured on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredSteps {
+    /// How many of the kept steps (`step_samples`) qualified, and of how many.
+    pub steps: u64,
+    pub of: u64,
+    /// What qualified them: an input wait at most this long, ms.
+    pub input_wait_max_ms: f64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -363,6 +379,11 @@ pub struct StepsInfo {
     /// thread filling a queue the loop reads): the input side, like workers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub feeders: Vec<FeederStats>,
+    /// The training framework and dataset kind the sampled stacks show (what the advice is
+    /// said in). Absent for a plain loop over a map-style dataset (the default), and in
+    /// summaries from before it was read.
+    #[serde(default, skip_serializing_if = "LoopFramework::is_plain")]
+    pub framework: LoopFramework,
 }
 
 /// A thread that fetches batches for the training thread.
