@@ -163,6 +163,8 @@ struct Extra {
     /// innermost Python frame: `get_batch` sleeps in itself; `q.get()` waits in
     /// `Condition.wait`): the first of `input_wait.blocked_in`.
     blocked_in: Option<&'static str>,
+    /// Words the Next line must hold (docs/advice.md's row for the loop's shape).
+    next_says: &'static [&'static str],
 }
 
 fn check_mode(mode: &'static str, extra: Extra) {
@@ -364,6 +366,10 @@ fn check_mode(mode: &'static str, extra: Extra) {
             ),
         );
     }
+    let next = s["primary_diagnosis"]["next"].as_str().unwrap_or("");
+    for w in extra.next_says {
+        c.check(next.contains(w), format!("Next says {w:?}: {next}"));
+    }
     if let Some(want) = t["worker_processes"].as_u64() {
         // The workload's own count of DataLoader worker processes; its other children
         // (compile's g++) are not workers.
@@ -414,6 +420,7 @@ fn nanogpt_get_batch_without_a_dataloader() {
         "get_batch",
         Extra {
             blocked_in: Some("get_batch"),
+            next_says: &["background thread", "memory-mapped array"],
             ..Extra::default()
         },
     );

@@ -21,6 +21,9 @@ const FRAMEWORK_PINS: [&str; 3] = [
     "accelerate==1.15.0",
     "pytorch-lightning==2.6.6",
 ];
+/// Added to the torch virtualenv without rebuilding it (pip resolves them against what is
+/// there): Hugging Face `datasets`, for the Trainer over a streaming `IterableDataset`.
+const FRAMEWORK_EXTRAS: [&str; 1] = ["datasets==5.2.0"];
 const CUDART_PIN: &str = "nvidia-cuda-runtime==13.2.86";
 /// zig from PyPI (the `ziglang` wheel) as the linker of the shipped binary, through
 /// cargo-zigbuild: it links against glibc 2.28's symbol versions (`elfneeds::GLIBC_MAX`).
@@ -273,7 +276,8 @@ fn torch_venv() -> anyhow::Result<()> {
         || {
             let mut pins = vec![TORCH_PIN, NUMPY_PIN];
             pins.extend(FRAMEWORK_PINS);
-            venv("torch", &pins).map(|_| ())
+            let py = venv("torch", &pins)?;
+            venv_extras(&py, &FRAMEWORK_EXTRAS)
         },
     )
 }
@@ -377,6 +381,32 @@ fn venv(name: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
     run(&mut pip)?;
     std::fs::write(&stamp, want).context("writing the venv stamp")?;
     Ok(py)
+}
+
+/// Installs `packages` into the virtualenv of `py` unless its extras stamp lists them already:
+/// packages added after a venv was cached, without rebuilding it.
+fn venv_extras(py: &Path, packages: &[&str]) -> anyhow::Result<()> {
+    let stamp = py
+        .parent()
+        .and_then(Path::parent)
+        .context("venv of the interpreter")?
+        .join(".traceml-extras");
+    let want = packages.join("\n");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
+        return Ok(());
+    }
+    let mut pip = Command::new(py);
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ])
+    .args(packages);
+    eprintln!("xtask setup: $ {} (once)", show(&pip));
+    run(&mut pip)?;
+    std::fs::write(&stamp, want).context("writing the extras stamp")
 }
 
 /// Environment the tests and the demo read to find what setup prepared.

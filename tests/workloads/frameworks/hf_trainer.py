@@ -1,9 +1,12 @@
 """Real-framework workload: Hugging Face `Trainer` fine-tuning a tiny BERT classifier on CPU.
 
-Usage: python hf_trainer.py [--mode compute|input|accum|eval] [--steps N] [--ready FILE]
+Usage: python hf_trainer.py [--mode compute|input|input_iterable|accum|eval] [--steps N] [--ready FILE]
                             [--truth FILE] [--steps-log FILE] [--threads N]
   --mode compute: data in memory, forward + backward + optimizer dominate (COMPUTE-BOUND expected)
   --mode input:   Dataset.__getitem__ sleeps, so ~60 % of a step waits for input (INPUT-BOUND)
+  --mode input_iterable: the same data as a Hugging Face `datasets` IterableDataset (one shard,
+                  `to_iterable_dataset`) whose `.map()` "tokenizer" sleeps 10 ms an example, as a
+                  streaming dataset's preprocessing does (INPUT-BOUND)
   --mode accum:   compute, with gradient_accumulation_steps=4 (a step is 4 micro-batches)
   --mode eval:    compute, with eval_strategy="steps" every 10 steps over 64 evaluation samples
                   whose __getitem__ sleeps 5 ms (evaluation is about half the wall time; the
@@ -41,6 +44,9 @@ CONFIGS = {
                     vocab=1000, getitem_ns=0, max_grad_norm=0.0, verdict="compute_bound"),
     "input": dict(steps=40, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
                   vocab=1000, getitem_ns=10 * MS, max_grad_norm=0.0, verdict="input_bound"),
+    "input_iterable": dict(steps=40, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2,
+                           intermediate=512, vocab=1000, getitem_ns=10 * MS, max_grad_norm=0.0,
+                           verdict="input_bound", iterable=True),
     "accum": dict(steps=40, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
                   vocab=1000, getitem_ns=0, max_grad_norm=0.0, verdict="compute_bound", accum=4),
     "eval": dict(steps=60, batch_size=8, seq_len=96, hidden=128, layers=2, heads=2, intermediate=512,
@@ -51,7 +57,7 @@ POOL = 64  # distinct synthetic items; item i is POOL item i % POOL (long runs n
 
 
 def main():
-    a = truthlib.parse("HF Trainer on a tiny BERT (CPU)", ["compute", "input", "accum", "eval"],
+    a = truthlib.parse("HF Trainer on a tiny BERT (CPU)", list(CONFIGS),
                        {k: v["steps"] for k, v in CONFIGS.items()})
     cfg = dict(CONFIGS[a.mode], steps=a.steps, threads=a.threads)
     truthlib.offline_env()
@@ -92,6 +98,18 @@ def main():
 
     accum = cfg.get("accum", 1)
     dataset = SyntheticDataset(cfg["steps"] * cfg["batch_size"] * accum, cfg["getitem_ns"])
+    if cfg.get("iterable"):
+        import datasets
+        base = SyntheticDataset(cfg["steps"] * cfg["batch_size"] * accum, 0)
+        rows = [base[i] for i in range(len(base))]
+        table = datasets.Dataset.from_dict(
+            {k: [r[k].tolist() for r in rows] for k in ("input_ids", "attention_mask", "labels")})
+
+        def tokenize(example):
+            time.sleep(cfg["getitem_ns"] / 1e9)
+            return example
+
+        dataset = table.to_iterable_dataset(num_shards=1).map(tokenize).with_format("torch")
     eval_dataset = (SyntheticDataset(cfg["eval_samples"], cfg["eval_getitem_ns"])
                     if cfg.get("eval_steps") else None)
 
@@ -159,7 +177,7 @@ def main():
                            data_collator=collate, callbacks=[StepClock()])
     model.zero_grad = clock.timed("zero_grad", model.zero_grad)
     # Warm up outside the measured run (first-call allocations, lazy init of the kernels).
-    warm = collate([dataset[i] for i in range(cfg["batch_size"])])
+    warm = collate([SyntheticDataset(cfg["batch_size"], 0)[i] for i in range(cfg["batch_size"])])
     model(**warm).loss.backward()
     model.zero_grad()
     clock.spans.clear()
@@ -167,6 +185,9 @@ def main():
 
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "accelerate": accelerate.__version__}
+    if cfg.get("iterable"):
+        import datasets
+        versions["datasets"] = datasets.__version__
     scenario = "hf_trainer_" + a.mode
     truthlib.start_line(scenario, **versions)
     truthlib.wait_ready(a.ready)

@@ -8,11 +8,15 @@ Usage: python plain_loop.py [--mode MODE] [--steps N] [--ready FILE]
                          batches of slow data (__getitem__ sleeps 1 ms per item)
   --mode evalmode_eval:  the same evaluation with only `model.eval()` (autograd on, no backward)
   --mode workers_sleep:  input-bound: a small model (~2 ms of compute a step) behind a
-                         DataLoader with 2 worker processes whose __getitem__ sleeps 2 ms an item
-                         (~130 ms a batch a worker): the workers deliver in pairs, so about every
-                         other step waits ~130 ms / 2 and the next finds its batch ready
+                         DataLoader with 2 worker processes whose __getitem__ sleeps 128 ms on a
+                         batch's first item (a shard read): the workers deliver in pairs, so
+                         about every other step waits and the next finds its batch ready
   --mode in_memory:      workers_sleep's fix: the same model over the same batches, built in
                          memory before the loop (no DataLoader)
+  --mode accelerate:     input-bound: the loop around Hugging Face accelerate (Accelerator on
+                         CPU; model, optimizer and a single-process DataLoader whose
+                         __getitem__ sleeps 1 ms an item through accelerator.prepare, the
+                         backward through accelerator.backward)
 The first three are compute-bound in their training steps. Truth format: tests/README.md.
 
 Truth clocks (all from this script, CLOCK_MONOTONIC):
@@ -36,8 +40,11 @@ CONFIGS = {
     "nograd_eval": dict(steps=60, accum=1, eval_every=10, no_grad=True),
     "evalmode_eval": dict(steps=60, accum=1, eval_every=10, no_grad=False),
     "workers_sleep": dict(steps=80, accum=1, eval_every=0, workers=2, getitem_ns=2 * MS,
-                          hidden=256, layers=2, verdict="input_bound"),
-    "in_memory": dict(steps=600, accum=1, eval_every=0, in_memory=True, hidden=256, layers=2),
+                          sleep_per_batch=True,
+                          hidden=512, layers=2, verdict="input_bound"),
+    "in_memory": dict(steps=600, accum=1, eval_every=0, in_memory=True, hidden=512, layers=2),
+    "accelerate": dict(steps=40, accum=1, eval_every=0, getitem_ns=MS, accelerate=True,
+                       verdict="input_bound"),
 }
 BATCH, FEATURES, HIDDEN, LAYERS = 64, 256, 1024, 4
 EVAL_BATCHES, EVAL_BATCH, EVAL_GETITEM_NS = 6, 32, 1 * MS
@@ -68,7 +75,11 @@ def main():
             return self.n
 
         def __getitem__(self, i):
-            if self.getitem_ns:
+            if self.getitem_ns and cfg.get("sleep_per_batch"):
+                # One wait a batch (a shard read), on its first item.
+                if i % BATCH == 0:
+                    time.sleep(self.getitem_ns * BATCH / 1e9)
+            elif self.getitem_ns:
                 time.sleep(self.getitem_ns / 1e9)
             return self.x[i % POOL], self.y[i % POOL]
 
@@ -104,6 +115,12 @@ def main():
         model.train()
         clock.span("evaluation", t0, now())
 
+    backward = lambda loss: loss.backward()  # noqa: E731
+    if cfg.get("accelerate"):
+        import accelerate
+        accelerator = accelerate.Accelerator(cpu=True)
+        model, opt, train = accelerator.prepare(model, opt, train)
+        backward = accelerator.backward
     scenario = "plain_loop_" + a.mode
     truthlib.start_line(scenario, torch=torch.__version__)
     truthlib.wait_ready(a.ready)
@@ -120,7 +137,7 @@ def main():
             loss = lossf(model(x), y) / cfg["accum"]
             t1 = now()
             clock.span("forward", t0, t1)
-            loss.backward()
+            backward(loss)
             clock.span("backward", t1, now())
         t0 = now()
         opt.step()
