@@ -327,6 +327,66 @@ fn serve_attaches_again_after_an_exec_in_a_new_directory() {
     stop(serve);
 }
 
+/// A launcher's child caught between its fork and its exec is the launcher's copy (same
+/// command line: a worker to the policy); once it execs the training program (same pid, same
+/// start time) serve decides on it again and attaches (a torchrun restart's rank was missed
+/// this way). The workload forks, pauses 1 s (five scans) and execs; its truth counts the
+/// child's steps.
+#[test]
+fn serve_attaches_a_child_caught_before_its_exec() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = scratch("serve-fork-exec");
+    let state = dir.join("state");
+    let ready = dir.join("ready");
+    let steps = 150u32;
+    let serve = serve_until_ready(
+        Command::new(daemon()),
+        &state,
+        &ready,
+        &[
+            "--scan-interval",
+            "0.2",
+            "--include",
+            &format!("*input_bound_single.py --steps {steps} *"),
+        ],
+        None,
+    );
+    let truth = dir.join("truth.json");
+    let mut job = Proc(
+        faketorch_workload("fork_exec.py")
+            .args(["--steps", &steps.to_string(), "--pause", "1.0", "--truth"])
+            .arg(&truth)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the workload"),
+    );
+    assert!(job.0.wait().unwrap().success(), "the workload failed");
+    let child = json(&truth)["pid"].as_u64().expect("the child's pid");
+    let found = || -> Option<PathBuf> {
+        std::fs::read_dir(&state)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().contains(&format!("-{child}-")))
+            .filter(|p| p.join("final_summary.json").exists())
+    };
+    wait_for("the child's final summary", Duration::from_secs(15), || {
+        found().is_some()
+    });
+    let s = summary(&found().unwrap());
+    let count = s["steps"]["count"].as_u64().unwrap();
+    // Attached within a scan or two of the exec: most of its ~5 s of steps.
+    assert!(
+        count <= u64::from(steps) && count >= u64::from(steps) / 3,
+        "{count} steps of {steps}"
+    );
+    assert_eq!(s["primary_diagnosis"]["kind"], truth_kind(&truth), "{s:#}");
+    stop(serve);
+}
+
 /// One precedence rule and distinct exit codes (issue 24): a flag wins over the config file's
 /// key; a bad value is refused wherever it came from (2, naming where); without root or the
 /// capabilities serve stops before it serves (4), not with the 2 of a bad argument.

@@ -248,8 +248,8 @@ fn ipc_next(s: &Summary, p: &crate::summary::WorkerProfile, f: Option<String>) -
         .unwrap_or_default();
     format!(
         "the workers finish first: {:.0}% of the input wait{cost} is this process taking \
-         their batches over, in {f}: return tensors or compact bytes, not objects that \
-         rebuild on arrival; do that work in the workers (__getitem__ or collate_fn); \
+         their batches over, in {f}; return tensors or compact bytes, not objects that \
+         rebuild on arrival: do that work in the workers (__getitem__ or collate_fn); \
          more workers will not help",
         ipc * 100.0
     )

@@ -150,6 +150,17 @@ fn labeled(out: &mut Lines, label: &str, text: &str) {
     }
 }
 
+/// `text` as an item of a list under a label: "· " first, its wrapped lines under its text.
+fn bullet(out: &mut Lines, text: &str) {
+    for (i, line) in wrap_safe(text, out.width - LABEL - 2)
+        .into_iter()
+        .enumerate()
+    {
+        let mark = if i == 0 { "· " } else { "  " };
+        out.push(format!("{:LABEL$}{mark}{line}", ""));
+    }
+}
+
 /// Model text wrapped to `width` columns for the card. The model holds names read from the
 /// target (functions, files, command line, libraries, notes that quote them): control and escape
 /// characters are written visibly ([`terminal`]) and a word longer than a line is cut with a
@@ -324,16 +335,51 @@ fn verdict(s: &Summary, p: &Painter, out: &mut Lines) {
         p.severity(d.severity, d.severity.as_str()),
         d.confidence.as_str()
     ));
-    labeled(out, "Why", &d.why);
-    labeled(out, "Next", &d.next);
+    labeled_clauses(out, "Why", &d.why);
+    labeled_clauses(out, "Next", &d.next);
     for (i, w) in s.what_if.iter().enumerate() {
         let label = if i == 0 { "What if" } else { "" };
-        labeled(
-            out,
-            label,
-            &format!("{} ({})", crate::whatif::sentence(w), w.assumption),
-        );
+        labeled(out, label, &crate::whatif::sentence(w));
+        for c in clauses(&w.assumption) {
+            bullet(out, c);
+        }
     }
+}
+
+/// `label`, then `text` one clause per item (split at its top-level "; "): the first on the
+/// label's line, each other on a line of its own after "· ", so that no item of the verdict
+/// block runs into a paragraph.
+fn labeled_clauses(out: &mut Lines, label: &str, text: &str) {
+    for (i, c) in clauses(text).into_iter().enumerate() {
+        if i == 0 {
+            labeled(out, label, c);
+        } else {
+            bullet(out, c);
+        }
+    }
+}
+
+/// `text` split at each "; " outside parentheses, the parts trimmed, empty ones dropped.
+pub(crate) fn clauses(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    let bytes = text.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b';' if depth <= 0 && bytes.get(i + 1) == Some(&b' ') => {
+                out.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&text[start..]);
+    out.into_iter()
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
 }
 
 fn timing(s: &Summary, p: &Painter, out: &mut Lines) {

@@ -149,8 +149,10 @@ struct HeldJob {
 #[derive(Default)]
 struct Node {
     targets: HashMap<u32, Target>,
-    /// The policy's decision per (pid, start time), logged once.
-    decided: HashMap<(u32, u64), AttachDecision>,
+    /// The policy's decision per (pid, start time), logged once, with the command line it was
+    /// made on: a process caught between its fork and its exec (a launcher's child, still the
+    /// launcher's copy) is decided on again once its command line is the program's.
+    decided: HashMap<(u32, u64), (AttachDecision, Option<Vec<u8>>)>,
     /// Processes attached once (a run that ended is not restarted on the same process, unless
     /// it ended because the process exec'd: its new program is looked at again).
     attached: std::collections::HashSet<(u32, u64)>,
@@ -342,9 +344,10 @@ impl NodeScan<'_> {
         };
         let me = std::process::id();
         node.forget(&all.iter().copied().collect());
-        // Read once per scan, and only for processes not settled yet: an attached target, a
-        // process decided on (worker, launcher, excluded, opted out: until SIGHUP) or one that
-        // runs no Python costs a read of /proc/<pid>/stat per scan, not of its maps.
+        // Read once per scan, and only for processes not settled yet: an attached target or
+        // one that runs no Python costs a read of /proc/<pid>/stat per scan, a process decided
+        // on (worker, launcher, excluded, opted out: until SIGHUP or its exec) that and its
+        // cmdline, not its maps.
         let mut infos: HashMap<u32, Option<ProcFacts>> = HashMap::new();
         let now = Instant::now();
         for &pid in &all {
@@ -367,10 +370,15 @@ impl NodeScan<'_> {
         start: u64,
         now: Instant,
     ) -> Option<ProcFacts> {
-        if node.targets.get(&pid).is_some_and(|t| t.start == start)
-            || node.decided.contains_key(&(pid, start))
-        {
+        if node.targets.get(&pid).is_some_and(|t| t.start == start) {
             return None;
+        }
+        if let Some((_, cmdline)) = node.decided.get(&(pid, start)) {
+            if crate::host::procinfo::cmdline(pid) == *cmdline {
+                return None;
+            }
+            // It exec'd since (same pid, same start time): a new program to decide on.
+            node.decided.remove(&(pid, start));
         }
         if let Some((exe, until)) = node.not_python.get(&(pid, start))
             && now < *until
@@ -397,7 +405,13 @@ impl NodeScan<'_> {
         if d == AttachDecision::NotTraining {
             return None;
         }
-        if node.decided.insert((pid, start), d.clone()).is_none() && d != AttachDecision::Attach {
+        let cmdline = crate::host::procinfo::cmdline(pid);
+        if node
+            .decided
+            .insert((pid, start), (d.clone(), cmdline))
+            .is_none()
+            && d != AttachDecision::Attach
+        {
             match &d {
                 AttachDecision::OptedOut => {
                     tracing::info!("pid {pid} opted out (TRACEML_DISABLE): not attached")
