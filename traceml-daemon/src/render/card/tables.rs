@@ -89,6 +89,7 @@ pub(crate) struct CodeSite {
     pub(crate) file: String,
     /// A function's first line; a wait's line, where read.
     pub(crate) line: Option<u32>,
+    pub(crate) samples: u64,
     /// A wait's kind and CUDA function ("sync", "cudaStreamSynchronize").
     pub(crate) wait: Option<(&'static str, String)>,
 }
@@ -168,6 +169,7 @@ pub(crate) fn code_groups(s: &Summary) -> Vec<CodeGroup> {
                         function: t.function.clone(),
                         file: t.file.clone(),
                         line: Some(t.line),
+                        samples: t.samples,
                         wait: None,
                     })
                     .collect(),
@@ -208,6 +210,7 @@ fn wait_group(s: &Summary) -> Option<CodeGroup> {
                 function: w.function.clone(),
                 file: w.file.clone(),
                 line: w.line,
+                samples: w.samples,
                 wait: Some((w.kind.said(), w.api.clone())),
             })
             .collect(),
