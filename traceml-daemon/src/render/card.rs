@@ -382,18 +382,7 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
             "—"
         }
     ));
-    // Step times in separate groups: the median describes no step; each group does.
-    if let [slow, fast] = s.step_ms.groups.as_slice() {
-        out.push(format!(
-            "  in 2 groups: {} × {} and {} × {} (no step between {} and {})",
-            slow.count,
-            ms(Some(slow.typical_ms)),
-            fast.count,
-            ms(Some(fast.typical_ms)),
-            ms(Some(fast.max_ms)),
-            ms(Some(slow.min_ms)),
-        ));
-    }
+    step_groups(s, out);
     let d = &s.primary_diagnosis;
     let shown = s.shown_phases();
     for (i, &phase) in shown.iter().enumerate() {
@@ -453,6 +442,32 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
     }
     if let Some(text) = cuda_text(s) {
         labeled(out, "CUDA", &text);
+    }
+}
+
+/// Step times in separate groups: the median describes no step; each group does.
+fn step_groups(s: &Summary, out: &mut Lines) {
+    let [slow, fast] = s.step_ms.groups.as_slice() else {
+        return;
+    };
+    let groups = format!(
+        "  in 2 groups: {} × {} and {} × {}",
+        slow.count,
+        ms(Some(slow.typical_ms)),
+        fast.count,
+        ms(Some(fast.typical_ms)),
+    );
+    let gap = format!(
+        "(no step between {} and {})",
+        ms(Some(fast.max_ms)),
+        ms(Some(slow.min_ms)),
+    );
+    // The gap on a line of its own where the card is narrow.
+    if text::width(&groups) + 1 + text::width(&gap) <= out.width {
+        out.push(format!("{groups} {gap}"));
+    } else {
+        out.push(groups);
+        out.push(format!("    {gap}"));
     }
 }
 
@@ -844,6 +859,19 @@ mod tests {
             ),
             "{text}"
         );
+        // Where the line is wider than the card, the gap goes on a line of its own.
+        assert!(card_at(&s, false, MIN_WIDTH).contains("20.0 ms (no step between"));
+        s.step_ms.groups[0].count = 2000;
+        s.step_ms.groups[1].count = 2000;
+        let narrow = card_at(&s, false, MIN_WIDTH);
+        check_width_at(&narrow, MIN_WIDTH);
+        assert!(
+            narrow.contains(
+                "  in 2 groups: 2000 × 110 ms and 2000 × 20.0 ms\n    (no step between 20.0 ms and 108 ms)"
+            ),
+            "{narrow}"
+        );
+        assert!(card(&s, false).contains("20.0 ms (no step between"));
         s.step_ms.groups.clear();
         assert!(!card(&s, false).contains("in 2 groups"));
     }
