@@ -1,7 +1,9 @@
 //! The HTML report (`final_report.html`): one self-contained page with the verdict card, step
-//! time, for a multi-rank job the ranks (table, own work against collective wait, the stacks of
-//! a hang), phase shares and memory over the run as inline SVG ([`super::svg`]), the code inside
-//! the residual (and the primary finding's phase), data quality and the daemon's own cost.
+//! time and the training thread's time in each phase (the card's THREAD table), for a
+//! multi-rank job the ranks (table, own work against collective wait, the stacks of a hang),
+//! phase shares and memory over the run as inline SVG ([`super::svg`]), the code inside the
+//! residual and the primary finding's phase (the card's CODE table), data quality and the
+//! daemon's own cost.
 //!
 //! Self-contained: inline CSS, inline SVG, no script, no external resource, and a
 //! Content-Security-Policy that forbids loading any (`default-src 'none'`), so opening it makes no
