@@ -1184,14 +1184,20 @@ mod tests {
         );
     }
 
-    /// A name longer than the card is shortened in the middle: the path's start and the
-    /// function's end stay, and the share stays on its row.
+    /// A name longer than the card is shortened in the middle: the file and the function's
+    /// start and end stay (the whole name's start and end, where the file alone is too long),
+    /// and the share stays on its row.
     #[test]
     fn long_names_are_shortened_in_the_middle() {
         let mut s = testkit::with_thread_and_stacks(testkit::summary(&testkit::input_bound()));
         let long = format!("Trainer.{}inner_step", "<locals>.wrapper.".repeat(8));
         let file = format!("/srv/{}loop.py", "very_long_directory_name/".repeat(6));
-        s.phases.input_wait.top_functions = vec![testkit::top_function(&long, &file, 0.42)];
+        let wide_file = format!("/srv/{}/recipes.py", "d".repeat(120));
+        s.phases.input_wait.top_functions = vec![
+            testkit::top_function(&long, &file, 0.42),
+            testkit::top_function("tok", &wide_file, 0.21),
+        ];
+        let wide = format!("{}:tok", crate::profile::short_file(&wide_file));
         s.phases.input_wait.blocked_in = vec![testkit::top_function(&long, &file, 0.8)];
         let whole = format!("{}:{long}", crate::profile::short_file(&file));
         for width in [WIDTH, MIN_WIDTH] {
@@ -1206,8 +1212,22 @@ mod tests {
             let name = row.strip_prefix("            42%  ").expect(row);
             let (head, tail) = name.split_once('…').unwrap();
             assert!(whole.starts_with(head) && whole.ends_with(tail), "{row}");
-            assert!(head.starts_with("very_long_directory_name/loop.p"), "{row}");
-            assert!(tail.ends_with("wrapper.inner_step"), "{row}");
+            // The file whole, the function's start and end.
+            assert!(
+                head.starts_with("very_long_directory_name/loop.py:Trainer."),
+                "{row}"
+            );
+            assert!(tail.ends_with(".inner_step"), "{row}");
+            // A file wider than the card: the whole name shortened in the middle.
+            let row = code
+                .iter()
+                .find(|l| l.starts_with("            21%"))
+                .unwrap();
+            let name = row.strip_prefix("            21%  ").unwrap();
+            let (head, tail) = name.split_once('…').expect(row);
+            assert!(wide.starts_with(head) && wide.ends_with(tail), "{row}");
+            assert!(head.len() > 20 && tail.ends_with(":tok"), "{row}");
+            assert_eq!(crate::text::width(row), width, "{row}");
             let thread = section(&text, "THREAD");
             let row = thread
                 .iter()

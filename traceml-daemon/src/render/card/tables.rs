@@ -21,6 +21,8 @@ const GAP: usize = 2;
 const ROW_INDENT: usize = 2;
 /// Width of the CODE table's share column ("share", "100%").
 const SHARE: usize = 5;
+/// The fewest columns a function shortened alone keeps ([`CodeSite::shortened`]).
+const MIN_FUNCTION: usize = 16;
 
 /// One phase of the THREAD table: the training thread's own time in it, in percent of the
 /// phase's mean (rounded).
@@ -98,21 +100,23 @@ impl CodeSite {
     /// "workloads/recipes.py:tok", or for a wait "train.py:88 in main (sync:
     /// cudaStreamSynchronize)": the whole name, as the card shows it where it fits.
     pub(crate) fn text(&self) -> String {
-        let (at, what) = self.parts();
-        format!("{at}{what}")
+        let [lead, function, trail] = self.parts();
+        format!("{lead}{function}{trail}")
     }
 
-    /// Where ("train.py:88 in main") and, for a wait, what (" (sync: cudaStreamSynchronize)").
-    fn parts(&self) -> (String, String) {
+    /// The file (and a wait's line) before the function ("train.py:88 in "), the function, and
+    /// for a wait what it waited in (" (sync: cudaStreamSynchronize)").
+    fn parts(&self) -> [String; 3] {
         let file = short_file(&self.file);
         match &self.wait {
-            None => (format!("{file}:{}", self.function), String::new()),
+            None => [format!("{file}:"), self.function.clone(), String::new()],
             Some((kind, api)) => {
                 let line = self.line.map_or(String::new(), |l| format!(":{l}"));
-                (
-                    format!("{file}{line} in {}", self.function),
+                [
+                    format!("{file}{line} in "),
+                    self.function.clone(),
                     format!(" ({kind}: {api})"),
-                )
+                ]
             }
         }
     }
@@ -122,20 +126,24 @@ impl CodeSite {
         format!("{:.0}%", self.share * 100.0)
     }
 
-    /// [`CodeSite::text`] for a terminal, at most `room` columns: shortened in the middle of
-    /// where it is, a wait's kind and CUDA function kept whole (unless they take half the room).
+    /// [`CodeSite::text`] for a terminal, at most `room` columns, shortened in the middle: of
+    /// the function, the file and the wait kept whole, where that leaves the function
+    /// [`MIN_FUNCTION`] columns; else of the file and function, the wait kept whole, where it
+    /// takes at most half the room; else of the whole.
     fn shortened(&self, room: usize) -> String {
         let whole = terminal(&self.text()).into_owned();
         if text::width(&whole) <= room {
             return whole;
         }
-        let (at, what) = self.parts();
-        let (at, what) = (terminal(&at), terminal(&what));
-        let kept = text::width(&what);
-        if kept * 2 <= room {
-            format!("{}{what}", middle(&at, room - kept))
+        let [lead, function, trail] = self.parts().map(|p| terminal(&p).into_owned());
+        let fixed = text::width(&lead) + text::width(&trail);
+        if fixed + MIN_FUNCTION <= room {
+            format!("{lead}{}{trail}", middle(&function, room - fixed))
+        } else if text::width(&trail) * 2 <= room {
+            let at = middle(&format!("{lead}{function}"), room - text::width(&trail));
+            format!("{at}{trail}")
         } else {
-            middle(&format!("{at}{what}"), room)
+            middle(&whole, room)
         }
     }
 }
