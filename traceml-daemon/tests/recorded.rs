@@ -42,7 +42,24 @@ fn cards_and_json_of_recorded_runs() {
         let s = summary(name);
         let mut card = Vec::new();
         render::render_card(&s, &mut card, false).unwrap();
-        insta::assert_snapshot!(format!("card_{name}"), String::from_utf8(card).unwrap());
+        let card = String::from_utf8(card).unwrap();
+        // Every line within the card's width, at 100 columns and at 80.
+        let over = render::lines_wider_than(&card, render::WIDTH);
+        assert!(
+            over.is_empty(),
+            "{name}: over {} columns: {over:#?}",
+            render::WIDTH
+        );
+        let mut narrow = Vec::new();
+        render::render_card_width(&s, &mut narrow, false, render::MIN_WIDTH).unwrap();
+        let narrow = String::from_utf8(narrow).unwrap();
+        let over = render::lines_wider_than(&narrow, render::MIN_WIDTH);
+        assert!(
+            over.is_empty(),
+            "{name}: over {} columns: {over:#?}",
+            render::MIN_WIDTH
+        );
+        insta::assert_snapshot!(format!("card_{name}"), card);
         let mut json = Vec::new();
         render::render_json(&s, &mut json).unwrap();
         let json = String::from_utf8(json).unwrap();

@@ -12,6 +12,7 @@ use unicode_width::UnicodeWidthChar;
 
 mod quality;
 mod ranks;
+pub(super) mod tables;
 use quality::{data_quality, overhead};
 use ranks::ranks;
 pub use ranks::{collective_waits_line, job_line, restarted, stragglers_line};
@@ -80,7 +81,7 @@ pub fn render_card_width(
         }
     }
     ranks(s, &mut out);
-    code(s, &mut out);
+    tables::code(s, &mut out);
     out.rule('─');
     data_quality(s, &p, &mut out);
     overhead(s, &mut out);
@@ -204,6 +205,13 @@ fn visible_len(s: &str) -> usize {
     n
 }
 
+/// The lines of a card wider than `width` columns (ANSI color takes none): none in a card that
+/// [`render_card_width`] wrote at that width. The card's tests, unit and on recorded runs, check
+/// with it.
+pub fn lines_wider_than(text: &str, width: usize) -> Vec<&str> {
+    text.lines().filter(|l| visible_len(l) > width).collect()
+}
+
 /// `s` padded with spaces to `width` visible columns.
 fn pad(s: &str, width: usize) -> String {
     format!("{s}{}", " ".repeat(width.saturating_sub(visible_len(s))))
@@ -215,6 +223,20 @@ fn cut(s: &str, max: usize) -> String {
     } else {
         format!("{}…", text::head(s, max - 1))
     }
+}
+
+/// `s` shortened in the middle to `max` columns, `…` where it was cut: a path's start and a
+/// function's name at its end both stay.
+fn middle(s: &str, max: usize) -> String {
+    if text::width(s) <= max {
+        return s.to_owned();
+    }
+    let Some(keep) = max.checked_sub(1) else {
+        return String::new();
+    };
+    let head = text::head(s, keep / 2);
+    let tail = text::tail(s, keep - text::width(head));
+    format!("{head}…{tail}")
 }
 
 fn header(s: &Summary, out: &mut Lines) {
@@ -406,18 +428,7 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
             "—"
         }
     ));
-    // Step times in separate groups: the median describes no step; each group does.
-    if let [slow, fast] = s.step_ms.groups.as_slice() {
-        out.push(format!(
-            "  in 2 groups: {} × {} and {} × {} (no step between {} and {})",
-            slow.count,
-            ms(Some(slow.typical_ms)),
-            fast.count,
-            ms(Some(fast.typical_ms)),
-            ms(Some(fast.max_ms)),
-            ms(Some(slow.min_ms)),
-        ));
-    }
+    step_groups(s, out);
     let d = &s.primary_diagnosis;
     let shown = s.shown_phases();
     for (i, &phase) in shown.iter().enumerate() {
@@ -471,9 +482,7 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
             ms(st.mean_ms)
         ));
     }
-    if let Some(text) = thread_text(s) {
-        labeled(out, "THREAD", &text);
-    }
+    tables::thread(s, out);
     if let Some(text) = evaluation_text(s) {
         labeled(out, "EVAL", &text);
     }
@@ -482,41 +491,30 @@ fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
     }
 }
 
-/// The training thread's own time in each shown phase: on its CPU, blocked (of which in
-/// uninterruptible I/O), waiting for a CPU. `None` without the thread-state source.
-fn thread_text(s: &Summary) -> Option<String> {
-    let parts: Vec<String> = s
-        .shown_phases()
-        .into_iter()
-        .filter_map(|phase| {
-            let st = &s.phases[phase];
-            let (mean, cpu, blocked) = (st.mean_ms?, st.cpu_ms?, st.blocked_ms?);
-            if mean < 0.05 {
-                return None;
-            }
-            let share = |v: f64| (v / mean * 100.0).round();
-            let io = st.io_ms.filter(|&v| share(v) >= 1.0);
-            let runq = st.runnable_ms.filter(|&v| share(v) >= 1.0);
-            // Where a fifth or more of the phase was blocked: the function it waited in.
-            let within = st
-                .blocked_in
-                .first()
-                .filter(|f| share(blocked) >= 20.0 && f.share >= 0.3)
-                .map(|f| format!(" in {} {}", f.function, pct(f.share)));
-            Some(format!(
-                "{} {:.0}% on CPU, {:.0}% blocked{}{}{}",
-                phase.name(),
-                share(cpu),
-                share(blocked),
-                within.unwrap_or_default(),
-                io.map(|v| format!(" ({:.0}% in I/O)", share(v)))
-                    .unwrap_or_default(),
-                runq.map(|v| format!(", {:.0}% waiting for a CPU", share(v)))
-                    .unwrap_or_default()
-            ))
-        })
-        .collect();
-    (!parts.is_empty()).then(|| format!("training thread: {}", parts.join(" · ")))
+/// Step times in separate groups: the median describes no step; each group does.
+fn step_groups(s: &Summary, out: &mut Lines) {
+    let [slow, fast] = s.step_ms.groups.as_slice() else {
+        return;
+    };
+    let groups = format!(
+        "  in 2 groups: {} × {} and {} × {}",
+        slow.count,
+        ms(Some(slow.typical_ms)),
+        fast.count,
+        ms(Some(fast.typical_ms)),
+    );
+    let gap = format!(
+        "(no step between {} and {})",
+        ms(Some(fast.max_ms)),
+        ms(Some(slow.min_ms)),
+    );
+    // The gap on a line of its own where the card is narrow.
+    if text::width(&groups) + 1 + text::width(&gap) <= out.width {
+        out.push(format!("{groups} {gap}"));
+    } else {
+        out.push(groups);
+        out.push(format!("    {gap}"));
+    }
 }
 
 /// The evaluation line: segments, batches, wall time and its share, and the phases that fill
@@ -777,53 +775,6 @@ fn system(s: &Summary, p: &Painter, out: &mut Lines) {
     }
 }
 
-/// The smallest `gpu_wait` share whose lines the CODE section shows (below it the waits cost
-/// little, whatever their line).
-const WAIT_LINES_SHARE: f64 = 0.05;
-
-/// Where the time goes in code: the residual and the primary finding's phase, from the stack
-/// samples (nothing without them), and where the GPU waits, by line, when it waits for
-/// [`WAIT_LINES_SHARE`] of the step or more.
-fn code(s: &Summary, out: &mut Lines) {
-    let mut phases = vec![Phase::Residual];
-    if let Some(p) = s.primary_diagnosis.phase
-        && p != Phase::Residual
-    {
-        phases.insert(0, p);
-    }
-    let waits = crate::diagnosis::waits_in(s)
-        .filter(|_| s.phases.gpu_wait.share.unwrap_or(0.0) >= WAIT_LINES_SHARE);
-    let mut lines: Vec<String> = phases
-        .into_iter()
-        .filter(|&p| !(p == Phase::GpuWait && waits.is_some()))
-        .filter_map(|p| {
-            let code = crate::diagnosis::code_in(s, p)?;
-            Some(format!(
-                "{} {}/step: {code}",
-                p.name(),
-                ms(s.phases[p].median_ms)
-            ))
-        })
-        .collect();
-    if let Some(w) = waits {
-        lines.insert(
-            0,
-            format!(
-                "gpu_wait {}/step ({}): {w}",
-                ms(s.phases.gpu_wait.mean_ms),
-                pct(s.phases.gpu_wait.share.unwrap_or(0.0))
-            ),
-        );
-    }
-    if lines.is_empty() {
-        return;
-    }
-    out.rule('─');
-    for (i, l) in lines.iter().enumerate() {
-        labeled(out, if i == 0 { "CODE" } else { "" }, l);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -875,10 +826,12 @@ mod tests {
     }
 
     fn check_width(text: &str) {
-        for line in text.lines() {
-            let columns = crate::text::width(line);
-            assert!(columns <= WIDTH, "{columns} columns: {line}");
-        }
+        check_width_at(text, WIDTH);
+    }
+
+    fn check_width_at(text: &str, width: usize) {
+        let over = lines_wider_than(text, width);
+        assert!(over.is_empty(), "over {width} columns: {over:#?}\n{text}");
     }
 
     fn scenario_card(name: &str, sc: &Scenario) -> String {
@@ -952,6 +905,19 @@ mod tests {
             ),
             "{text}"
         );
+        // Where the line is wider than the card, the gap goes on a line of its own.
+        assert!(card_at(&s, false, MIN_WIDTH).contains("20.0 ms (no step between"));
+        s.step_ms.groups[0].count = 2000;
+        s.step_ms.groups[1].count = 2000;
+        let narrow = card_at(&s, false, MIN_WIDTH);
+        check_width_at(&narrow, MIN_WIDTH);
+        assert!(
+            narrow.contains(
+                "  in 2 groups: 2000 × 110 ms and 2000 × 20.0 ms\n    (no step between 20.0 ms and 108 ms)"
+            ),
+            "{narrow}"
+        );
+        assert!(card(&s, false).contains("20.0 ms (no step between"));
         s.step_ms.groups.clear();
         assert!(!card(&s, false).contains("in 2 groups"));
     }
@@ -1063,5 +1029,280 @@ mod tests {
         assert_eq!(to_json(&back), json);
         assert_eq!(back.primary_diagnosis.why, s.primary_diagnosis.why);
         assert_eq!(back.step_samples, s.step_samples);
+    }
+
+    fn card_at(s: &Summary, color: bool, width: usize) -> String {
+        let mut v = Vec::new();
+        render_card_width(s, &mut v, color, width).unwrap();
+        String::from_utf8(v).unwrap()
+    }
+
+    /// The lines of the section whose first line starts with `label`, up to the next rule.
+    fn section<'a>(text: &'a str, label: &str) -> Vec<&'a str> {
+        let mut lines = text.lines().skip_while(|l| !l.starts_with(label));
+        let first = lines.next().into_iter();
+        first
+            .chain(
+                lines.take_while(|l| {
+                    !l.starts_with(['─', '═']) && (l.starts_with(' ') || l.is_empty())
+                }),
+            )
+            .collect()
+    }
+
+    /// The THREAD table: its header row, then one row per phase with thread states, named
+    /// first, its shares under the header's columns.
+    fn check_thread_table(name: &str, s: &Summary, text: &str, width: usize) {
+        let table = section(text, "THREAD");
+        let want: Vec<Phase> = s
+            .shown_phases()
+            .into_iter()
+            .filter(|&p| s.phases[p].mean_ms.is_some_and(|m| m >= 0.05))
+            .collect();
+        let [title, header, rows @ ..] = table.as_slice() else {
+            panic!("{name}: no THREAD table\n{text}");
+        };
+        // The header in two lines: "waiting" over "for a CPU".
+        let waiting = title.find("waiting").expect(title) + "waiting".len();
+        assert_eq!(
+            header.find("for a CPU").map(|i| i + 9),
+            Some(waiting),
+            "{header}"
+        );
+        for column in ["phase", "on CPU", "blocked", "in I/O", "where it blocks"] {
+            assert!(header.contains(column), "{name}: {column}: {header}");
+        }
+        let named: Vec<&str> = rows
+            .iter()
+            .map(|r| r.split_whitespace().next().unwrap())
+            .collect();
+        let names: Vec<&str> = want.iter().map(|p| p.name()).collect();
+        assert_eq!(named, names, "{name}: one row per phase\n{text}");
+        // Each share under its column's header, right-aligned.
+        let under = |r: &str, column: &str| {
+            let end = header.find(column).unwrap() + column.len();
+            r[end - 4..end].trim().to_owned()
+        };
+        for (r, &p) in rows.iter().zip(&want) {
+            let (shares, within) = testkit::thread_states(p);
+            for (column, share) in ["on CPU", "blocked", "in I/O", "for a CPU"]
+                .into_iter()
+                .zip(shares)
+            {
+                assert_eq!(under(r, column), pct_of(share), "{name}: {column}: {r}");
+            }
+            // Where it blocks, under its header: whole where it fits, else shortened in the
+            // middle to the card's width, its share kept; only where a fifth of the phase was
+            // blocked in a function that holds 30 % of it.
+            let cell = r
+                .get(header.find("where it blocks").unwrap()..)
+                .unwrap_or("");
+            let whole = match within {
+                Some((f, share)) if shares[1] >= 0.2 && share >= 0.3 => {
+                    format!("{f} {}", pct(share))
+                }
+                _ => String::new(),
+            };
+            let (head, tail) = cell.split_once('…').unwrap_or((&whole, ""));
+            assert!(
+                cell == whole
+                    || (crate::text::width(r) == width
+                        && whole.starts_with(head)
+                        && whole.ends_with(tail)
+                        && tail.ends_with('%')),
+                "{name}: {r}"
+            );
+        }
+    }
+
+    /// The CODE table: its header row, then each group's phase and one row per site, share
+    /// first, the name whole where it fits.
+    fn check_code_table(name: &str, s: &Summary, text: &str, width: usize) {
+        let groups = tables::code_groups(s);
+        let table = section(text, "CODE");
+        let [header, rest @ ..] = table.as_slice() else {
+            panic!("{name}: no CODE table\n{text}");
+        };
+        let mut rows = rest;
+        assert_eq!(*header, "CODE      share  file:function", "{name}");
+        assert!(!groups.is_empty(), "{name}");
+        for g in &groups {
+            let [title, rest @ ..] = rows else {
+                panic!("{name}: no row for {}\n{text}", g.title);
+            };
+            assert_eq!(title.trim(), g.title, "{name}");
+            let (sites, after) = rest.split_at(g.sites.len());
+            for (row, site) in sites.iter().zip(&g.sites) {
+                let share = format!("{:>15}  ", site.share_text());
+                let whole = format!("{share}{}", site.text());
+                // Whole where it fits, else shortened to the card's width on the same row.
+                let shortened = crate::text::width(&whole) > width
+                    && crate::text::width(row) == width
+                    && row.starts_with(&share)
+                    && row.contains('…');
+                assert!(*row == whole || shortened, "{name}: a site's row: {row}");
+            }
+            rows = after;
+        }
+        assert!(rows.is_empty(), "{name}: rows after the groups: {rows:#?}");
+    }
+
+    fn pct_of(share: f64) -> String {
+        format!("{:.0}%", share * 100.0)
+    }
+
+    /// Every scenario's card, plain and with thread states and stack samples, at 100 and 80
+    /// columns: no line over the width, THREAD and CODE as tables, color changes no layout.
+    #[test]
+    fn every_scenario_fits_the_width_with_its_tables() {
+        let scenarios = [
+            ("default", Scenario::default()),
+            ("input", testkit::input_bound()),
+            ("fixed", testkit::input_fixed()),
+            ("compute", testkit::compute_bound()),
+            ("balanced", testkit::balanced()),
+            (
+                "insufficient",
+                Scenario {
+                    steps: 3,
+                    ..Scenario::default()
+                },
+            ),
+            (
+                "nogpu",
+                Scenario {
+                    gpu: false,
+                    cuda: false,
+                    rss_growth: 8 << 20,
+                    lost: 300,
+                    workers: 0,
+                    ..testkit::input_bound()
+                },
+            ),
+        ];
+        for (name, sc) in scenarios {
+            let plain = testkit::summary(&sc);
+            let full = testkit::with_thread_and_stacks(plain.clone());
+            for width in [WIDTH, MIN_WIDTH] {
+                let text = card_at(&plain, false, width);
+                check_width_at(&text, width);
+                assert!(!text.contains("THREAD"), "{name}: no thread states\n{text}");
+                let text = card_at(&full, false, width);
+                check_width_at(&text, width);
+                check_thread_table(name, &full, &text, width);
+                check_code_table(name, &full, &text, width);
+                let colored = card_at(&full, true, width);
+                check_width_at(&colored, width);
+                assert_eq!(
+                    strip_ansi(&colored),
+                    text,
+                    "{name}: color changes the layout"
+                );
+            }
+        }
+        // The I/O column only where a phase spent time in I/O.
+        let mut s = testkit::with_thread_and_stacks(testkit::summary(&testkit::input_bound()));
+        s.phases.input_wait.io_ms = Some(0.0);
+        let text = card(&s, false);
+        let header = section(&text, "THREAD")[1];
+        assert!(!header.contains("in I/O"), "{header}");
+        assert!(header.contains("blocked  for a CPU"), "{header}");
+    }
+
+    /// The tables of a live input-bound run, at 100 and at 80 columns, and of a compute-bound
+    /// one at 80.
+    #[test]
+    fn card_tables() {
+        let s = testkit::with_thread_and_stacks(testkit::summary(&testkit::input_bound()));
+        let wide = card_at(&s, false, WIDTH);
+        let narrow = card_at(&s, false, MIN_WIDTH);
+        let tables = |text: &str| {
+            let mut v = section(text, "THREAD");
+            v.extend(section(text, "CODE"));
+            v.join("\n")
+        };
+        // The GPU's waits by line, at 80 columns.
+        let compute = testkit::with_thread_and_stacks(testkit::summary(&testkit::compute_bound()));
+        let compute = card_at(&compute, false, MIN_WIDTH);
+        insta::assert_snapshot!(
+            "card_tables",
+            [wide, narrow, compute].map(|t| tables(&t)).join("\n\n")
+        );
+    }
+
+    /// A name longer than the card is shortened in the middle: the file and the function's
+    /// start and end stay (the whole name's start and end, where the file alone is too long),
+    /// and the share stays on its row.
+    #[test]
+    fn long_names_are_shortened_in_the_middle() {
+        let mut s = testkit::with_thread_and_stacks(testkit::summary(&testkit::input_bound()));
+        let long = format!("Trainer.{}inner_step", "<locals>.wrapper.".repeat(8));
+        let file = format!("/srv/{}loop.py", "very_long_directory_name/".repeat(6));
+        let wide_file = format!("/srv/{}/recipes.py", "d".repeat(120));
+        s.phases.input_wait.top_functions = vec![
+            testkit::top_function(&long, &file, 0.42),
+            testkit::top_function("tok", &wide_file, 0.21),
+        ];
+        let wide = format!("{}:tok", crate::profile::short_file(&wide_file));
+        s.phases.input_wait.blocked_in = vec![testkit::top_function(&long, &file, 0.8)];
+        let whole = format!("{}:{long}", crate::profile::short_file(&file));
+        for width in [WIDTH, MIN_WIDTH] {
+            let text = card_at(&s, false, width);
+            check_width_at(&text, width);
+            let code = section(&text, "CODE");
+            let row = code
+                .iter()
+                .find(|l| l.contains("…"))
+                .unwrap_or_else(|| panic!("no shortened row\n{text}"));
+            assert_eq!(crate::text::width(row), width, "{row}");
+            let name = row.strip_prefix("            42%  ").expect(row);
+            let (head, tail) = name.split_once('…').unwrap();
+            assert!(whole.starts_with(head) && whole.ends_with(tail), "{row}");
+            // The file whole, the function's start and end.
+            assert!(
+                head.starts_with("very_long_directory_name/loop.py:Trainer."),
+                "{row}"
+            );
+            assert!(tail.ends_with(".inner_step"), "{row}");
+            // A file wider than the card: the whole name shortened in the middle.
+            let row = code
+                .iter()
+                .find(|l| l.starts_with("            21%"))
+                .unwrap();
+            let name = row.strip_prefix("            21%  ").unwrap();
+            let (head, tail) = name.split_once('…').expect(row);
+            assert!(wide.starts_with(head) && wide.ends_with(tail), "{row}");
+            assert!(head.len() > 20 && tail.ends_with(":tok"), "{row}");
+            assert_eq!(crate::text::width(row), width, "{row}");
+            let thread = section(&text, "THREAD");
+            let row = thread
+                .iter()
+                .find(|l| l.starts_with("  input_wait"))
+                .unwrap();
+            let cell = &row[thread[1].find("where it blocks").unwrap()..];
+            let (head, tail) = cell.split_once('…').expect(row);
+            assert!(
+                head.starts_with("Trainer") && long.starts_with(head),
+                "{row}"
+            );
+            assert!(
+                tail.len() > 4 && format!("{long} 80%").ends_with(tail),
+                "{row}"
+            );
+            assert_eq!(crate::text::width(row), width, "{row}");
+        }
+    }
+
+    #[test]
+    fn middle_keeps_both_ends() {
+        assert_eq!(middle("abcdefghij", 10), "abcdefghij");
+        assert_eq!(middle("abcdefghij", 7), "abc…hij");
+        assert_eq!(middle("abcdefghij", 6), "ab…hij");
+        assert_eq!(middle("abcdefghij", 1), "…");
+        assert_eq!(middle("abcdefghij", 0), "");
+        // By columns: a CJK character takes two.
+        let m = middle(&"训练".repeat(10), 9);
+        assert_eq!(crate::text::width(&m), 9, "{m}");
+        assert!(m.starts_with("训练") && m.ends_with("训练"), "{m}");
     }
 }

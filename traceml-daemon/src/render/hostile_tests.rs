@@ -172,3 +172,41 @@ fn html_report_of_hostile_names_is_escaped() {
     assert!(h.contains("\\x1b[2J"), "escapes written visibly");
     assert!(h.contains("rtl\\u{202e}gnp.exe"));
 }
+
+/// The CODE table keeps an escaped file name whole and shortens the function instead (the root
+/// test, tests/hostile.rs, finds the workload's file and function on the card): the OSC 8 link
+/// and bidi override of tests/workloads/hostile.py's file, its 16 MB qualname as the reader
+/// bounds it.
+#[test]
+fn code_table_keeps_a_hostile_file_whole() {
+    let mut s = testkit::summary(&testkit::input_bound());
+    let huge = format!("\x1b]0;title\x07{}", "Q".repeat(1 << 20));
+    s.phases.residual.top_functions = vec![TopFunction {
+        function: crate::sanitize::bounded(&huge, crate::sanitize::NAME_MAX).into_owned(),
+        file: "\x1b]8;;http://evil/\x1b\\link\x1b]8;;\x1b\\/evil\u{202e}yp.py".into(),
+        line: 1,
+        share: 1.0,
+        samples: 40,
+    }];
+    for width in [WIDTH, MIN_WIDTH] {
+        let mut v = Vec::new();
+        render_card_width(&s, &mut v, false, width).unwrap();
+        let text = String::from_utf8(v).unwrap();
+        assert_terminal_safe(&text);
+        assert!(lines_wider_than(&text, width).is_empty(), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("           100%  "))
+            .unwrap_or_else(|| panic!("no CODE row:\n{text}"));
+        assert!(
+            row.contains("\\x1b\\link\\x1b]8;;\\x1b\\/evil\\u{202e}yp.py:\\x1b]0;tit"),
+            "{row}"
+        );
+        // At 100 columns (final_summary.txt) the function's start as the root test reads it.
+        assert!(
+            width < WIDTH || row.contains(":\\x1b]0;title\\x07QQQ"),
+            "{row}"
+        );
+        assert!(row.ends_with(" bytes]"), "the cut marker at the end: {row}");
+    }
+}

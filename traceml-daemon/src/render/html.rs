@@ -1,7 +1,9 @@
 //! The HTML report (`final_report.html`): one self-contained page with the verdict card, step
-//! time, for a multi-rank job the ranks (table, own work against collective wait, the stacks of
-//! a hang), phase shares and memory over the run as inline SVG ([`super::svg`]), the code inside
-//! the residual (and the primary finding's phase), data quality and the daemon's own cost.
+//! time and the training thread's time in each phase (the card's THREAD table), for a
+//! multi-rank job the ranks (table, own work against collective wait, the stacks of a hang),
+//! phase shares and memory over the run as inline SVG ([`super::svg`]), the code inside the
+//! residual and the primary finding's phase (the card's CODE table), data quality and the
+//! daemon's own cost.
 //!
 //! Self-contained: inline CSS, inline SVG, no script, no external resource, and a
 //! Content-Security-Policy that forbids loading any (`default-src 'none'`), so opening it makes no
@@ -21,8 +23,10 @@ use crate::units::{bytes_bin, duration, ms, pct};
 
 mod quality;
 mod ranks;
+mod tables;
 use quality::*;
 use ranks::*;
+use tables::code;
 
 /// One color per phase, in [`Phase::ALL`] order.
 pub const PHASE_COLORS: [&str; crate::phase::N_PHASES] = [
@@ -53,7 +57,7 @@ span.swatch{display:inline-block;width:10px;height:10px;border-radius:2px}\
 .chart .grid{stroke:#e6e8ec}.chart .axis{stroke:#9aa1ad}\
 .chart text{font-size:11px;fill:#5b6473}.chart .label{font-size:12px;fill:#1d2330}\
 .note{color:#5b6473;font-size:13px}code{font-size:12px;word-break:break-all}\
-tr.culprit td{background:#fdecea;font-weight:600}\
+tr.culprit td{background:#fdecea;font-weight:600}tr.group th{background:#f5f6f8}\
 pre{background:#fff;border-radius:6px;padding:8px 12px;font-size:12px;overflow-x:auto;margin:4px 0 12px}\
 footer{color:#8a919c;font-size:12px;margin:32px 0 0}";
 
@@ -266,6 +270,7 @@ fn timing(s: &Summary) -> Markup {
             }
         }
         "\n"
+        (tables::thread(s))
         @if let Some(cuda) = super::cuda_text(s) {
             p class="note" { "CUDA: " (Text(&cuda)) }
             "\n"
@@ -470,71 +475,6 @@ fn memory_chart(m: &crate::summary::MemorySeries) -> String {
         },
         &series,
     )
-}
-
-/// The functions inside the residual (and the primary finding's phase), from stack samples.
-fn code(s: &Summary) -> Markup {
-    let mut phases = vec![Phase::Residual];
-    if let Some(p) = s.primary_diagnosis.phase
-        && p != Phase::Residual
-    {
-        phases.insert(0, p);
-    }
-    let rows: Vec<(Phase, &crate::profile::TopFunction)> = phases
-        .iter()
-        .flat_map(|&p| s.phases[p].top_functions.iter().map(move |t| (p, t)))
-        .collect();
-    html! {
-        h2 { "Code inside the phases" }
-        @if rows.is_empty() {
-            p class="note" id="top-functions" {
-                "No Python stack samples: the functions inside the residual are not known \
-                 (sampling off, or too few samples)."
-            }
-        } @else {
-            table id="top-functions" {
-                tr {
-                    th { "phase" }
-                    th { "function" }
-                    th { "file" }
-                    th class="n" { "share of phase samples" }
-                    th class="n" { "samples" }
-                }
-                @for (p, t) in &rows {
-                    tr {
-                        td { (p.name()) }
-                        td { code { (Text(&t.function)) } }
-                        td { code { (Text(&t.file)) ":" (t.line) } }
-                        td class="n" { (pct(t.share)) }
-                        td class="n" { (t.samples) }
-                    }
-                }
-            }
-        }
-        @let sites = &s.phases.gpu_wait.wait_sites;
-        @if !sites.is_empty() {
-            h3 { "Where the GPU waits, by line" }
-            table id="wait-sites" {
-                tr {
-                    th { "line" }
-                    th { "function" }
-                    th { "wait" }
-                    th class="n" { "share of wait samples" }
-                    th class="n" { "samples" }
-                }
-                @for w in sites {
-                    tr {
-                        td { code { (Text(&w.file)) @if let Some(l) = w.line { ":" (l) } } }
-                        td { code { (Text(&w.function)) } }
-                        td { (w.kind.said()) ": " code { (Text(&w.api)) } }
-                        td class="n" { (pct(w.share)) }
-                        td class="n" { (w.samples) }
-                    }
-                }
-            }
-        }
-        "\n"
-    }
 }
 
 fn findings(s: &Summary) -> Markup {
@@ -789,6 +729,66 @@ mod tests {
         assert!(h.contains("Trainer.&lt;locals&gt;."));
         assert!(h.contains("id=\"top-functions\""));
         no_remote(&h);
+    }
+
+    /// The `<table id="{id}">` of the report, without its tags.
+    fn table_of(h: &str, id: &str) -> String {
+        let table = h.split(&format!("<table id=\"{id}\">")).nth(1).expect(id);
+        table.split("</table>").next().unwrap().to_owned()
+    }
+
+    /// The card's THREAD and CODE tables as HTML tables: a header row, a row per phase; a row
+    /// per group of sites and per site, share first.
+    #[test]
+    fn report_shows_the_thread_and_code_tables() {
+        let plain = testkit::summary(&testkit::compute_bound());
+        assert!(
+            !report(&plain).contains("id=\"thread\""),
+            "no thread states"
+        );
+        let s = testkit::with_thread_and_stacks(plain);
+        let h = report(&s);
+        let thread = table_of(&h, "thread");
+        assert!(
+            thread.starts_with(
+                "<tr><th>phase</th><th class=\"n\">on CPU</th><th class=\"n\">blocked</th>\
+                 <th class=\"n\">in I/O</th><th class=\"n\">waiting for a CPU</th>\
+                 <th>where it blocks</th></tr>"
+            ),
+            "{thread}"
+        );
+        let rows = super::super::card::tables::thread_rows(&s);
+        assert_eq!(thread.matches("<tr>").count(), 1 + rows.len(), "{thread}");
+        assert!(
+            thread.contains(
+                "<tr><td>input_wait</td><td class=\"n\">2%</td><td class=\"n\">97%</td>\
+                 <td class=\"n\">10%</td><td class=\"n\">1%</td>\
+                 <td><code>main.&lt;locals&gt;.get_batch</code> 100%</td></tr>"
+            ),
+            "{thread}"
+        );
+        let code = table_of(&h, "top-functions");
+        let groups = super::super::card::tables::code_groups(&s);
+        let sites: usize = groups.iter().map(|g| g.sites.len()).sum();
+        assert_eq!(code.matches("<tr class=\"group\">").count(), groups.len());
+        assert_eq!(
+            code.matches("<tr><td class=\"n\">").count(),
+            sites,
+            "{code}"
+        );
+        assert!(
+            code.contains(
+                "<tr class=\"group\"><th colspan=\"4\">gpu_wait 60.2 ms/step (33%) · 1.0 \
+                 syncs/step, 1.0 D2H copies/step</th></tr><tr><td class=\"n\">92%</td>\
+                 <td><code>run</code> (D2H copy: <code>cudaMemcpyAsync</code>)</td>\
+                 <td><code>/u/workloads/groundtruth.py:208</code></td><td class=\"n\">92</td>"
+            ),
+            "{code}"
+        );
+        assert!(
+            !h.contains("id=\"wait-sites\""),
+            "the waits are a group of the code table"
+        );
     }
 
     #[test]
