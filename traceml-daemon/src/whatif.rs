@@ -123,14 +123,18 @@ fn ready_steps(s: &Summary, step: f64, mean: f64) -> Option<WhatIf> {
     let ss = &s.step_samples;
     let waits = &ss.phase_ms[Phase::InputWait];
     let limit = mean * READY_WAIT_SHARE;
+    // The steady steps: the first ones ran under the learning probe set (`learning_excluded`),
+    // which costs a Python-heavy step more than the probes that stay.
+    let skip = (s.steps.learning_excluded as usize).div_ceil(ss.stride.max(1) as usize);
     let ready: Vec<f64> = ss
         .step_ms
         .iter()
         .zip(waits)
+        .skip(skip)
         .filter(|&(_, &w)| w <= limit)
         .map(|(&t, _)| t)
         .collect();
-    let of = ss.step_ms.len().min(waits.len());
+    let of = ss.step_ms.len().min(waits.len()).saturating_sub(skip);
     let need = READY_MIN_STEPS.max((of as f64 * READY_MIN_SHARE).ceil() as usize);
     if ready.len() < need {
         return None;
@@ -144,8 +148,8 @@ fn ready_steps(s: &Summary, step: f64, mean: f64) -> Option<WhatIf> {
         step_ms_if: step_if,
         throughput_factor: step / step_if,
         assumption: format!(
-            "measured: the median of the {} of {of}{sampled} steps whose batch was ready, \
-             input wait ≤ {}",
+            "measured: the median of the {} of {of}{sampled} steady steps whose batch was \
+             ready, input wait ≤ {}",
             ready.len(),
             crate::units::ms(Some(limit))
         ),
@@ -411,7 +415,8 @@ mod tests {
         assert_eq!((m.steps, m.of), (50, 100));
         approx(m.input_wait_max_ms, 3.9, 1e-9);
         assert!(
-            w[0].assumption.contains("50 of 100 steps") && !w[0].assumption.contains("upper"),
+            w[0].assumption.contains("50 of 100 steady steps")
+                && !w[0].assumption.contains("upper"),
             "{w:?}"
         );
         // 7 ready steps of 100 (under READY_MIN_STEPS): the modelled floor.

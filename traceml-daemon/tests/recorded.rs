@@ -50,6 +50,12 @@ fn cards_and_json_of_recorded_runs() {
             "{name}: over {} columns: {over:#?}",
             render::WIDTH
         );
+        // No prose item (a labelled line, a "· " item) over 2 lines at 100 columns.
+        let long = render::prose_longer_than(&card, 2);
+        assert!(
+            long.is_empty(),
+            "{name}: prose over 2 lines: {long:#?}\n{card}"
+        );
         let mut narrow = Vec::new();
         render::render_card_width(&s, &mut narrow, false, render::MIN_WIDTH).unwrap();
         let narrow = String::from_utf8(narrow).unwrap();

@@ -131,6 +131,15 @@ fn run_scenario_env(
     )
     .unwrap();
     let s = &out.summary;
+    // The card (issue 56): every line within 100 columns, no prose item over 2 lines.
+    let card = std::fs::read_to_string(dir.join("out/final_summary.txt")).unwrap_or_default();
+    let wide = traceml_daemon::render::lines_wider_than(&card, traceml_daemon::render::WIDTH);
+    let long = traceml_daemon::render::prose_longer_than(&card, 2);
+    if card.is_empty() || !wide.is_empty() || !long.is_empty() {
+        failures.push(format!(
+            "{label}: card over 100 columns {wide:#?}, prose over 2 lines {long:#?}\n{card}"
+        ));
+    }
     let steps = s["steps"]["count"].as_u64().unwrap_or(0);
     let truth_steps = truth["step_count"].as_u64().unwrap();
     if steps != truth_steps {

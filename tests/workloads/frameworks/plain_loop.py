@@ -11,8 +11,11 @@ Usage: python plain_loop.py [--mode MODE] [--steps N] [--ready FILE]
                          DataLoader with 2 worker processes whose __getitem__ sleeps 128 ms on a
                          batch's first item (a shard read): the workers deliver in pairs, so
                          about every other step waits and the next finds its batch ready
-  --mode in_memory:      workers_sleep's fix: the same model over the same batches, built in
-                         memory before the loop (no DataLoader)
+  --mode in_memory:      the same model over the same batches, built in memory before the
+                         loop (no DataLoader): workers_sleep with no loading at all
+  --mode workers_ready:  workers_sleep's fix: the same model behind the same DataLoader with 2
+                         workers that do not sleep, so every batch is ready when the loop asks
+                         (what the input what-if assumes: the hand-over of a ready batch stays)
   --mode accelerate:     input-bound: the loop around Hugging Face accelerate (Accelerator on
                          CPU; model, optimizer and a single-process DataLoader whose
                          __getitem__ sleeps 1 ms an item through accelerator.prepare, the
@@ -39,10 +42,12 @@ CONFIGS = {
     "accum": dict(steps=30, accum=4, eval_every=0),
     "nograd_eval": dict(steps=60, accum=1, eval_every=10, no_grad=True),
     "evalmode_eval": dict(steps=60, accum=1, eval_every=10, no_grad=False),
-    "workers_sleep": dict(steps=80, accum=1, eval_every=0, workers=2, getitem_ns=2 * MS,
+    "workers_sleep": dict(steps=160, accum=1, eval_every=0, workers=2, getitem_ns=2 * MS,
                           sleep_per_batch=True,
                           hidden=512, layers=2, verdict="input_bound"),
-    "in_memory": dict(steps=600, accum=1, eval_every=0, in_memory=True, hidden=512, layers=2),
+    "in_memory": dict(steps=1200, accum=1, eval_every=0, in_memory=True, hidden=512, layers=2),
+    "workers_ready": dict(steps=1200, accum=1, eval_every=0, workers=2, getitem_ns=0, hidden=512,
+                          layers=2),
     "accelerate": dict(steps=40, accum=1, eval_every=0, getitem_ns=MS, accelerate=True,
                        verdict="input_bound"),
 }

@@ -10,8 +10,11 @@ use crate::text::{self, wrap};
 use crate::units::{bytes_bin, bytes_dec, duration, ms, pct};
 use unicode_width::UnicodeWidthChar;
 
+mod prose;
 mod quality;
 mod ranks;
+use prose::clauses;
+pub use prose::prose_longer_than;
 pub(super) mod tables;
 use quality::{data_quality, overhead};
 use ranks::ranks;
@@ -381,29 +384,6 @@ fn labeled_clauses(out: &mut Lines, label: &str, text: &str) {
     }
 }
 
-/// `text` split at each "; " outside parentheses, the parts trimmed, empty ones dropped.
-pub(crate) fn clauses(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    let bytes = text.as_bytes();
-    for (i, &b) in bytes.iter().enumerate() {
-        match b {
-            b'(' => depth += 1,
-            b')' => depth -= 1,
-            b';' if depth <= 0 && bytes.get(i + 1) == Some(&b' ') => {
-                out.push(&text[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&text[start..]);
-    out.into_iter()
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .collect()
-}
-
 fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
     out.push(format!(
         "{}{:>10}{:>11}{:>9}",
@@ -740,7 +720,13 @@ fn system(s: &Summary, p: &Painter, out: &mut Lines) {
     };
     labeled(out, "workers", &text);
     if let Some(p) = &w.profile {
-        labeled(out, "", &crate::diagnosis::pipeline_line(p));
+        for (i, part) in crate::diagnosis::pipeline_line(p).split(" · ").enumerate() {
+            if i == 0 {
+                labeled(out, "", part);
+            } else {
+                bullet(out, part);
+            }
+        }
     }
     match &s.gpu {
         None => labeled(out, "GPU", "GPU metrics unavailable"),
@@ -834,10 +820,18 @@ mod tests {
         assert!(over.is_empty(), "over {width} columns: {over:#?}\n{text}");
     }
 
+    /// No prose item over 2 lines (names of ordinary length: a name longer than a line takes
+    /// one of its own, `wide_names_fit_the_card_by_columns`).
+    fn check_prose(text: &str) {
+        let long = prose_longer_than(text, 2);
+        assert!(long.is_empty(), "prose over 2 lines: {long:#?}\n{text}");
+    }
+
     fn scenario_card(name: &str, sc: &Scenario) -> String {
         let s = testkit::summary(sc);
         let text = card(&s, false);
         check_width(&text);
+        check_prose(&text);
         assert!(!text.contains('\x1b'), "{name}: color without color");
         let colored = card(&s, true);
         assert!(colored.contains("\x1b["));
@@ -1013,6 +1007,7 @@ mod tests {
         let s = crate::analysis::summarize(&Default::default(), &[]);
         let text = card(&s, false);
         check_width(&text);
+        check_prose(&text);
         insta::assert_snapshot!("card_empty", text);
     }
 
@@ -1189,6 +1184,9 @@ mod tests {
                 assert!(!text.contains("THREAD"), "{name}: no thread states\n{text}");
                 let text = card_at(&full, false, width);
                 check_width_at(&text, width);
+                if width == WIDTH {
+                    check_prose(&text);
+                }
                 check_thread_table(name, &full, &text, width);
                 check_code_table(name, &full, &text, width);
                 let colored = card_at(&full, true, width);

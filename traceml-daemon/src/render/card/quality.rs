@@ -65,17 +65,29 @@ pub(super) fn overhead(s: &Summary, out: &mut Lines) {
         }
         (None, _) => String::new(),
     };
-    for (i, line) in wrap_safe(
-        &format!("{set}{launches} · {cost}{budget}{whole}{learning}"),
-        out.width - 14,
-    )
-    .into_iter()
-    .enumerate()
-    {
-        out.push(format!(
-            "{:14}{line}",
-            if i == 0 { "DAEMON COST" } else { "" }
-        ));
+    let text = format!("{set}{launches} · {cost}{budget}{whole}{learning}");
+    let parts: Vec<&str> = text.split(" · ").collect();
+    items(out, Some("DAEMON COST"), &parts, |l| l.to_owned());
+}
+
+/// `label` (14 columns) and the first of `parts` on its line, each other part a "· " item under
+/// it (every part one when there is no label), every item wrapped under its own text: a status
+/// in items, none of them a paragraph.
+fn items(out: &mut Lines, label: Option<&str>, parts: &[&str], paint: impl Fn(&str) -> String) {
+    for (k, part) in parts.iter().enumerate() {
+        let headline = k == 0 && label.is_some();
+        let hang = if headline { 0 } else { 2 };
+        for (i, line) in wrap_safe(part, out.width - 14 - hang)
+            .into_iter()
+            .enumerate()
+        {
+            let lead = match (headline, i) {
+                (true, 0) => format!("{:14}", label.unwrap_or_default()),
+                (false, 0) => format!("{:14}· ", ""),
+                _ => " ".repeat(14 + hang),
+            };
+            out.push(format!("{lead}{}", paint(&line)));
+        }
     }
 }
 
@@ -109,22 +121,18 @@ pub(super) fn data_quality(s: &Summary, p: &Painter, out: &mut Lines) {
         format!("CUDA: {}", libs.join(", "))
     });
     parts.push(format!(
-        "unmatched {} · reordered {} · partial steps dropped {}",
-        q.unmatched_events, q.reordered_events, q.partial_steps_dropped
+        "unmatched {}, reordered {}, partial steps dropped {}, {} samples",
+        q.unmatched_events, q.reordered_events, q.partial_steps_dropped, q.samples
     ));
-    parts.push(format!("{} samples", q.samples));
-    parts.push(format!("confidence {}", q.confidence.as_str()));
-    let text = parts.join(" · ");
-    for (i, line) in wrap_safe(&text, out.width - 14).into_iter().enumerate() {
-        if i == 0 {
-            out.push(format!("{}  {line}", p.bold("DATA QUALITY")));
-        } else {
-            out.push(format!("{:14}{line}", ""));
-        }
-    }
-    for note in &q.notes {
-        for line in wrap_safe(&format!("note: {note}"), out.width - 14) {
-            out.push(format!("{:14}{}", "", p.dim(&line)));
-        }
-    }
+    // The headline first: what was recorded and lost, and how far to trust it.
+    parts.insert(2, format!("confidence {}", q.confidence.as_str()));
+    let head = parts[..3].join(" · ");
+    let mut lines: Vec<&str> = vec![&head];
+    lines.extend(parts[3..].iter().map(String::as_str));
+    let label = p.bold("DATA QUALITY");
+    let label = format!("{label}{}", " ".repeat(14 - "DATA QUALITY".len()));
+    items(out, Some(&label), &lines, |l| l.to_owned());
+    let notes: Vec<String> = q.notes.iter().map(|n| format!("note: {n}")).collect();
+    let notes: Vec<&str> = notes.iter().map(String::as_str).collect();
+    items(out, None, &notes, |l| p.dim(l));
 }
