@@ -145,6 +145,10 @@ struct HeldJob {
     launcher: Option<(u32, u64)>,
 }
 
+/// The policy's decision on a process, and the command line (`/proc/<pid>/cmdline`) it was made
+/// on.
+type Decided = (AttachDecision, Option<Vec<u8>>);
+
 /// What the supervisor knows of the node's processes between scans.
 #[derive(Default)]
 struct Node {
@@ -152,7 +156,7 @@ struct Node {
     /// The policy's decision per (pid, start time), logged once, with the command line it was
     /// made on: a process caught between its fork and its exec (a launcher's child, still the
     /// launcher's copy) is decided on again once its command line is the program's.
-    decided: HashMap<(u32, u64), (AttachDecision, Option<Vec<u8>>)>,
+    decided: HashMap<(u32, u64), Decided>,
     /// Processes attached once (a run that ended is not restarted on the same process, unless
     /// it ended because the process exec'd: its new program is looked at again).
     attached: std::collections::HashSet<(u32, u64)>,
