@@ -317,9 +317,11 @@ fn check_workers(
 /// over the suite: 2.00–2.30 runs a switch on CPython 3.11–3.13, but as low as 1.39 on 3.9 and
 /// 3.10 in the scenarios with worker processes (input_bound_ipc/workers/mixed; three clean-clone
 /// CI runs on 2026-12-07: 0.69–1.23 × the truth, `input_bound_ipc-310` lowest; not explained
-/// yet: issue 40's note). Held within [0.7, 1.3] × twice the truth per step (from 0.6 on 3.9
-/// and 3.10 with workers), plus 2 a step: a program that stopped counting, or counted every
-/// switch of the node, fails.
+/// yet: issue 40's note), and on 3.11 as low as 0.68 × in `input_bound_workers` while other
+/// builds kept the host's cores busy (2026-12-08: 0.68 and 0.71 in two of three runs, 1.05–1.07
+/// on a quiet host). Held within [0.7, 1.3] × twice the truth per step (from 0.6 in the
+/// scenarios with worker processes), plus 2 a step: a program that stopped counting, or
+/// counted every switch of the node, fails.
 fn check_switches(
     label: &str,
     s: &serde_json::Value,
@@ -341,11 +343,10 @@ fn check_switches(
         "{label}: thread-state runs {got:.2} a step, truth 2 × {:.2} switches a step",
         switches / steps
     ));
-    let old_python_with_workers = ["-39", "-310"].iter().any(|v| label.ends_with(v))
-        && truth["worker_pids"]
-            .as_array()
-            .is_some_and(|w| !w.is_empty());
-    let low = if old_python_with_workers { 0.6 } else { 0.7 };
+    let with_workers = truth["worker_pids"]
+        .as_array()
+        .is_some_and(|w| !w.is_empty());
+    let low = if with_workers { 0.6 } else { 0.7 };
     if !(got >= low * want && got <= 1.3 * want + 2.0) {
         failures.push(format!(
             "{label}: thread-state program runs {got:.2} a step, truth {want:.2} (2 × the \

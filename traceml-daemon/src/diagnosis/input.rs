@@ -344,7 +344,7 @@ fn wait_next(
             )
         })
         .unwrap_or_default();
-    format!("the workers wait in {f}, {what}{more}")
+    format!("the workers wait in {f}; {what}{more}")
 }
 
 /// Input that does not come from a DataLoader on the training thread: a feeder thread's queue,

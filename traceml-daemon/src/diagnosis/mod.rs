@@ -406,10 +406,13 @@ fn h2d_next(s: &Summary, why: &mut String) -> String {
 }
 
 fn residual_next(s: &Summary, why: &mut String) -> String {
-    why.push_str(": time on the training thread outside data loading, copies, forward, backward, optimizer and GPU waits");
+    why.push_str(
+        ": the loop's own time outside data loading, copies, forward, backward, \
+         optimizer and GPU waits",
+    );
     let code = code_in(s, Phase::Residual);
     if let Some(code) = &code {
-        why.push_str(&format!(" (stack samples: {code})"));
+        why.push_str(&format!("; stack samples: {code}"));
     }
     let mut next = String::from(
         "look at what the loop does between those phases: per-step logging and metrics, checkpointing, \
