@@ -792,7 +792,7 @@ fn worker_profiles_name_what_the_workers_do() {
             let next = c.summary["primary_diagnosis"]["next"]
                 .as_str()
                 .unwrap_or("");
-            if !next.contains(fifo) || next.contains("num_workers ≥") {
+            if !next.contains(fifo) || next.contains("overlaps the waits") {
                 failures.push(format!(
                     "{script}: Next should name the pipe {fifo} and no worker count (its writer \
                      sets the pace): {next}"
@@ -844,7 +844,8 @@ fn worker_profiles_name_what_the_workers_do() {
         let says = if bound == "cpu" && free < 1.0 {
             "more workers will not help"
         } else {
-            "num_workers ≥"
+            // The knob with the count that keeps pace: `DataLoader(num_workers=21)`.
+            "DataLoader(num_workers="
         };
         note(format!(
             "{script}: workers used {:.2} cores of {cores}: expect \"{says}\"",
