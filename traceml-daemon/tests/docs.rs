@@ -1,7 +1,8 @@
 //! The documentation says what the code does: every option the binary's `--help` lists and every
 //! environment variable the code reads is in docs/cli.md, and the README names the verdicts as
-//! the card prints them; nothing points outside the repository. No root, no eBPF: built with or
-//! without the `live` feature.
+//! the card prints them; nothing points outside the repository, every relative markdown link
+//! resolves to a file in it, and docs/README.md lists every file of docs/. No root, no eBPF:
+//! built with or without the `live` feature.
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -220,17 +221,29 @@ fn the_parsers_see_what_they_should() {
         ),
         ["B", "A", "C", "TRACEML_X_1", "TRACEML_P_"]
     );
+    assert_eq!(
+        relative_links(
+            "[a](x.md) [b](../y.md#z) [c](#top) [d](https://e.org/f) [g](mailto:h@i)\n\
+             ```\n[j](in-code.md)\n```\n[k](<l.md> \"title\") ![m](n.svg)"
+        ),
+        ["x.md", "../y.md", "l.md", "n.svg"]
+    );
+    let root = workspace();
+    assert_eq!(broken_link(&root, "docs/cli.md", "serve.md"), None);
+    assert_eq!(broken_link(&root, "README.md", "docs/cli.md"), None);
+    for target in ["missing.md", "../shared/x.md", "/etc/hostname", "../docs"] {
+        assert!(
+            broken_link(&root, "docs/cli.md", target).is_some(),
+            "{target}"
+        );
+    }
 }
 
-/// The repository stands alone: no tracked text file names a folder beside it or a path of a
-/// build machine, and every relative markdown link resolves to a file inside the repository.
-/// (Recorded data — fuzz seeds, fixtures, snapshots — keeps the paths it was recorded with.)
-#[test]
-fn nothing_points_outside_the_repository() {
-    let root = workspace();
+/// The tracked files of the repository, relative to its root.
+fn tracked_files(root: &Path) -> Vec<String> {
     let out = Command::new("git")
         .arg("-C")
-        .arg(&root)
+        .arg(root)
         .args(["ls-files", "-z"])
         .output()
         .expect("git ls-files");
@@ -242,6 +255,15 @@ fn nothing_points_outside_the_repository() {
         .map(str::to_owned)
         .collect();
     assert!(files.len() > 100, "{} tracked files", files.len());
+    files
+}
+
+/// The repository stands alone: no tracked text file names a folder beside it or a path of a
+/// build machine (its links: [`every_link_resolves_in_the_repository`]). (Recorded data — fuzz
+/// seeds, fixtures, snapshots — keeps the paths it was recorded with.)
+#[test]
+fn nothing_points_outside_the_repository() {
+    let root = workspace();
     let text_ext = [
         ".md", ".rs", ".toml", ".sh", ".py", ".c", ".h", ".yml", ".yaml",
     ];
@@ -253,47 +275,133 @@ fn nothing_points_outside_the_repository() {
     ];
     let outside = ["../shared", "/work/shared", "/work/main", "/check/work"];
     let mut bad = Vec::new();
-    let mut links = 0;
-    for f in &files {
+    for f in &tracked_files(&root) {
         if !text_ext.iter().any(|e| f.ends_with(e)) || data.iter().any(|d| f.contains(d)) {
+            continue;
+        }
+        // This test names them to look for them.
+        if f.ends_with("tests/docs.rs") {
             continue;
         }
         let Ok(text) = std::fs::read_to_string(root.join(f)) else {
             continue;
         };
-        // This test names them to look for them.
-        if !f.ends_with("tests/docs.rs") {
-            for o in outside {
-                if text.contains(o) {
-                    bad.push(format!("{f}: names {o}"));
-                }
-            }
-        }
-        // Vendored upstream files keep their own links (to their repository's files).
-        if !f.ends_with(".md") || f.starts_with("vendor/") {
-            continue;
-        }
-        for (i, _) in text.match_indices("](") {
-            let rest = &text[i + 2..];
-            let Some(end) = rest.find(')') else { continue };
-            let target = rest[..end].split('#').next().unwrap_or("").trim();
-            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
-                continue;
-            }
-            links += 1;
-            let dir = Path::new(f).parent().unwrap_or(Path::new(""));
-            let path = root.join(dir).join(target);
-            match path.canonicalize() {
-                Ok(p) if p.starts_with(root.canonicalize().unwrap()) => {}
-                _ => bad.push(format!(
-                    "{f}: link ({target}) does not resolve in the repository"
-                )),
+        for o in outside {
+            if text.contains(o) {
+                bad.push(format!("{f}: names {o}"));
             }
         }
     }
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+/// The targets of a markdown text's relative links, `[text](path)` or `[text](path#anchor)`:
+/// the path part, without the anchor or a title. Web and mail links, pure `#anchor` links and
+/// fenced code blocks are left out.
+fn relative_links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        for (i, _) in line.match_indices("](") {
+            let rest = &line[i + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let dest = rest[..end].split_whitespace().next().unwrap_or("");
+            let dest = dest.trim_start_matches('<').trim_end_matches('>');
+            let path = dest.split('#').next().unwrap_or("");
+            if path.is_empty() || path.contains("://") || path.starts_with("mailto:") {
+                continue;
+            }
+            out.push(path.to_owned());
+        }
+    }
+    out
+}
+
+/// Why a link to `target` from the markdown file `file` (relative to `root`) does not resolve
+/// to a file inside the repository; `None` when it does.
+fn broken_link(root: &Path, file: &str, target: &str) -> Option<String> {
+    if Path::new(target).is_absolute() {
+        return Some(format!("{file}: link ({target}) is an absolute path"));
+    }
+    let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+    match root.join(dir).join(target).canonicalize() {
+        Ok(p) if p.starts_with(root.canonicalize().unwrap()) && p.is_file() => None,
+        Ok(p) if p.is_file() => Some(format!(
+            "{file}: link ({target}) points outside the repository"
+        )),
+        _ => Some(format!(
+            "{file}: link ({target}) does not resolve to a file in the repository"
+        )),
+    }
+}
+
+/// README.md, CONTRIBUTING.md and every `.md` file in docs/, as on the disk (a new document is
+/// checked before it is committed).
+fn user_docs(root: &Path) -> Vec<String> {
+    let mut files = vec!["README.md".to_owned(), "CONTRIBUTING.md".to_owned()];
+    let mut docs: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    files
+}
+
+/// Every relative markdown link resolves to a file inside the repository: in README.md,
+/// CONTRIBUTING.md and docs/*.md, and in every other tracked markdown file (vendored upstream
+/// files keep their own links, to their repository's files).
+#[test]
+fn every_link_resolves_in_the_repository() {
+    let root = workspace();
+    let mut files = user_docs(&root);
+    for f in tracked_files(&root) {
+        if f.ends_with(".md") && !f.starts_with("vendor/") && !files.contains(&f) {
+            files.push(f);
+        }
+    }
+    let mut bad = Vec::new();
+    let mut links = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(root.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        for target in relative_links(&text) {
+            links += 1;
+            bad.extend(broken_link(&root, f, &target));
+        }
+    }
     assert!(
-        links > 10,
+        links > 50,
         "{links} relative links seen: the parser sees none"
     );
     assert!(bad.is_empty(), "{bad:#?}");
+}
+
+/// docs/README.md is the index of docs/: it links every other file there.
+#[test]
+fn the_docs_index_lists_every_document() {
+    let root = workspace();
+    let index = read("docs/README.md");
+    let listed = relative_links(&index);
+    let mut missing = Vec::new();
+    for e in std::fs::read_dir(root.join("docs")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name != "README.md" && !listed.contains(&name) {
+            missing.push(name);
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "docs/README.md does not link {missing:?}"
+    );
 }
