@@ -1,4 +1,4 @@
-//! The README's fleet recipe, the nightly sweep: `packaging/traceml-weekly-sweep` over a state
+//! docs/fleet.md's recipe, the nightly sweep: `packaging/traceml-weekly-sweep` over a state
 //! directory laid out as `serve` writes it (`<comm>-<pid>-<start>/final_summary.json`, a new
 //! directory each run) files each run under its training script, keeps the latest run of each
 //! script per week, and runs `traceml-daemon sweep` last week → this week: it flags exactly the

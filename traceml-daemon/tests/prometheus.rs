@@ -37,7 +37,7 @@ fn prometheus_scrapes_steps_and_phases_consistent_with_the_truth() {
     let metrics = free_addr();
 
     let ready = dir.join("ready");
-    // As the README's fleet recipe: the address in the config file.
+    // As docs/fleet.md's recipe: the address in the config file.
     let config = dir.join("config.toml");
     std::fs::write(&config, format!("metrics_addr = \"{metrics}\"\n")).unwrap();
     let mut serve = serve_until_ready(

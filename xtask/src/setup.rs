@@ -1,5 +1,5 @@
 //! `cargo xtask setup`: installs what a fresh machine lacks, each step idempotent and named in
-//! its error. The eBPF toolchain recipe is README.md's (the pinned toolchains, under its first commands).
+//! its error. The eBPF toolchain recipe is CONTRIBUTING.md's (the pinned toolchains).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
