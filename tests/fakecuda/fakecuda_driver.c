@@ -333,12 +333,24 @@ static uint64_t copy_ns(size_t bytes, int kind) {
     return (uint64_t)((unsigned __int128)bytes * 1000000000ull / bw);
 }
 
+/* The timer's floor: a clock_nanosleep wakes 50-100 us late on a VM, so a device that slept once
+ * per operation would take that floor per operation, not its simulated time (20,000 kernels of
+ * 2 us took 1.6 s, not 40 ms). The device keeps a virtual clock instead (g_device_free_at: each
+ * operation starts where the last one ended, or now when the device was idle) and sleeps only
+ * (a) to end the last queued operation on time, so that a host waiting on it sees it end when
+ * it should, and (b) when the virtual clock runs ahead of real time by more than the floor, to
+ * half the floor behind it (so that waking late does not let real time overtake it: no drift).
+ * Operations queued behind others complete up to the floor before their simulated end; their
+ * simulated times (counters, events, the NVML record) are exact. */
+#define SLEEP_FLOOR_NS 200000ull
+
 static void *device_main(void *arg) {
     (void)arg;
     pthread_mutex_lock(&g_mu);
     for (;;) {
         while (!g_head) pthread_cond_wait(&g_work, &g_mu);
         struct op *o = g_head;
+        int last = o->next == NULL;
         uint64_t start = now_ns();
         if (g_device_free_at > start) start = g_device_free_at;
         uint64_t end = start + o->dur_ns;
@@ -346,7 +358,9 @@ static void *device_main(void *arg) {
         pthread_mutex_unlock(&g_mu);
         rec_busy(o->type, 0, start, end);
         if (o->type == OP_COPY && o->dst && o->src && o->bytes) memmove(o->dst, o->src, o->bytes);
-        sleep_until(end);
+        uint64_t t = now_ns();
+        if (last && end > t) sleep_until(end);
+        else if (end > t + SLEEP_FLOOR_NS) sleep_until(end - SLEEP_FLOOR_NS / 2);
         rec_busy(o->type, o->dur_ns, 0, 0);
         pthread_mutex_lock(&g_mu);
         g_head = o->next;

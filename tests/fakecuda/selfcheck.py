@@ -19,6 +19,10 @@
    count, the process on the right device, exact memory, device and process utilization against
    the truth, the size protocols, every failure switch, and the record gone after a normal exit
    and ignored (then removed) after SIGKILL.
+5. Pace: 5,000 kernels of 2 us (10 ms of simulated device time) launched back to back reach
+   cudaDeviceSynchronize within 150 ms, with exactly 10 ms executed (a device that slept once per
+   operation took ~550 ms here: the timer's floor, not the simulated time); one 20 ms kernel
+   ends no sooner than its 20 ms.
 Exit status 1 on any failure."""
 import ctypes
 import os
@@ -504,6 +508,43 @@ def nvml_dynamic(nvdir):
           "lost after 150 ms); records: removed at exit, ignored and removed after SIGKILL")
 
 
+PACE = r"""
+import ctypes, json, os, sys, time
+B = sys.argv[1]
+rt = ctypes.CDLL(os.path.join(B, "libcudart.so.12"))
+class dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+vp = ctypes.c_void_p
+rt.cudaLaunchKernel.argtypes = [vp, dim3, dim3, vp, ctypes.c_size_t, vp]
+rt.fakecuda_set_kernel_ns.argtypes = [ctypes.c_uint64]
+g, b = dim3(1, 1, 1), dim3(32, 1, 1)
+out = {}
+for name, n, ns in (("short", 5000, 2000), ("long", 1, 20_000_000)):
+    rt.fakecuda_set_kernel_ns(ns)
+    rt.cudaDeviceSynchronize()
+    t0 = time.monotonic_ns()
+    for _ in range(n):
+        rt.cudaLaunchKernel(vp(0x1234), g, b, None, 0, None)
+    rt.cudaDeviceSynchronize()
+    out[name] = time.monotonic_ns() - t0
+print(json.dumps(out))
+"""
+
+
+def pace():
+    r = subprocess.run([sys.executable, "-c", PACE, BUILD], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        fail(f"pace: the child failed: {r.stderr[-400:]}")
+        return
+    import json
+    t = json.loads(r.stdout.strip().splitlines()[-1])
+    if t["short"] > 150_000_000:
+        fail(f"pace: 5,000 kernels of 2 us took {t['short'] / 1e6:.1f} ms to sync (simulated 10 ms)")
+    if t["long"] < 20_000_000:
+        fail(f"pace: a 20 ms kernel ended after {t['long'] / 1e6:.1f} ms")
+    print(f"pace: 5,000 x 2 us in {t['short'] / 1e6:.1f} ms, one 20 ms kernel in {t['long'] / 1e6:.1f} ms")
+
+
 # Every child's driver writes its record here, not in the machine's default directory.
 _nvdir = tempfile.mkdtemp(prefix="fakecuda-nvml-selfcheck-")
 os.environ["FAKECUDA_NVML_DIR"] = _nvdir
@@ -512,6 +553,7 @@ try:
     real_names()
     dynamic("default")
     dynamic("internal")
+    pace()
     if os.listdir(_nvdir):
         fail(f"records left after the children exited: {os.listdir(_nvdir)}")
     nvml_static()
