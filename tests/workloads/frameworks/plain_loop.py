@@ -8,9 +8,10 @@ Usage: python plain_loop.py [--mode MODE] [--steps N] [--ready FILE]
                          batches of slow data (__getitem__ sleeps 1 ms per item)
   --mode evalmode_eval:  the same evaluation with only `model.eval()` (autograd on, no backward)
   --mode workers_sleep:  input-bound: a small model (~2 ms of compute a step) behind a
-                         DataLoader with 2 worker processes whose __getitem__ sleeps 128 ms on a
-                         batch's first item (a shard read): the workers deliver in pairs, so
-                         about every other step waits and the next finds its batch ready
+                         DataLoader with 2 worker processes whose __getitem__ sleeps on a
+                         batch's first item (a shard read) to the next multiple of 128 ms: the
+                         workers deliver in pairs, so every other step waits and the next finds
+                         its batch ready
   --mode in_memory:      the same model over the same batches, built in memory before the
                          loop (no DataLoader): workers_sleep with no loading at all
   --mode workers_ready:  workers_sleep's fix: the same model behind the same DataLoader with 2
@@ -81,9 +82,12 @@ def main():
 
         def __getitem__(self, i):
             if self.getitem_ns and cfg.get("sleep_per_batch"):
-                # One wait a batch (a shard read), on its first item.
+                # One wait a batch (a shard read), on its first item, to the next multiple of
+                # the batch period on the machine's clock: every worker's batch is ready at the
+                # same instants, so the workers deliver in pairs whatever their start-up order.
                 if i % BATCH == 0:
-                    time.sleep(self.getitem_ns * BATCH / 1e9)
+                    period = self.getitem_ns * BATCH
+                    time.sleep((period - time.monotonic_ns() % period) / 1e9)
             elif self.getitem_ns:
                 time.sleep(self.getitem_ns / 1e9)
             return self.x[i % POOL], self.y[i % POOL]
