@@ -303,27 +303,7 @@ fn run_one(ctx: &mut Ctx, w: &Workload, s: &Schedule) -> anyhow::Result<InprocRu
     for i in 0..2 * s.on + 1 {
         exited(&mut target)?;
         if i % 2 == 0 {
-            let mut cpu = vec![];
-            let start_ns = monotonic_ns();
-            let end_ns = start_ns + (s.window_s * 1e9) as u64;
-            sample(pid, &mut cpu);
-            while monotonic_ns() < end_ns {
-                std::thread::sleep(Duration::from_millis(20));
-                sample(pid, &mut cpu);
-            }
-            windows.push(Window {
-                span: Span {
-                    on: false,
-                    start_ns,
-                    end_ns: monotonic_ns(),
-                },
-                steady: None,
-                summary: None,
-                attach_s: None,
-                cpu,
-                daemon_cpu_pct: None,
-                attach_span: None,
-            });
+            windows.push(off_window(pid, s));
             continue;
         }
         eprintln!(
@@ -348,6 +328,32 @@ fn run_one(ctx: &mut Ctx, w: &Workload, s: &Schedule) -> anyhow::Result<InprocRu
         load_start: String::new(),
         error: None,
     })
+}
+
+/// An off window: `window_s` seconds of the target alone, its training thread's CPU sampled
+/// every ~20 ms.
+fn off_window(pid: u32, s: &Schedule) -> Window {
+    let mut cpu = vec![];
+    let start_ns = monotonic_ns();
+    let end_ns = start_ns + (s.window_s * 1e9) as u64;
+    sample(pid, &mut cpu);
+    while monotonic_ns() < end_ns {
+        std::thread::sleep(Duration::from_millis(20));
+        sample(pid, &mut cpu);
+    }
+    Window {
+        span: Span {
+            on: false,
+            start_ns,
+            end_ns: monotonic_ns(),
+        },
+        steady: None,
+        summary: None,
+        attach_s: None,
+        cpu,
+        daemon_cpu_pct: None,
+        attach_span: None,
+    }
 }
 
 /// The daemon attached for `window_s` seconds from its ready file on.

@@ -157,22 +157,33 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
         return replay_section(&path, quick);
     }
     if inprocess_only {
-        // The release build, as users install it (`cargo install`) and as the full bench runs
-        // it (this section's runs before 2026-12-01 evening used the dev build).
-        let mut ctx = prepare(true, false)?;
-        let schedule = inprocess::schedule();
-        let runs = inprocess::run_all(&mut ctx, &schedule);
-        let section = report::inprocess(&runs, &schedule, "target/release/traceml-daemon");
-        let old = std::fs::read_to_string(&path).unwrap_or_default();
-        std::fs::write(&path, report::splice_inprocess(&old, &section))
-            .context("writing BENCHMARKS.md")?;
-        eprintln!(
-            "xtask bench: wrote the in-process section of BENCHMARKS.md in {:.1} min (raw runs in {})",
-            started.elapsed().as_secs_f64() / 60.0,
-            ctx.scratch.display()
-        );
-        return Ok(());
+        return inprocess_section(&path, started);
     }
+    all_sections(&path, quick, started)
+}
+
+/// `--inprocess-only`: the in-process windows (release build), spliced into BENCHMARKS.md.
+fn inprocess_section(path: &std::path::Path, started: Instant) -> anyhow::Result<()> {
+    // The release build, as users install it (`cargo install`) and as the full bench runs
+    // it (this section's runs before 2026-12-01 evening used the dev build).
+    let mut ctx = prepare(true, false)?;
+    let schedule = inprocess::schedule();
+    let runs = inprocess::run_all(&mut ctx, &schedule);
+    let section = report::inprocess(&runs, &schedule, "target/release/traceml-daemon");
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, report::splice_inprocess(&old, &section))
+        .context("writing BENCHMARKS.md")?;
+    eprintln!(
+        "xtask bench: wrote the in-process section of BENCHMARKS.md in {:.1} min (raw runs in {})",
+        started.elapsed().as_secs_f64() / 60.0,
+        ctx.scratch.display()
+    );
+    Ok(())
+}
+
+/// The whole bench (no `--*-only` flag): the paired sections and every other section, measured
+/// in this one run, written as a new BENCHMARKS.md.
+fn all_sections(path: &std::path::Path, quick: bool, started: Instant) -> anyhow::Result<()> {
     let plan = if quick { &QUICK } else { &FULL };
     let mut ctx = prepare(true, true)?;
     let load_start = sh("cat /proc/loadavg");
@@ -233,7 +244,7 @@ pub fn bench(only: Only) -> anyhow::Result<()> {
             sched::section(&s, daemon, &load(), &commit)
         }),
     );
-    std::fs::write(&path, text).context("writing BENCHMARKS.md")?;
+    std::fs::write(path, text).context("writing BENCHMARKS.md")?;
     eprintln!(
         "xtask bench: wrote BENCHMARKS.md in {:.1} min (raw runs in {})",
         started.elapsed().as_secs_f64() / 60.0,

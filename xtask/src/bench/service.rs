@@ -111,25 +111,7 @@ pub fn eight_jobs(ctx: &mut Ctx) -> anyhow::Result<ServeBench> {
         .map(|i| workload(ctx, &dir, i, JOB_STEPS))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let pids: Vec<u32> = jobs.iter().map(|j| j.0.as_ref().unwrap().id()).collect();
-    // Each job starts stepping once serve says it is attached to it.
-    let mut released = [false; JOBS];
-    let t_start = Instant::now();
-    while released.iter().any(|r| !r) {
-        ensure!(
-            t_start.elapsed() < Duration::from_secs(180),
-            "serve did not attach to every job; see {}",
-            log.display()
-        );
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        for (i, pid) in pids.iter().enumerate() {
-            if !released[i] && text.contains(&format!("attached to {pid} in")) {
-                std::fs::write(dir.join(format!("ready-{i}")), b"")?;
-                released[i] = true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let attach_all_s = t_start.elapsed().as_secs_f64();
+    let attach_all_s = release_when_attached(&pids, &dir, &log)?;
     let (mut peak_anon_kb, mut peak_hwm_kb) = (0, 0);
     let clk = ctx.clk_tck;
     let mut watch = |until: Instant| -> Option<Sample> {
@@ -182,6 +164,29 @@ pub fn eight_jobs(ctx: &mut Ctx) -> anyhow::Result<ServeBench> {
         peak_hwm_kb,
         steps,
     })
+}
+
+/// Each job of `pids` starts stepping (its ready file under `dir`) once serve says in `log`
+/// that it is attached to it; the seconds until the last one was.
+fn release_when_attached(pids: &[u32], dir: &Path, log: &Path) -> anyhow::Result<f64> {
+    let mut released = [false; JOBS];
+    let t_start = Instant::now();
+    while released.iter().any(|r| !r) {
+        ensure!(
+            t_start.elapsed() < Duration::from_secs(180),
+            "serve did not attach to every job; see {}",
+            log.display()
+        );
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for (i, pid) in pids.iter().enumerate() {
+            if !released[i] && text.contains(&format!("attached to {pid} in")) {
+                std::fs::write(dir.join(format!("ready-{i}")), b"")?;
+                released[i] = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(t_start.elapsed().as_secs_f64())
 }
 
 /// The final summary of each of `pids` under `state`, waited for up to 20 s each.
