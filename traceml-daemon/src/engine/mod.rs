@@ -328,7 +328,7 @@ impl Engine {
         Engine {
             codes: other.codes.clone(),
             func_kinds: other.func_kinds.clone(),
-            prep_pool: other.prep_pool.clone(),
+            prep_pool: other.prep_pool.for_window(),
             workers: other.workers.with_funcs(),
             ..Engine::new()
         }
@@ -690,6 +690,7 @@ impl Engine {
         out.steps = self.steps.items;
         out.step_stride = self.steps.stride;
         out.samples = self.samples.items;
+        self.prep_pool.settle(&mut self.totals, &mut self.steady);
         out.totals = self.totals;
         out.steady = self.steady;
         out.evaluation = self.evaluation;

@@ -21,12 +21,16 @@
 //! own: the last harvest of a run may hold a few steps, too few samples to find the loop or
 //! see the model (measured: a nanoGPT loop's last 6 steps kept their 61 ms of `get_batch` in
 //! forward, 3.5 % of the run's input share). The pooled ratio is the sampled share of all the
-//! steps' forward spans: its error falls with the number of steps, not with the rate. Under
-//! [`MIN_PREP_SHARE`] of the forward samples nothing moves (bookkeeping, not a batch being built).
+//! steps' forward spans: its error falls with the number of steps, not with the rate. At the
+//! run's end the totals are brought to the final pooled share ([`Pool::settle`]: a step harvested
+//! early moved the share known then). Under [`MIN_PREP_SHARE`] of the forward samples nothing
+//! moves (bookkeeping, not a batch being built). The samples before the model that are neither
+//! preparation nor the model (the loop's own statements, a library it calls, the previous step's
+//! `zero_grad()`) move to `residual` at their pooled share, as the phases' rules would put them.
 
 use std::collections::HashMap;
 
-use super::{PhaseSample, Step};
+use super::{PhaseSample, Step, StepTotals};
 use crate::phase::Phase;
 
 /// What a sampled function is, by its file.
@@ -127,11 +131,43 @@ pub(crate) struct Pool {
     prefix: Vec<u32>,
     /// A forward sample was inside the model (a `torch/nn` frame).
     model_seen: bool,
-    /// Prep samples, forward samples, and the off-CPU ones of each.
+    /// Prep samples, the other samples before the model, forward samples, and the off-CPU ones
+    /// of each.
     prep: u64,
+    other: u64,
     all: u64,
     prep_off: u64,
+    other_off: u64,
     all_off: u64,
+    /// What the harvests moved, over every step and over the steady ones: each at the share
+    /// pooled so far, [`Pool::settle`] brings the run's totals to the final share.
+    moved_all: Moved,
+    moved_steady: Moved,
+}
+
+/// Forward time before any move, and what moved out of it, summed over steps: the phase time
+/// and the off-CPU arrays (`blocked`, `io`, `runnable`), to input_wait and to residual.
+#[derive(Clone, Debug, Default)]
+struct Moved {
+    span: u64,
+    off_span: [u64; 3],
+    to: [u64; 2],
+    off_to: [[u64; 3]; 2],
+}
+
+impl Moved {
+    fn add(&mut self, m: &Moved) {
+        self.span += m.span;
+        for j in 0..3 {
+            self.off_span[j] += m.off_span[j];
+        }
+        for k in 0..2 {
+            self.to[k] += m.to[k];
+            for j in 0..3 {
+                self.off_to[k][j] += m.off_to[k][j];
+            }
+        }
+    }
 }
 
 impl Pool {
@@ -149,9 +185,69 @@ impl Pool {
         } else if !self.prefix.starts_with(&found) && !found.starts_with(&self.prefix) {
             *self = Pool {
                 prefix: found,
+                moved_all: std::mem::take(&mut self.moved_all),
+                moved_steady: std::mem::take(&mut self.moved_steady),
                 ..Pool::default()
             };
         }
+    }
+
+    /// The pool for a window of the run (a new engine over the run's later events): the loop
+    /// frames and samples so far, none of the run's moves (they are not in its totals).
+    pub(crate) fn for_window(&self) -> Pool {
+        Pool {
+            moved_all: Moved::default(),
+            moved_steady: Moved::default(),
+            ..self.clone()
+        }
+    }
+
+    /// At the run's end: the steps harvested early moved the share pooled until then; brings
+    /// `totals` (every step) and `steady` (the steady steps) to the run's final share, so that
+    /// the run's shares and means are the pooled estimate over all its samples (each kept
+    /// step's own numbers stay as harvested).
+    pub(crate) fn settle(&self, totals: &mut StepTotals, steady: &mut StepTotals) {
+        let (p, n) = (self.prep, self.all);
+        if n == 0 || p == 0 || !self.model_seen || (p as f64) < MIN_PREP_SHARE * n as f64 {
+            return;
+        }
+        let shares = [(p, self.prep_off), (self.other, self.other_off)];
+        for (t, m) in [(totals, &self.moved_all), (steady, &self.moved_steady)] {
+            let fw = Phase::Forward.index();
+            for (k, (to, (share, share_off))) in [Phase::InputWait.index(), Phase::Residual.index()]
+                .into_iter()
+                .zip(shares)
+                .enumerate()
+            {
+                let want = (m.span * share).checked_div(n).unwrap_or(0);
+                shift(&mut t.phase_ns, fw, to, want as i64 - m.to[k] as i64);
+                let arrays = [&mut t.blocked_ns, &mut t.io_ns, &mut t.runnable_ns];
+                for (j, a) in arrays.into_iter().enumerate() {
+                    let want = (m.off_span[j] * share_off)
+                        .checked_div(self.all_off)
+                        .unwrap_or(0);
+                    shift(a, fw, to, want as i64 - m.off_to[k][j] as i64);
+                }
+            }
+            // Never more off-CPU time in forward than forward has.
+            for a in [&mut t.blocked_ns, &mut t.io_ns, &mut t.runnable_ns] {
+                let over = a[fw].saturating_sub(t.phase_ns[fw]);
+                shift(a, fw, Phase::InputWait.index(), over as i64);
+            }
+        }
+    }
+}
+
+/// Moves `d` ns from `a[from]` to `a[to]` (back when negative), never below 0 on either side.
+fn shift(a: &mut [u64], from: usize, to: usize, d: i64) {
+    if d >= 0 {
+        let d = d.unsigned_abs().min(a[from]);
+        a[from] -= d;
+        a[to] += d;
+    } else {
+        let d = d.unsigned_abs().min(a[to]);
+        a[to] -= d;
+        a[from] += d;
     }
 }
 
@@ -218,53 +314,90 @@ pub(crate) fn apply(
     // `torch/nn` frame ever) gives no point where input preparation ends.
     pool.model_seen |= forward.iter().flatten().any(|&i| in_model(&samples[i]));
     // Per step: its forward samples, how many lead as preparation, and the off-CPU ones of each.
-    // A sample in the loop's own frame (between its statements: `for` taking the batch,
-    // tensor ops written in the loop) is neither: it does not end the preparation and stays
-    // forward.
+    // Only the model ends the preparation. A sample in the loop's own frame (between its
+    // statements: `for` taking the batch, tensor ops written in the loop) or in a library called
+    // from the loop (the previous step's `zero_grad()`, which the span also holds) is neither
+    // and stays forward (measured: stopping at `zero_grad` dropped a whole step's `get_batch`
+    // samples whenever one landed there, 2 ms of input a step left in forward on a busy host).
     let is_prep = |s: &PhaseSample| {
         !in_model(s)
             && s.frames
                 .get(common)
                 .is_some_and(|f| kind(f) == FuncKind::User)
     };
-    let prep_samples: Vec<Vec<usize>> = forward
+    // Before the model: preparation, and the rest (the loop's own statements, a library it
+    // calls: the loop's own work, `residual` by the phases' rules).
+    let (prep_samples, other): (Vec<Vec<usize>>, Vec<Vec<usize>>) = forward
         .iter()
         .map(|idx| {
             idx.iter()
                 .copied()
-                .take_while(|&i| samples[i].frames.len() == common || is_prep(&samples[i]))
-                .filter(|&i| samples[i].frames.len() > common)
-                .collect()
+                .take_while(|&i| !in_model(&samples[i]))
+                .partition(|&i| samples[i].frames.len() > common && is_prep(&samples[i]))
         })
-        .collect();
+        .unzip();
     let off = |v: &[usize]| v.iter().filter(|&&i| samples[i].off_cpu.is_some()).count() as u64;
     let all: Vec<usize> = forward.iter().flatten().copied().collect();
     let prep: Vec<usize> = prep_samples.iter().flatten().copied().collect();
+    let other: Vec<usize> = other.iter().flatten().copied().collect();
     pool.prep += prep.len() as u64;
+    pool.other += other.len() as u64;
     pool.all += all.len() as u64;
     pool.prep_off += off(&prep);
+    pool.other_off += off(&other);
     pool.all_off += off(&all);
-    // (prep, of all) forward samples, and (prep, of all) off-CPU forward samples, pooled.
-    let ((p, n), (op, oall)) = ((pool.prep, pool.all), (pool.prep_off, pool.all_off));
+    let (p, n) = (pool.prep, pool.all);
     if p == 0 || !pool.model_seen || (p as f64) < MIN_PREP_SHARE * n as f64 {
         return;
     }
-    let (fw, iw) = (Phase::Forward.index(), Phase::InputWait.index());
-    for step in steps.iter_mut() {
-        let moved = (step.phase_ns[fw] * p).checked_div(n).unwrap_or(0);
-        step.phase_ns[fw] -= moved;
-        step.phase_ns[iw] += moved;
-        for a in [&mut step.blocked_ns, &mut step.io_ns, &mut step.runnable_ns] {
-            let share = (a[fw] * op).checked_div(oall).unwrap_or(0);
-            // Never more off-CPU time than the phase has left.
-            let m = share
-                .max(a[fw].saturating_sub(step.phase_ns[fw]))
-                .min(a[fw]);
-            a[fw] -= m;
-            a[iw] += m;
-        }
+    move_shares(steps, pool);
+    for i in other.iter().copied() {
+        samples[i].phase = Phase::Residual;
     }
     for i in prep_samples.into_iter().flatten() {
         samples[i].phase = Phase::InputWait;
+    }
+}
+
+/// Each step moves the pooled shares of its forward span: preparation to input_wait, the loop's
+/// own work before the model to residual (the off-CPU time in the same proportions of the
+/// off-CPU samples); what moved is kept in `pool` for [`Pool::settle`].
+fn move_shares(steps: &mut [Step], pool: &mut Pool) {
+    let n = pool.all;
+    let fw = Phase::Forward.index();
+    let moves = [
+        (Phase::InputWait.index(), pool.prep, pool.prep_off),
+        (Phase::Residual.index(), pool.other, pool.other_off),
+    ];
+    for step in steps.iter_mut() {
+        let span = step.phase_ns[fw];
+        let off_span = [step.blocked_ns[fw], step.io_ns[fw], step.runnable_ns[fw]];
+        let mut m = Moved {
+            span,
+            off_span,
+            ..Moved::default()
+        };
+        for (k, &(to, share, share_off)) in moves.iter().enumerate() {
+            let moved = (span * share)
+                .checked_div(n)
+                .unwrap_or(0)
+                .min(step.phase_ns[fw]);
+            step.phase_ns[fw] -= moved;
+            step.phase_ns[to] += moved;
+            m.to[k] = moved;
+            let arrays = [&mut step.blocked_ns, &mut step.io_ns, &mut step.runnable_ns];
+            for (j, (a, whole)) in arrays.into_iter().zip(off_span).enumerate() {
+                let want = (whole * share_off).checked_div(pool.all_off).unwrap_or(0);
+                // Never more off-CPU time than the phase has left.
+                let moved = want.max(a[fw].saturating_sub(step.phase_ns[fw])).min(a[fw]);
+                a[fw] -= moved;
+                a[to] += moved;
+                m.off_to[k][j] = moved;
+            }
+        }
+        pool.moved_all.add(&m);
+        if !step.learning {
+            pool.moved_steady.add(&m);
+        }
     }
 }

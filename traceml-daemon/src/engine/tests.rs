@@ -2066,4 +2066,13 @@ fn the_last_harvest_moves_the_share_pooled_over_the_run() {
             s.start_ns / MS
         );
     }
+    // The run's totals at the final pooled share (182 of 201 samples prep): 26 forward spans of
+    // 83 ms less 182/201 of them, 204.0 ms, not the 253 ms the harvests' own shares left.
+    let fw = out.totals.phase_ns[Phase::Forward.index()] as f64 / MS as f64;
+    assert!(
+        (fw - 204.0).abs() < 1.0,
+        "forward total {fw:.1} ms, pooled 204.0"
+    );
+    let sum = out.totals.phase_ns.iter().sum::<u64>();
+    assert_eq!(sum, out.totals.duration_ns, "phases still sum to the steps");
 }
