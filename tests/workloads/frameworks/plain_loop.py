@@ -124,7 +124,7 @@ def main():
         model.train()
         clock.span("evaluation", t0, now())
 
-    backward = lambda loss: loss.backward()  # noqa: E731
+    backward = None
     if cfg.get("accelerate"):
         import accelerate
         accelerator = accelerate.Accelerator(cpu=True)
@@ -146,7 +146,10 @@ def main():
             loss = lossf(model(x), y) / cfg["accum"]
             t1 = now()
             clock.span("forward", t0, t1)
-            backward(loss)
+            if backward:
+                backward(loss)
+            else:
+                loss.backward()
             clock.span("backward", t1, now())
         t0 = now()
         opt.step()

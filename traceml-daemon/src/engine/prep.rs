@@ -36,7 +36,8 @@ use crate::phase::Phase;
 /// What a sampled function is, by its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FuncKind {
-    /// torch's `nn` package: modules, functional (the model and its loss).
+    /// torch's `nn` package (modules, functional: the model and its loss) and autograd's
+    /// Python entry (`Tensor.backward`, `torch/autograd/`): past it, nothing is input.
     Model,
     /// An installed package or the standard library.
     Library,
@@ -46,7 +47,10 @@ pub(crate) enum FuncKind {
 
 impl FuncKind {
     pub(crate) fn of(file: &str) -> FuncKind {
-        if file.contains("/torch/nn/") {
+        if file.contains("/torch/nn/")
+            || file.contains("/torch/autograd/")
+            || file.ends_with("/torch/_tensor.py")
+        {
             FuncKind::Model
         } else if file.contains("/site-packages/")
             || file.contains("/dist-packages/")
@@ -208,10 +212,13 @@ impl Pool {
     /// step's own numbers stay as harvested).
     pub(crate) fn settle(&self, totals: &mut StepTotals, steady: &mut StepTotals) {
         let (p, n) = (self.prep, self.all);
-        if n == 0 || p == 0 || !self.model_seen || (p as f64) < MIN_PREP_SHARE * n as f64 {
-            return;
-        }
-        let shares = [(p, self.prep_off), (self.other, self.other_off)];
+        // Under the floor at the end (an early harvest was over it), every move goes back.
+        let moves = p > 0 && self.model_seen && (p as f64) >= MIN_PREP_SHARE * n as f64;
+        let shares = if moves {
+            [(p, self.prep_off), (self.other, self.other_off)]
+        } else {
+            [(0, 0), (0, 0)]
+        };
         for (t, m) in [(totals, &self.moved_all), (steady, &self.moved_steady)] {
             let fw = Phase::Forward.index();
             for (k, (to, (share, share_off))) in [Phase::InputWait.index(), Phase::Residual.index()]
