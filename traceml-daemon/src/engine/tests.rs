@@ -2076,3 +2076,60 @@ fn the_last_harvest_moves_the_share_pooled_over_the_run() {
     let sum = out.totals.phase_ns.iter().sum::<u64>();
     assert_eq!(sum, out.totals.duration_ns, "phases still sum to the steps");
 }
+
+/// An early harvest over the preparation floor, the run under it at the end: the run's totals
+/// move nothing (the harvest's move is taken back), whatever the early steps kept.
+#[test]
+fn a_run_under_the_preparation_floor_at_its_end_moves_nothing() {
+    const MS: u64 = 1_000_000;
+    let dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__";
+    let site = "/venv/lib/python3.11/site-packages";
+    let mut t = Trace::new();
+    t.detach(0)
+        .func(0, "<module>", "/home/u/train.py")
+        .func(1, "train", "/home/u/train.py")
+        .func(2, "log_batch", "/home/u/train.py")
+        .func(
+            3,
+            "Module._call_impl",
+            &format!("{site}/torch/nn/modules/module.py"),
+        );
+    const STEPS: u64 = 26;
+    for k in 1..=STEPS {
+        let b = k * 100 * MS;
+        t.rec(b, PID, dl).rec_end(b + 5 * MS, PID);
+        // Until 2 s, 3 of a step's 8 forward samples are the user's code before the model (37 %,
+        // over the floor); after, the model holds 60 samples a step: the run ends at 57 prep
+        // samples of 19 × 8 + 7 × 60 = 572 (10.0 %)... under it once the last step is in.
+        let prep = if b < 2_000 * MS { 3 } else { 0 };
+        let model = if b < 2_000 * MS { 5 } else { 60 };
+        for s in 0..prep {
+            t.stack(b + 6 * MS + s * MS, &[0, 1, 2]);
+        }
+        for s in 0..model {
+            t.stack(b + 10 * MS + s * MS, &[0, 1, 3]);
+        }
+        t.call(b + 88 * MS, PID, Api::TorchBackward)
+            .ret(b + 95 * MS, PID, Api::TorchBackward);
+        t.rec(b + 96 * MS, PID, OPT_REC).rec_end(b + 99 * MS, PID);
+    }
+    let end = (STEPS + 1) * 100 * MS;
+    t.rec(end, PID, dl).rec_end(end + 5 * MS, PID);
+    let out = t.codes().run();
+    assert_eq!(out.steps.len() as u64, STEPS, "{:?}", out.steps);
+    // Some early step moved input (its harvest was over the floor) ...
+    assert!(
+        out.steps
+            .iter()
+            .any(|s| s.phase(Phase::InputWait) > 5 * MS + MS),
+        "{:?}",
+        out.steps
+    );
+    // ... the run's totals did not: every step's input is its 5 ms fetch.
+    assert_eq!(
+        out.totals.phase_ns[Phase::InputWait.index()],
+        STEPS * 5 * MS,
+        "{:?}",
+        out.totals
+    );
+}
