@@ -226,13 +226,11 @@ impl Pool {
                 .zip(shares)
                 .enumerate()
             {
-                let want = (m.span * share).checked_div(n).unwrap_or(0);
+                let want = scale(m.span, share, n);
                 shift(&mut t.phase_ns, fw, to, want as i64 - m.to[k] as i64);
                 let arrays = [&mut t.blocked_ns, &mut t.io_ns, &mut t.runnable_ns];
                 for (j, a) in arrays.into_iter().enumerate() {
-                    let want = (m.off_span[j] * share_off)
-                        .checked_div(self.all_off)
-                        .unwrap_or(0);
+                    let want = scale(m.off_span[j], share_off, self.all_off);
                     shift(a, fw, to, want as i64 - m.off_to[k][j] as i64);
                 }
             }
@@ -243,6 +241,14 @@ impl Pool {
             }
         }
     }
+}
+
+/// `ns × part / whole` without overflow (a day's forward time times a day's sample count does
+/// not fit 64 bits), 0 when `whole` is 0.
+fn scale(ns: u64, part: u64, whole: u64) -> u64 {
+    (u128::from(ns) * u128::from(part))
+        .checked_div(u128::from(whole))
+        .map_or(0, |v| u64::try_from(v).unwrap_or(u64::MAX))
 }
 
 /// Moves `d` ns from `a[from]` to `a[to]` (back when negative), never below 0 on either side.
@@ -385,16 +391,13 @@ fn move_shares(steps: &mut [Step], pool: &mut Pool) {
             ..Moved::default()
         };
         for (k, &(to, share, share_off)) in moves.iter().enumerate() {
-            let moved = (span * share)
-                .checked_div(n)
-                .unwrap_or(0)
-                .min(step.phase_ns[fw]);
+            let moved = scale(span, share, n).min(step.phase_ns[fw]);
             step.phase_ns[fw] -= moved;
             step.phase_ns[to] += moved;
             m.to[k] = moved;
             let arrays = [&mut step.blocked_ns, &mut step.io_ns, &mut step.runnable_ns];
             for (j, (a, whole)) in arrays.into_iter().zip(off_span).enumerate() {
-                let want = (whole * share_off).checked_div(pool.all_off).unwrap_or(0);
+                let want = scale(whole, share_off, pool.all_off);
                 // Never more off-CPU time than the phase has left.
                 let moved = want.max(a[fw].saturating_sub(step.phase_ns[fw])).min(a[fw]);
                 a[fw] -= moved;
