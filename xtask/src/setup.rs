@@ -368,7 +368,14 @@ fn venv(name: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
     run(Command::new(pyenv_python(TORCH_PYTHON)?)
         .args(["-m", "venv"])
         .arg(&dir))?;
-    let mut pip = Command::new(&py);
+    pip_install(&py, packages, "first time only")?;
+    std::fs::write(&stamp, want).context("writing the venv stamp")?;
+    Ok(py)
+}
+
+/// `py -m pip install --quiet packages`, shown with `when` it runs.
+fn pip_install(py: &Path, packages: &[&str], when: &str) -> anyhow::Result<()> {
+    let mut pip = Command::new(py);
     pip.args([
         "-m",
         "pip",
@@ -377,10 +384,8 @@ fn venv(name: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
         "--disable-pip-version-check",
     ])
     .args(packages);
-    eprintln!("xtask setup: $ {} (first time only)", show(&pip));
-    run(&mut pip)?;
-    std::fs::write(&stamp, want).context("writing the venv stamp")?;
-    Ok(py)
+    eprintln!("xtask setup: $ {} ({when})", show(&pip));
+    run(&mut pip)
 }
 
 /// Installs `packages` into the virtualenv of `py` unless its extras stamp lists them already:
@@ -395,17 +400,7 @@ fn venv_extras(py: &Path, packages: &[&str]) -> anyhow::Result<()> {
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return Ok(());
     }
-    let mut pip = Command::new(py);
-    pip.args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-    ])
-    .args(packages);
-    eprintln!("xtask setup: $ {} (once)", show(&pip));
-    run(&mut pip)?;
+    pip_install(py, packages, "once")?;
     std::fs::write(&stamp, want).context("writing the extras stamp")
 }
 

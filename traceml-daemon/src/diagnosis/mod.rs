@@ -458,6 +458,19 @@ pub fn code_in(s: &Summary, phase: Phase) -> Option<String> {
     )
 }
 
+/// The GPU waits' counts a step, where counted: "3.0 syncs/step", "1.0 D2H copies/step".
+pub fn wait_counts(s: &Summary) -> Vec<String> {
+    let per_step =
+        |n: Option<f64>, what: &str| n.filter(|&n| n > 0.0).map(|n| format!("{n:.1} {what}"));
+    [
+        per_step(s.cuda.syncs_per_step, "syncs/step"),
+        per_step(s.cuda.d2h_copies_per_step, "D2H copies/step"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 /// Where the host waited for the device, by line (`phases.gpu_wait.wait_sites`): "92% at
 /// train.py:88 in main (sync: cudaStreamSynchronize), 8% at train.py:91 in main (D2H copy:
 /// cudaMemcpy)", with the syncs and D2H copies per step when counted.
@@ -482,15 +495,7 @@ pub fn waits_in(s: &Summary) -> Option<String> {
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let per_step =
-        |n: Option<f64>, what: &str| n.filter(|&n| n > 0.0).map(|n| format!("{n:.1} {what}"));
-    let counts: Vec<String> = [
-        per_step(s.cuda.syncs_per_step, "syncs/step"),
-        per_step(s.cuda.d2h_copies_per_step, "D2H copies/step"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let counts = wait_counts(s);
     Some(if counts.is_empty() {
         at
     } else {

@@ -154,14 +154,30 @@ fn labeled(out: &mut Lines, label: &str, text: &str) {
     }
 }
 
-/// `text` as an item of a list under a label: "· " first, its wrapped lines under its text.
-fn bullet(out: &mut Lines, text: &str) {
-    for (i, line) in wrap_safe(text, out.width - LABEL - 2)
-        .into_iter()
-        .enumerate()
-    {
-        let mark = if i == 0 { "· " } else { "  " };
-        out.push(format!("{:LABEL$}{mark}{line}", ""));
+/// `label` (in `indent` columns) and the first of `parts` on its line, each other part a "· "
+/// item under it (every part one when there is no label), every item wrapped under its own
+/// text and painted with `paint`: items, none of them a paragraph.
+fn items(
+    out: &mut Lines,
+    label: Option<&str>,
+    indent: usize,
+    parts: &[&str],
+    paint: impl Fn(&str) -> String,
+) {
+    for (k, part) in parts.iter().enumerate() {
+        let headline = k == 0 && label.is_some();
+        let hang = if headline { 0 } else { 2 };
+        for (i, line) in wrap_safe(part, out.width - indent - hang)
+            .into_iter()
+            .enumerate()
+        {
+            let lead = match (headline, i) {
+                (true, 0) => format!("{:indent$}", label.unwrap_or_default()),
+                (false, 0) => format!("{:indent$}· ", ""),
+                _ => " ".repeat(indent + hang),
+            };
+            out.push(format!("{lead}{}", paint(&line)));
+        }
     }
 }
 
@@ -365,9 +381,7 @@ fn verdict(s: &Summary, p: &Painter, out: &mut Lines) {
     for (i, w) in s.what_if.iter().enumerate() {
         let label = if i == 0 { "What if" } else { "" };
         labeled(out, label, &crate::whatif::sentence(w));
-        for c in clauses(&w.assumption) {
-            bullet(out, c);
-        }
+        items(out, None, LABEL, &clauses(&w.assumption), str::to_owned);
     }
 }
 
@@ -375,13 +389,7 @@ fn verdict(s: &Summary, p: &Painter, out: &mut Lines) {
 /// label's line, each other on a line of its own after "· ", so that no item of the verdict
 /// block runs into a paragraph.
 fn labeled_clauses(out: &mut Lines, label: &str, text: &str) {
-    for (i, c) in clauses(text).into_iter().enumerate() {
-        if i == 0 {
-            labeled(out, label, c);
-        } else {
-            bullet(out, c);
-        }
-    }
+    items(out, Some(label), LABEL, &clauses(text), str::to_owned);
 }
 
 fn timing(s: &Summary, p: &Painter, out: &mut Lines) {
@@ -720,13 +728,9 @@ fn system(s: &Summary, p: &Painter, out: &mut Lines) {
     };
     labeled(out, "workers", &text);
     if let Some(p) = &w.profile {
-        for (i, part) in crate::diagnosis::pipeline_line(p).split(" · ").enumerate() {
-            if i == 0 {
-                labeled(out, "", part);
-            } else {
-                bullet(out, part);
-            }
-        }
+        let line = crate::diagnosis::pipeline_line(p);
+        let parts: Vec<&str> = line.split(" · ").collect();
+        items(out, Some(""), LABEL, &parts, str::to_owned);
     }
     match &s.gpu {
         None => labeled(out, "GPU", "GPU metrics unavailable"),
@@ -916,16 +920,21 @@ mod tests {
         assert!(!card(&s, false).contains("in 2 groups"));
     }
 
-    #[test]
-    fn card_gpu_unavailable_with_creep_and_losses() {
-        let sc = Scenario {
+    /// An input-bound run without GPU or CUDA, host memory creeping, events lost.
+    fn no_gpu_with_creep_and_losses() -> Scenario {
+        Scenario {
             gpu: false,
             cuda: false,
             rss_growth: 8 << 20,
             lost: 300,
             workers: 0,
             ..testkit::input_bound()
-        };
+        }
+    }
+
+    #[test]
+    fn card_gpu_unavailable_with_creep_and_losses() {
+        let sc = no_gpu_with_creep_and_losses();
         let text = scenario_card("nogpu", &sc);
         assert!(text.contains("GPU metrics unavailable"));
         insta::assert_snapshot!("card_gpu_unavailable", text);
@@ -1163,17 +1172,7 @@ mod tests {
                     ..Scenario::default()
                 },
             ),
-            (
-                "nogpu",
-                Scenario {
-                    gpu: false,
-                    cuda: false,
-                    rss_growth: 8 << 20,
-                    lost: 300,
-                    workers: 0,
-                    ..testkit::input_bound()
-                },
-            ),
+            ("nogpu", no_gpu_with_creep_and_losses()),
         ];
         for (name, sc) in scenarios {
             let plain = testkit::summary(&sc);

@@ -2,6 +2,9 @@
 //! quality (what was lost, what was attached, how sure the verdict is).
 use super::*;
 
+/// The label column of the card's last two sections ("DATA QUALITY  ", "DAEMON COST   ").
+const WIDE_LABEL: usize = 14;
+
 /// The daemon's own cost and the probe set that ran.
 pub(super) fn overhead(s: &Summary, out: &mut Lines) {
     let Some(o) = &s.daemon_overhead else {
@@ -67,28 +70,7 @@ pub(super) fn overhead(s: &Summary, out: &mut Lines) {
     };
     let text = format!("{set}{launches} · {cost}{budget}{whole}{learning}");
     let parts: Vec<&str> = text.split(" · ").collect();
-    items(out, Some("DAEMON COST"), &parts, |l| l.to_owned());
-}
-
-/// `label` (14 columns) and the first of `parts` on its line, each other part a "· " item under
-/// it (every part one when there is no label), every item wrapped under its own text: a status
-/// in items, none of them a paragraph.
-fn items(out: &mut Lines, label: Option<&str>, parts: &[&str], paint: impl Fn(&str) -> String) {
-    for (k, part) in parts.iter().enumerate() {
-        let headline = k == 0 && label.is_some();
-        let hang = if headline { 0 } else { 2 };
-        for (i, line) in wrap_safe(part, out.width - 14 - hang)
-            .into_iter()
-            .enumerate()
-        {
-            let lead = match (headline, i) {
-                (true, 0) => format!("{:14}", label.unwrap_or_default()),
-                (false, 0) => format!("{:14}· ", ""),
-                _ => " ".repeat(14 + hang),
-            };
-            out.push(format!("{lead}{}", paint(&line)));
-        }
-    }
+    items(out, Some("DAEMON COST"), WIDE_LABEL, &parts, str::to_owned);
 }
 
 pub(super) fn data_quality(s: &Summary, p: &Painter, out: &mut Lines) {
@@ -130,9 +112,9 @@ pub(super) fn data_quality(s: &Summary, p: &Painter, out: &mut Lines) {
     let mut lines: Vec<&str> = vec![&head];
     lines.extend(parts[3..].iter().map(String::as_str));
     let label = p.bold("DATA QUALITY");
-    let label = format!("{label}{}", " ".repeat(14 - "DATA QUALITY".len()));
-    items(out, Some(&label), &lines, |l| l.to_owned());
+    let label = format!("{label}{}", " ".repeat(WIDE_LABEL - "DATA QUALITY".len()));
+    items(out, Some(&label), WIDE_LABEL, &lines, str::to_owned);
     let notes: Vec<String> = q.notes.iter().map(|n| format!("note: {n}")).collect();
     let notes: Vec<&str> = notes.iter().map(String::as_str).collect();
-    items(out, None, &notes, |l| p.dim(l));
+    items(out, None, WIDE_LABEL, &notes, |l| p.dim(l));
 }

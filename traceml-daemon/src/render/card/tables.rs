@@ -194,15 +194,7 @@ fn wait_group(s: &Summary) -> Option<CodeGroup> {
     if gw.wait_sites.is_empty() || share < WAIT_LINES_SHARE {
         return None;
     }
-    let per_step =
-        |n: Option<f64>, what: &str| n.filter(|&n| n > 0.0).map(|n| format!("{n:.1} {what}"));
-    let counts: Vec<String> = [
-        per_step(s.cuda.syncs_per_step, "syncs/step"),
-        per_step(s.cuda.d2h_copies_per_step, "D2H copies/step"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let counts = crate::diagnosis::wait_counts(s);
     let mut title = format!("gpu_wait {}/step ({})", ms(gw.mean_ms), pct(share));
     if !counts.is_empty() {
         title.push_str(&format!(" · {}", counts.join(", ")));
